@@ -1,0 +1,1 @@
+"""The embedded demo: a small CNN on scikit-learn's bundled digits."""

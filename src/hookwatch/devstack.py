@@ -1,0 +1,362 @@
+"""Start and stop the native stack (TorchServe, exporter, Prometheus) as processes we own.
+
+Every process starts in a session of its own, its pid is written to ``<run_dir>/pids.json``,
+and stopping signals exactly those process groups: nothing is found by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+MODEL_NAME = "digits"
+
+
+@dataclass(frozen=True)
+class Ports:
+    inference: int = 8080
+    management: int = 8081
+    metrics: int = 8082
+    exporter: int = 9101
+    prometheus: int = 9090
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> Ports:
+        def pick(key: str, default: int) -> int:
+            raw = env.get(key, "")
+            if not raw:
+                return default
+            if not raw.isdigit() or not 0 < int(raw) < 65536:
+                raise ValueError(f"{key}: expected a TCP port, got {raw!r}")
+            return int(raw)
+
+        return cls(
+            inference=pick("TS_INFERENCE_PORT", cls.inference),
+            management=pick("TS_MANAGEMENT_PORT", cls.management),
+            metrics=pick("TS_METRICS_PORT", cls.metrics),
+            exporter=pick("HOOKWATCH_EXPORTER_PORT", cls.exporter),
+            prometheus=pick("PROMETHEUS_PORT", cls.prometheus),
+        )
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return int(response.status), bytes(response.read())
+    except urllib.error.HTTPError as error:
+        return int(error.code), bytes(error.read())
+
+
+def http_post(
+    url: str, body: bytes, content_type: str = "application/json", timeout: float = 30.0
+) -> tuple[int, bytes]:
+    request = urllib.request.Request(
+        url, data=body, method="POST", headers={"Content-Type": content_type}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return int(response.status), bytes(response.read())
+    except urllib.error.HTTPError as error:
+        return int(error.code), bytes(error.read())
+
+
+def _wait(
+    what: str, ready: Any, timeout: float, proc: subprocess.Popen[bytes] | None, log: Path | None
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-3000:] if log and log.exists() else ""
+            raise RuntimeError(f"{what} exited with {proc.returncode} before it was ready\n{tail}")
+        try:
+            if ready():
+                return
+        except OSError:
+            pass  # not listening yet
+        time.sleep(0.25)
+    tail = log.read_text(errors="replace")[-3000:] if log and log.exists() else ""
+    raise TimeoutError(f"{what} was not ready after {timeout:.0f} s\n{tail}")
+
+
+def require_binary(name: str, hint: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise FileNotFoundError(f"expected {name!r} on PATH ({hint}), found none")
+    return path
+
+
+@dataclass
+class Stack:
+    """One native stack rooted at ``run_dir``; several can run side by side on other ports."""
+
+    root: Path
+    run_dir: Path
+    ports: Ports = field(default_factory=Ports)
+    workers: int = 2
+    model_store: Path | None = None
+    scrape_interval: str = "5s"
+    rule_files: Sequence[Path] = ()
+    models: str = "digits.mar"
+    extra_scrape_targets: Sequence[str] = ()
+    _procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def pid_file(self) -> Path:
+        return self.run_dir / "pids.json"
+
+    @property
+    def multiproc_dir(self) -> Path:
+        return self.run_dir / "prometheus-multiproc"
+
+    @property
+    def logs(self) -> Path:
+        return self.run_dir / "logs"
+
+    # -- processes ----------------------------------------------------------------------------
+
+    def _spawn(self, name: str, cmd: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log = open(self.logs / f"{name}.out", "ab")  # noqa: SIM115 - owned by the child
+        proc = subprocess.Popen(
+            list(cmd),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(env) if env is not None else None,
+            cwd=self.run_dir,
+            start_new_session=True,
+        )
+        log.close()
+        self._procs[name] = proc
+        pids = self.recorded_pids()
+        pids[name] = proc.pid
+        self.pid_file.write_text(json.dumps(pids, indent=2))
+
+    def recorded_pids(self) -> dict[str, int]:
+        if not self.pid_file.exists():
+            return {}
+        data = json.loads(self.pid_file.read_text())
+        return {str(k): int(v) for k, v in data.items()}
+
+    def _render_ts_config(self) -> Path:
+        lines = []
+        overrides = {
+            "inference_address": f"http://127.0.0.1:{self.ports.inference}",
+            "management_address": f"http://127.0.0.1:{self.ports.management}",
+            "metrics_address": f"http://127.0.0.1:{self.ports.metrics}",
+            "model_store": str(self.model_store or self.root / "model_store"),
+            "default_workers_per_model": str(self.workers),
+            "load_models": self.models,
+            # Model extraction and worker sockets follow java.io.tmpdir, not TMPDIR: keep them
+            # inside the run dir so stacks side by side never share a socket path.
+            "vmargs": f"-Djava.io.tmpdir={self.run_dir / 'tmp'} -XX:+UseSerialGC -Xmx512m",
+        }
+        for line in (self.root / "config.properties").read_text().splitlines():
+            key = line.split("=", 1)[0].strip()
+            if key in overrides and not line.lstrip().startswith("#"):
+                line = f"{key}={overrides.pop(key)}"
+            lines.append(line)
+        lines += [f"{k}={v}" for k, v in overrides.items()]
+        path = self.run_dir / "config.properties"
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def start_torchserve(self, timeout: float = 180.0) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        # prometheus-client's multiprocess mode needs an empty directory at start.
+        for stale in (self.multiproc_dir, self.logs):
+            shutil.rmtree(stale, ignore_errors=True)
+        self.multiproc_dir.mkdir(parents=True)
+        tmp = self.run_dir / "tmp"
+        tmp.mkdir(exist_ok=True)
+        bindir = Path(sys.executable).parent
+        torchserve = shutil.which("torchserve", path=str(bindir)) or require_binary(
+            "torchserve", "pip install torchserve"
+        )
+        require_binary("java", "TorchServe's frontend needs a Java runtime, e.g. openjdk-17")
+        env = dict(os.environ)
+        env.update(
+            PROMETHEUS_MULTIPROC_DIR=str(self.multiproc_dir),
+            TMPDIR=str(tmp),
+            LOG_LOCATION=str(self.logs),
+            METRICS_LOCATION=str(self.logs),
+            PATH=f"{bindir}{os.pathsep}{env.get('PATH', '')}",
+            PYTHONUNBUFFERED="1",
+        )
+        config = self._render_ts_config()
+        self._spawn(
+            "torchserve",
+            [torchserve, "--start", "--foreground", "--ncs", "--ts-config", str(config)],
+            env,
+        )
+        _wait(
+            "TorchServe",
+            self._torchserve_ready,
+            timeout,
+            self._procs["torchserve"],
+            self.logs / "torchserve.out",
+        )
+
+    def _torchserve_ready(self) -> bool:
+        log = self.logs / "torchserve.out"
+        if log.exists() and "Load model failed" in log.read_text(errors="replace"):
+            model_log = self.logs / "model_log.log"
+            detail = model_log.read_text(errors="replace")[-4000:] if model_log.exists() else ""
+            raise RuntimeError(f"TorchServe could not load the model:\n{detail}")
+        return self.ready_workers() >= self.workers
+
+    def ready_workers(self, model: str = MODEL_NAME) -> int:
+        status, body = http_get(f"http://127.0.0.1:{self.ports.management}/models/{model}")
+        if status != 200:
+            return 0
+        info = json.loads(body)
+        workers = info[0].get("workers", []) if info else []
+        return sum(1 for w in workers if w.get("status") == "READY")
+
+    def worker_pids(self, model: str = MODEL_NAME) -> list[int]:
+        status, body = http_get(f"http://127.0.0.1:{self.ports.management}/models/{model}")
+        if status != 200:
+            return []
+        info = json.loads(body)
+        return [int(w["pid"]) for w in info[0].get("workers", []) if w.get("pid")]
+
+    def start_exporter(self, timeout: float = 30.0) -> None:
+        self.multiproc_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "hookwatch.cli",
+            "exporter",
+            "--dir",
+            str(self.multiproc_dir),
+            "--port",
+            str(self.ports.exporter),
+        ]
+        env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+        self._spawn("exporter", cmd, env)
+        _wait(
+            "exporter",
+            lambda: http_get(f"http://127.0.0.1:{self.ports.exporter}/metrics")[0] == 200,
+            timeout,
+            self._procs["exporter"],
+            self.logs / "exporter.out",
+        )
+
+    def render_prometheus_config(self) -> Path:
+        source = yaml.safe_load((self.root / "monitoring/prometheus/prometheus.yml").read_text())
+        source["global"]["scrape_interval"] = self.scrape_interval
+        source["global"]["evaluation_interval"] = self.scrape_interval
+        source["rule_files"] = [str(p) for p in self.rule_files]
+        targets = {
+            "torchserve": [f"127.0.0.1:{self.ports.metrics}", *self.extra_scrape_targets],
+            "hookwatch": [f"127.0.0.1:{self.ports.exporter}"],
+        }
+        for job in source["scrape_configs"]:
+            if job["job_name"] in targets:
+                job["static_configs"] = [{"targets": targets[job["job_name"]]}]
+        path = self.run_dir / "prometheus.yml"
+        path.write_text(yaml.safe_dump(source, sort_keys=False))
+        return path
+
+    def start_prometheus(self, timeout: float = 60.0) -> None:
+        binary = require_binary("prometheus", "Debian package 'prometheus'; make deps installs it")
+        config = self.render_prometheus_config()
+        data = self.run_dir / "prometheus-data"
+        data.mkdir(parents=True, exist_ok=True)
+        self._spawn(
+            "prometheus",
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={data}",
+                f"--web.listen-address=127.0.0.1:{self.ports.prometheus}",
+                "--web.enable-lifecycle",
+                "--log.level=warn",
+            ],
+        )
+        _wait(
+            "Prometheus",
+            lambda: http_get(f"http://127.0.0.1:{self.ports.prometheus}/-/ready")[0] == 200,
+            timeout,
+            self._procs["prometheus"],
+            self.logs / "prometheus.out",
+        )
+
+    def stop(self, timeout: float = 30.0) -> list[str]:
+        """Stop every recorded process group; returns the names that needed SIGKILL."""
+        pids = self.recorded_pids()
+        for pid in pids.values():
+            _signal_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        killed: list[str] = []
+        for name, pid in pids.items():
+            while _group_alive(pid) and time.monotonic() < deadline:
+                self._reap(name)
+                time.sleep(0.1)
+            if _group_alive(pid):
+                _signal_group(pid, signal.SIGKILL)
+                killed.append(name)
+            self._reap(name, wait=True)
+        if self.pid_file.exists():
+            self.pid_file.unlink()
+        self._procs.clear()
+        return killed
+
+    def _reap(self, name: str, wait: bool = False) -> None:
+        proc = self._procs.get(name)
+        if proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5 if wait else 0)
+
+    # -- Prometheus queries -------------------------------------------------------------------
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        url = f"http://127.0.0.1:{self.ports.prometheus}/api/v1/query?" + urllib.parse.urlencode(
+            {"query": promql}
+        )
+        status, body = http_get(url)
+        payload = json.loads(body)
+        if status != 200 or payload.get("status") != "success":
+            raise RuntimeError(f"query {promql!r}: expected success, got {status} {body[:300]!r}")
+        result: list[dict[str, Any]] = payload["data"]["result"]
+        return result
+
+    def infer(self, body: Any, model: str = MODEL_NAME) -> tuple[int, Any]:
+        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+        status, reply = http_post(
+            f"http://127.0.0.1:{self.ports.inference}/predictions/{model}", raw
+        )
+        try:
+            return status, json.loads(reply)
+        except json.JSONDecodeError:
+            return status, reply.decode(errors="replace")
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,225 @@
+"""Forward hooks registered once on the watched layers and gated on every call.
+
+A hook does three things on the request path: read the gate, run the cheap reduction, and hand
+a small, self-owned result to a sink that never blocks. It never raises into the model's forward
+and never stores the activation; a fault disables that one layer and is reported through the
+sink's ``on_fault``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import enum
+import threading
+import weakref
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from hookwatch.config import INPUT_LAYER, OUTPUT_LAYER
+from hookwatch.errors import ConfigError
+from hookwatch.stats import feature_summary, reduce_activation
+
+
+class HookState(enum.Enum):
+    DETACHED = "detached"
+    ATTACHED = "attached"
+    #: Attached but switched off after a fault; stays so until detached.
+    FAULTED = "faulted"
+
+
+@dataclass(frozen=True, slots=True)
+class Capture:
+    """What a hook hands off: reductions only, never the activation itself."""
+
+    layer: str
+    stats: torch.Tensor
+    features: torch.Tensor | None
+
+
+class CaptureSink(Protocol):
+    def offer(self, capture: Capture) -> bool:
+        """Take ``capture`` without blocking; return False if it was dropped."""
+
+    def on_fault(self, layer: str, error: BaseException) -> None:
+        """Called once when a layer's hook fails and is switched off."""
+
+
+class Gate:
+    """The per-request sampling decision that every hook reads.
+
+    TorchServe runs one request batch at a time per worker, but a thread-local keeps the gate
+    correct if a model is ever driven from several threads.
+    """
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    @property
+    def open(self) -> bool:
+        return getattr(self._local, "open", False)
+
+    def set(self, value: bool) -> None:
+        self._local.open = value
+
+
+def resolve_layer(model: nn.Module, path: str) -> nn.Module:
+    """Find a dotted ``named_modules()`` path; unknown paths fail with the closest matches."""
+    modules = dict(model.named_modules())
+    if path in modules and path != "":
+        found: nn.Module = modules[path]
+        return found
+    names = [n for n in modules if n]
+    close = difflib.get_close_matches(path, names, n=5, cutoff=0.5)
+    hint = f"; close matches: {', '.join(close)}" if close else ""
+    sample = ", ".join(names[:12]) + (" ..." if len(names) > 12 else "")
+    raise ConfigError(
+        f"monitoring.layers: expected a module path of the model, got {path!r}{hint} "
+        f"(the model has: {sample})"
+    )
+
+
+class LayerHook:
+    """One registered hook on one module: the unit that can be faulted and removed."""
+
+    def __init__(
+        self,
+        name: str,
+        module: nn.Module,
+        gate: Gate,
+        sink: CaptureSink,
+        max_features: int,
+        on_input: bool = False,
+    ) -> None:
+        self.name = name
+        self._module_ref: weakref.ReferenceType[nn.Module] = weakref.ref(module)
+        self._gate = gate
+        self._sink = sink
+        self._max_features = max_features
+        self._handle: RemovableHandle | None
+        self.state = HookState.ATTACHED
+        if on_input:
+            self._handle = module.register_forward_pre_hook(self._pre_hook)
+        else:
+            self._handle = module.register_forward_hook(self._hook)
+
+    def _pre_hook(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        if self.state is HookState.ATTACHED and self._gate.open:
+            self._capture(args[0] if args else None)
+
+    def _hook(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        if self.state is HookState.ATTACHED and self._gate.open:
+            self._capture(output)
+
+    def _capture(self, value: Any) -> None:
+        try:
+            tensor = _first_tensor(value)
+            if tensor is None:
+                raise TypeError(f"expected a tensor output, got {type(value).__name__}")
+            capture = Capture(
+                layer=self.name,
+                stats=reduce_activation(tensor),
+                features=feature_summary(tensor, self._max_features),
+            )
+            self._sink.offer(capture)
+        except Exception as error:  # a monitor must never fail the request
+            self.state = HookState.FAULTED
+            with contextlib.suppress(Exception):
+                self._sink.on_fault(self.name, error)
+
+    @property
+    def module(self) -> nn.Module | None:
+        return self._module_ref()
+
+    def remove(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+        self.state = HookState.DETACHED
+
+
+def _first_tensor(value: Any) -> torch.Tensor | None:
+    """The tensor to watch in an output: itself, or the first tensor of a tuple/list/dict."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, list | tuple):
+        for item in value:
+            if isinstance(item, torch.Tensor):
+                return item
+    if isinstance(value, dict):
+        for item in value.values():
+            if isinstance(item, torch.Tensor):
+                return item
+    return None
+
+
+class HookSet:
+    """All hooks of one model: ``attach()`` once, ``detach()`` any number of times.
+
+    Usable as a context manager. Holds modules only through weak references.
+    """
+
+    def __init__(self, gate: Gate, sink: CaptureSink, max_features: int = 256) -> None:
+        self.gate = gate
+        self._sink = sink
+        self._max_features = max_features
+        self._hooks: dict[str, LayerHook] = {}
+        self.state = HookState.DETACHED
+
+    def attach(
+        self,
+        model: nn.Module,
+        layers: Sequence[str],
+        capture_input: bool = True,
+        capture_output: bool = True,
+    ) -> HookSet:
+        if self.state is not HookState.DETACHED:
+            raise RuntimeError(f"expected a detached HookSet, got state {self.state.value}")
+        # Resolve every path before registering anything, so a typo leaves the model untouched.
+        targets = [(name, resolve_layer(model, name)) for name in layers]
+        plan: list[tuple[str, nn.Module, bool]] = []
+        if capture_input:
+            plan.append((INPUT_LAYER, model, True))
+        plan.extend((name, module, False) for name, module in targets)
+        if capture_output:
+            plan.append((OUTPUT_LAYER, model, False))
+        for name, module, on_input in plan:
+            self._hooks[name] = LayerHook(
+                name, module, self.gate, self._sink, self._max_features, on_input=on_input
+            )
+        self.state = HookState.ATTACHED
+        return self
+
+    def detach(self) -> None:
+        for hook in self._hooks.values():
+            hook.remove()
+        self._hooks.clear()
+        self.state = HookState.DETACHED
+
+    def disable(self, layer: str) -> None:
+        hook = self._hooks.get(layer)
+        if hook is not None and hook.state is HookState.ATTACHED:
+            hook.state = HookState.FAULTED
+
+    def layer_states(self) -> dict[str, HookState]:
+        return {name: hook.state for name, hook in self._hooks.items()}
+
+    def __iter__(self) -> Iterator[LayerHook]:
+        return iter(list(self._hooks.values()))
+
+    def __enter__(self) -> HookSet:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.detach()

@@ -1,0 +1,244 @@
+"""The monitor one model gets: sampling gate, hooks, capture worker and metric publishing.
+
+Request path (``request()`` and the hooks): integer counters, one random draw, the gate, the
+cheap reduction and a non-blocking queue put. Capture path (the worker thread): host copies,
+numpy, and every prometheus-client write.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections import defaultdict
+from collections.abc import Sequence
+from types import TracebackType
+
+import numpy as np
+from torch import nn
+
+from hookwatch.config import MonitoringConfig
+from hookwatch.hooks import Capture, Gate, HookSet, HookState
+from hookwatch.metrics import MetricSet
+from hookwatch.stats import INF_COLUMN, NAN_COLUMN, SUMMARY_STATISTICS
+from hookwatch.worker import CaptureWorker, RateLimitedLog
+
+log = logging.getLogger("hookwatch")
+
+#: ``layer`` label for faults that belong to no single layer.
+ALL_LAYERS = "all"
+
+
+class _RequestScope:
+    __slots__ = ("_gate", "sampled")
+
+    def __init__(self, gate: Gate, sampled: bool) -> None:
+        self._gate = gate
+        self.sampled = sampled
+
+    def __enter__(self) -> _RequestScope:
+        if self.sampled:
+            self._gate.set(True)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.sampled:
+            self._gate.set(False)
+
+
+class Monitor:
+    """Watches one model. Create with :meth:`attach`; call :meth:`close` on unload."""
+
+    def __init__(self, config: MonitoringConfig, model_name: str, metrics: MetricSet) -> None:
+        self.config = config
+        self.model_name = model_name
+        self.metrics = metrics
+        self.gate = Gate()
+        self.hooks = HookSet(self.gate, self, config.max_features)
+        self.worker: CaptureWorker[Capture] = CaptureWorker(
+            config.queue_size, self._process, self._publish, config.flush_interval_s
+        )
+        self._rng = random.Random(config.seed)
+        self._log = RateLimitedLog(log)
+        # Request-thread counters (single writer); the worker publishes their deltas.
+        self.requests = 0
+        self.sampled = 0
+        self.rejected = 0
+        self._hook_faults: dict[str, int] = defaultdict(int)
+        # Worker-thread state.
+        self._published: dict[str, int] = defaultdict(int)
+        self._disabled: set[str] = set()
+        self._process_faults: dict[str, int] = defaultdict(int)
+        # Publishing runs on the worker's tick and from flush(): one lock keeps deltas exact.
+        self._publish_lock = threading.Lock()
+
+    @classmethod
+    def attach(
+        cls,
+        model: nn.Module,
+        config: MonitoringConfig,
+        model_name: str,
+        metrics: MetricSet | None = None,
+    ) -> Monitor:
+        monitor = cls(config, model_name, metrics if metrics is not None else MetricSet())
+        if config.enabled:
+            monitor.hooks.attach(model, config.layers, config.capture_input, config.capture_output)
+        monitor._declare_series()
+        monitor.worker.start()
+        return monitor
+
+    # -- request path -------------------------------------------------------------------------
+
+    def request(self, batch_size: int = 1) -> _RequestScope:
+        """Count ``batch_size`` requests and decide whether this forward pass is captured."""
+        self.requests += batch_size
+        rate = self.config.sample_rate
+        sampled = self.config.enabled and rate > 0.0 and (rate >= 1.0 or self._rng.random() < rate)
+        if sampled:
+            self.sampled += batch_size
+        return _RequestScope(self.gate, sampled)
+
+    def reject(self, count: int = 1) -> None:
+        self.rejected += count
+
+    def offer(self, capture: Capture) -> bool:
+        return self.worker.offer(capture)
+
+    def on_fault(self, layer: str, error: BaseException) -> None:
+        self._hook_faults[layer] += 1
+        self._log.warning(
+            f"hook:{layer}",
+            "hookwatch: hook on layer %r of model %r failed (%s: %s); capture for that layer is "
+            "off, serving continues",
+            layer,
+            self.model_name,
+            type(error).__name__,
+            error,
+        )
+
+    # -- capture path -------------------------------------------------------------------------
+
+    def _declare_series(self) -> None:
+        m, name = self.metrics, self.model_name
+        for counter in (
+            "hookwatch_requests_total",
+            "hookwatch_requests_sampled_total",
+            "hookwatch_requests_rejected_total",
+            "hookwatch_captures_dropped_total",
+        ):
+            m.touch(counter, model=name)
+        m.set("hookwatch_capture_queue_capacity", self.worker.capacity, model=name)
+        m.set("hookwatch_capture_queue_depth", 0, model=name)
+        for layer in self.config.watched if self.config.enabled else ():
+            m.touch("hookwatch_captures_total", model=name, layer=layer)
+            m.touch("hookwatch_monitor_faults_total", model=name, layer=layer)
+            m.set("hookwatch_layer_enabled", 1, model=name, layer=layer)
+            for kind in ("nan", "inf"):
+                m.touch("hookwatch_activation_nonfinite_total", model=name, layer=layer, kind=kind)
+
+    def _process(self, captures: Sequence[Capture]) -> None:
+        by_layer: dict[str, list[Capture]] = defaultdict(list)
+        for capture in captures:
+            by_layer[capture.layer].append(capture)
+        for layer, items in by_layer.items():
+            if layer in self._disabled:
+                continue
+            try:
+                self._process_layer(layer, items)
+            except Exception as error:
+                self._disabled.add(layer)
+                self.hooks.disable(layer)
+                self._process_faults[layer] += 1
+                self._log.warning(
+                    f"process:{layer}",
+                    "hookwatch: processing layer %r of model %r failed (%s: %s); capture for "
+                    "that layer is off, serving continues",
+                    layer,
+                    self.model_name,
+                    type(error).__name__,
+                    error,
+                )
+
+    def _process_layer(self, layer: str, items: Sequence[Capture]) -> None:
+        stats = np.concatenate([c.stats.cpu().numpy() for c in items], axis=0)
+        labels = {"model": self.model_name, "layer": layer}
+        m = self.metrics
+        m.inc("hookwatch_captures_total", len(stats), **labels)
+        m.inc(
+            "hookwatch_activation_nonfinite_total",
+            float(stats[:, NAN_COLUMN].sum()),
+            kind="nan",
+            **labels,
+        )
+        m.inc(
+            "hookwatch_activation_nonfinite_total",
+            float(stats[:, INF_COLUMN].sum()),
+            kind="inf",
+            **labels,
+        )
+        finite = stats[(stats[:, NAN_COLUMN] == 0) & (stats[:, INF_COLUMN] == 0)]
+        for column, statistic in enumerate(SUMMARY_STATISTICS):
+            m.observe(
+                "hookwatch_activation_statistic",
+                finite[:, column].tolist(),
+                statistic=statistic,
+                **labels,
+            )
+
+    def _delta(self, key: str, current: int) -> int:
+        delta = current - self._published[key]
+        self._published[key] = current
+        return delta
+
+    def _publish(self) -> None:
+        with self._publish_lock:
+            self._publish_locked()
+
+    def _publish_locked(self) -> None:
+        m, name = self.metrics, self.model_name
+        m.inc("hookwatch_requests_total", self._delta("requests", self.requests), model=name)
+        m.inc("hookwatch_requests_sampled_total", self._delta("sampled", self.sampled), model=name)
+        m.inc(
+            "hookwatch_requests_rejected_total", self._delta("rejected", self.rejected), model=name
+        )
+        m.inc(
+            "hookwatch_captures_dropped_total",
+            self._delta("dropped", self.worker.dropped),
+            model=name,
+        )
+        m.set("hookwatch_capture_queue_depth", self.worker.depth, model=name)
+        faults = dict(self._hook_faults)
+        for layer, count in self._process_faults.items():
+            faults[layer] = faults.get(layer, 0) + count
+        faults[ALL_LAYERS] = self.worker.faults
+        for layer, count in faults.items():
+            m.inc(
+                "hookwatch_monitor_faults_total",
+                self._delta(f"faults:{layer}", count),
+                model=name,
+                layer=layer,
+            )
+        for layer, state in self.hooks.layer_states().items():
+            m.set(
+                "hookwatch_layer_enabled",
+                1 if state is HookState.ATTACHED else 0,
+                model=name,
+                layer=layer,
+            )
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until every accepted capture is processed, then publish (tests, shutdown)."""
+        idle = self.worker.wait_idle(timeout)
+        self._publish()
+        return idle
+
+    def close(self) -> None:
+        self.hooks.detach()
+        self.worker.stop()

@@ -1,0 +1,209 @@
+"""Request handling for a monitored model, free of TorchServe.
+
+``handlers/`` adapts this to TorchServe's ``initialize → preprocess → inference →
+postprocess`` contract. Bad requests become :class:`BadInputError` per item, so one malformed
+request in a batch gets its own 4xx and the rest of the batch is still served.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from hookwatch.config import InputSpec, MonitoringConfig
+from hookwatch.errors import BadInputError, ConfigError
+from hookwatch.metrics import MetricSet
+from hookwatch.monitor import Monitor
+
+MAX_BODY_BYTES = 1 << 20
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, list):
+        return f"a list of {len(value)} items"
+    if isinstance(value, dict):
+        keys = ", ".join(sorted(map(str, value))[:5])
+        return f"an object with keys [{keys}]"
+    text = repr(value)
+    return f"{type(value).__name__} {text[:40]}"
+
+
+def _shape_of(value: Any) -> tuple[int, ...] | None:
+    """Shape of a rectangular nested list of numbers, or None if it is ragged or not numeric."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return ()
+    if not isinstance(value, list) or not value:
+        return None
+    inner = _shape_of(value[0])
+    if inner is None:
+        return None
+    for item in value[1:]:
+        if _shape_of(item) != inner:
+            return None
+    return (len(value), *inner)
+
+
+def decode_payload(body: Any, spec: InputSpec) -> torch.Tensor:
+    """One request's payload → a float32 tensor of ``spec.shape``; raises :class:`BadInputError`."""
+    expected_body = f'a JSON object {{"{spec.field}": <{"x".join(map(str, spec.shape))} numbers>}}'
+    if isinstance(body, bytes | bytearray):
+        if len(body) > MAX_BODY_BYTES:
+            raise BadInputError(
+                f"a body of at most {MAX_BODY_BYTES} bytes", f"{len(body)} bytes", status=413
+            )
+        try:
+            body = json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise BadInputError(expected_body, f"a body that is not JSON ({error})") from None
+    elif isinstance(body, str):
+        try:
+            body = json.loads(body)
+        except json.JSONDecodeError as error:
+            raise BadInputError(expected_body, f"a body that is not JSON ({error})") from None
+    if not isinstance(body, dict):
+        raise BadInputError(expected_body, _describe(body))
+    if spec.field not in body:
+        raise BadInputError(expected_body, _describe(body))
+    values = body[spec.field]
+    shape = _shape_of(values)
+    if shape is None:
+        raise BadInputError(
+            f"a rectangular array of numbers of shape {list(spec.shape)} "
+            f"(or {spec.numel} numbers flat)",
+            _describe(values) if not isinstance(values, list) else "a ragged or non-numeric list",
+        )
+    if shape != spec.shape and shape != (spec.numel,):
+        raise BadInputError(
+            f"shape {list(spec.shape)} (or {spec.numel} numbers flat)", f"shape {list(shape)}"
+        )
+    tensor = torch.tensor(values, dtype=torch.float32).reshape(spec.shape)
+    if not bool(torch.isfinite(tensor).all()):
+        raise BadInputError("finite numbers", "NaN or Infinity")
+    lo, hi = spec.min_value, spec.max_value
+    if lo is not None or hi is not None:
+        vmin, vmax = float(tensor.min()), float(tensor.max())
+        if (lo is not None and vmin < lo) or (hi is not None and vmax > hi):
+            raise BadInputError(
+                f"values in [{lo if lo is not None else -math.inf}, "
+                f"{hi if hi is not None else math.inf}]",
+                f"values in [{vmin:g}, {vmax:g}]",
+            )
+    return tensor
+
+
+@dataclass
+class DecodedBatch:
+    """Valid inputs stacked for one forward pass, and the error of each invalid item."""
+
+    size: int
+    inputs: torch.Tensor | None
+    positions: list[int]
+    errors: dict[int, BadInputError]
+
+
+@dataclass
+class BatchResult:
+    size: int
+    outputs: torch.Tensor | None
+    positions: list[int]
+    errors: dict[int, BadInputError]
+
+
+class ClassifierService:
+    """Decode JSON, run the model under its monitor, answer class + probabilities."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        spec: InputSpec,
+        monitor: Monitor,
+        labels: Sequence[str] | None = None,
+        device: torch.device | None = None,
+    ) -> None:
+        self.model = model
+        self.spec = spec
+        self.monitor = monitor
+        self.labels = list(labels) if labels is not None else None
+        self.device = device or torch.device("cpu")
+
+    @classmethod
+    def from_handler_config(
+        cls,
+        model: nn.Module,
+        handler_config: Mapping[str, Any] | None,
+        model_name: str,
+        metrics: MetricSet | None = None,
+        device: torch.device | None = None,
+    ) -> ClassifierService:
+        """Build from the ``handler:`` section of model-config.yaml (validated here, once)."""
+        section = dict(handler_config or {})
+        if "input" not in section:
+            raise ConfigError("handler.input: expected a mapping with a 'shape', got nothing")
+        spec = InputSpec.from_mapping(section["input"])
+        config = MonitoringConfig.from_mapping(section.get("monitoring"))
+        labels = section.get("labels")
+        if labels is not None and not (
+            isinstance(labels, list) and all(isinstance(x, str) for x in labels)
+        ):
+            raise ConfigError(f"handler.labels: expected a list of strings, got {labels!r}")
+        monitor = Monitor.attach(model, config, model_name, metrics)
+        return cls(model, spec, monitor, labels, device)
+
+    def decode(self, bodies: Sequence[Any]) -> DecodedBatch:
+        tensors: list[torch.Tensor] = []
+        positions: list[int] = []
+        errors: dict[int, BadInputError] = {}
+        for index, body in enumerate(bodies):
+            try:
+                tensors.append(decode_payload(body, self.spec))
+                positions.append(index)
+            except BadInputError as error:
+                errors[index] = error
+        if errors:
+            self.monitor.reject(len(errors))
+        inputs = torch.stack(tensors).to(self.device) if tensors else None
+        return DecodedBatch(len(bodies), inputs, positions, errors)
+
+    def infer(self, batch: DecodedBatch) -> BatchResult:
+        outputs = None
+        if batch.inputs is not None:
+            with torch.inference_mode(), self.monitor.request(len(batch.positions)):
+                outputs = self.model(batch.inputs)
+        return BatchResult(batch.size, outputs, batch.positions, batch.errors)
+
+    def encode(self, result: BatchResult) -> list[dict[str, Any]]:
+        answers: list[dict[str, Any]] = [{} for _ in range(result.size)]
+        for index, error in result.errors.items():
+            answers[index] = error.as_dict()
+        if result.outputs is not None:
+            probabilities = torch.softmax(result.outputs.float(), dim=1).cpu()
+            classes = probabilities.argmax(dim=1).tolist()
+            for row, index in enumerate(result.positions):
+                cls = int(classes[row])
+                answers[index] = {
+                    "class": self.labels[cls] if self.labels else cls,
+                    "probabilities": [round(p, 6) for p in probabilities[row].tolist()],
+                }
+        return answers
+
+    def handle(self, bodies: Sequence[Any]) -> list[dict[str, Any]]:
+        return self.encode(self.infer(self.decode(bodies)))
+
+    def close(self) -> None:
+        self.monitor.close()
+
+
+def configure_torch(handler_config: Mapping[str, Any] | None) -> None:
+    """Apply ``handler: torch_threads:`` (default 1: small models on few cores run best so)."""
+    threads = (handler_config or {}).get("torch_threads", 1)
+    if not (isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1):
+        raise ConfigError(f"handler.torch_threads: expected a positive integer, got {threads!r}")
+    torch.set_num_threads(threads)

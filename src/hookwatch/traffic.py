@@ -1,0 +1,99 @@
+"""Demo traffic and the live table ``make run`` prints."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+from hookwatch.demo.data import load_split
+from hookwatch.devstack import MODEL_NAME, Stack
+
+
+class TrafficLoop:
+    """Sends held-out digits at a fixed rate from one thread until stopped."""
+
+    def __init__(self, stack: Stack, rate_per_s: float = 20.0) -> None:
+        if rate_per_s <= 0:
+            raise ValueError(f"expected a positive rate, got {rate_per_s}")
+        self._stack = stack
+        self._period = 1.0 / rate_per_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="traffic", daemon=True)
+        self.status = Counter[int]()
+        self.correct = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        split = load_split()
+        i = 0
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            index = i % len(split.y_test)
+            try:
+                status, reply = self._stack.infer({"data": split.x_test[index].tolist()})
+            except OSError:
+                status, reply = 0, None
+            self.status[status] += 1
+            if (
+                status == 200
+                and isinstance(reply, dict)
+                and reply.get("class") == int(split.y_test[index])
+            ):
+                self.correct += 1
+            i += 1
+            next_at += self._period
+            self._stop.wait(max(0.0, next_at - time.monotonic()))
+
+
+class LiveView:
+    """Reads a few hookwatch series back from Prometheus' HTTP API and formats them."""
+
+    QUERIES = (
+        ("requests/s", f'sum(rate(hookwatch_requests_total{{model="{MODEL_NAME}"}}[30s]))'),
+        ("sampled/s", f'sum(rate(hookwatch_requests_sampled_total{{model="{MODEL_NAME}"}}[30s]))'),
+        ("dropped", f'sum(hookwatch_captures_dropped_total{{model="{MODEL_NAME}"}})'),
+        ("queue depth", f'sum(hookwatch_capture_queue_depth{{model="{MODEL_NAME}"}})'),
+    )
+
+    def __init__(self, stack: Stack) -> None:
+        self._stack = stack
+
+    def _scalar(self, promql: str) -> str:
+        try:
+            result = self._stack.query(promql)
+        except (OSError, RuntimeError) as error:
+            return f"({error.__class__.__name__})"
+        return f"{float(result[0]['value'][1]):.3g}" if result else "-"
+
+    def render(self, traffic: TrafficLoop) -> str:
+        head = "  ".join(f"{name} {self._scalar(q)}" for name, q in self.QUERIES)
+        lines = [
+            time.strftime("%H:%M:%S")
+            + "  "
+            + head
+            + f"  | client: {dict(traffic.status)} correct {traffic.correct}"
+        ]
+        rows = self._stack.query(
+            "sum by (layer, statistic) (rate(hookwatch_activation_statistic_sum[1m]))"
+            " / sum by (layer, statistic) (rate(hookwatch_activation_statistic_count[1m]))"
+        )
+        table: dict[str, dict[str, str]] = {}
+        for row in rows:
+            labels = row["metric"]
+            table.setdefault(labels["layer"], {})[labels["statistic"]] = (
+                f"{float(row['value'][1]):8.3f}"
+            )
+        stats = ("mean", "std", "min", "max", "zero_fraction")
+        lines.append("    layer    " + " ".join(f"{s:>13}" for s in stats))
+        for layer in sorted(table):
+            lines.append(
+                f"    {layer:<8} " + " ".join(f"{table[layer].get(s, '-'):>13}" for s in stats)
+            )
+        return "\n".join(lines)
