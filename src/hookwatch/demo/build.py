@@ -49,19 +49,21 @@ def archive(
     build_dir: Path,
     model_store: Path,
     extra_files: list[Path] | None = None,
+    config: Path | None = None,
+    model_name: str = MODEL_NAME,
 ) -> Path:
     build_dir.mkdir(parents=True, exist_ok=True)
     model_store.mkdir(parents=True, exist_ok=True)
     weights = build_dir / "digits_cnn.pt"
     torch.save(model.state_dict(), weights)
-    config = repo_root / "models" / MODEL_NAME / "model-config.yaml"
+    config = config or repo_root / "models" / MODEL_NAME / "model-config.yaml"
     archiver = shutil.which("torch-model-archiver", path=str(Path(sys.executable).parent))
     if archiver is None:
         raise FileNotFoundError("expected torch-model-archiver beside the Python interpreter")
     cmd = [
         archiver,
         "--model-name",
-        MODEL_NAME,
+        model_name,
         "--version",
         "1.0",
         "--model-file",
@@ -79,7 +81,7 @@ def archive(
     if extra_files:
         cmd += ["--extra-files", ",".join(str(p) for p in extra_files)]
     subprocess.run(cmd, check=True)
-    return model_store / f"{MODEL_NAME}.mar"
+    return model_store / f"{model_name}.mar"
 
 
 def build(repo_root: Path, build_dir: Path, model_store: Path) -> Path:

@@ -1,0 +1,40 @@
+"""A stand-in for TorchServe's worker Context, for handler tests without Java."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+class FakeMetrics:
+    def __init__(self) -> None:
+        self.times: list[tuple[str, float]] = []
+
+    def add_time(self, name: str, value: float, *args: Any, **kwargs: Any) -> None:
+        self.times.append((name, value))
+
+
+class FakeContext:
+    """What BaseHandler reads at initialize and handle, plus per-item response statuses."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        model_yaml_config: dict[str, Any],
+        model_name: str = "digits",
+        serialized_file: str = "digits_cnn.pt",
+        model_file: str = "digits_cnn.py",
+    ) -> None:
+        self.model_name = model_name
+        self.manifest = {"model": {"serializedFile": serialized_file, "modelFile": model_file}}
+        self.system_properties = {"model_dir": str(model_dir), "gpu_id": None, "batch_size": 8}
+        self.model_yaml_config = model_yaml_config
+        self.metrics = FakeMetrics()
+        self.statuses: dict[int, tuple[int, str]] = {}
+        self.request_ids: dict[int, str] = {}
+
+    def set_response_status(self, code: int = 200, phrase: str = "", idx: int = 0) -> None:
+        self.statuses[idx] = (code, phrase)
+
+    def get_request_header(self, idx: int, key: str) -> str | None:
+        return None

@@ -1,0 +1,70 @@
+"""Helpers for tests that run the real stack."""
+
+from __future__ import annotations
+
+import copy
+import io
+import time
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from hookwatch.demo.build import archive
+from hookwatch.demo.digits_cnn import DigitsCNN
+from hookwatch.devstack import http_get
+
+ROOT = Path(__file__).resolve().parents[2]
+MAR = ROOT / "model_store" / "digits.mar"
+
+
+def demo_config(**monitoring: Any) -> dict[str, Any]:
+    config: dict[str, Any] = yaml.safe_load((ROOT / "models/digits/model-config.yaml").read_text())
+    config = copy.deepcopy(config)
+    config["handler"]["monitoring"].update(monitoring)
+    return config
+
+
+def build_variant(store: Path, config: dict[str, Any], model_name: str = "digits") -> Path:
+    """Re-archive the built demo weights with another model-config into ``store``."""
+    with zipfile.ZipFile(MAR) as mar:
+        state = torch.load(io.BytesIO(mar.read("digits_cnn.pt")), weights_only=True)
+    model = DigitsCNN()
+    model.load_state_dict(state)
+    config_path = store / f"{model_name}-config.yaml"
+    store.mkdir(parents=True, exist_ok=True)
+    config_path.write_text(yaml.safe_dump(config))
+    return archive(model, ROOT, store / "build", store, config=config_path, model_name=model_name)
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    status, body = http_get(f"http://127.0.0.1:{port}/metrics")
+    assert status == 200, body[:300]
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return samples
+
+
+def total(
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str
+) -> float:
+    want = set(labels.items())
+    return sum(v for (n, lab), v in samples.items() if n == name and want <= set(lab))
+
+
+def eventually(check: Callable[[], Any], timeout: float = 30.0, interval: float = 0.5) -> Any:
+    """Retry ``check`` until it returns without AssertionError; re-raise the last one."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return check()
+        except AssertionError:
+            if time.monotonic() >= deadline:
+                raise
+        time.sleep(interval)

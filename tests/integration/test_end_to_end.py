@@ -1,0 +1,106 @@
+"""Real TorchServe (2 workers) + exporter + Prometheus: the walking skeleton, end to end."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from hookwatch.demo.data import load_split
+from hookwatch.devstack import Stack
+from tests.conftest import require_binary
+from tests.integration.helpers import build_variant, demo_config, eventually, scrape, total
+
+pytestmark = pytest.mark.integration
+
+LAYERS = ("input", "act1", "act2", "act3", "output")
+
+
+def test_statistics_reach_prometheus_summed_over_both_workers(
+    make_stack: Callable[..., Stack], tmp_path: Path
+) -> None:
+    require_binary("prometheus")
+    store = tmp_path / "store"
+    build_variant(store, demo_config(sample_rate=1.0))
+    stack = make_stack("e2e", workers=2, model_store=store, scrape_interval="1s")
+    stack.start_torchserve()
+    stack.start_exporter()
+    stack.start_prometheus()
+    workers_before = sorted(stack.worker_pids())
+    assert len(workers_before) == 2
+
+    split = load_split()
+    sent = 60
+    correct = 0
+    for i in range(sent):
+        status, reply = stack.infer({"data": split.x_test[i].tolist()})
+        assert status == 200, reply
+        correct += reply["class"] == int(split.y_test[i])
+    assert correct >= 0.9 * sent
+
+    bad = [b"{oops", b'{"data": [1, 2, 3]}', b'{"data": [' + b"99," * 63 + b"99]}"]
+    for body in bad:
+        status, reply = stack.infer(body)
+        assert status == 400, reply
+        assert reply["expected"] and reply["got"]
+
+    def exported() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        samples = scrape(stack.ports.exporter)
+        assert total(samples, "hookwatch_requests_total", model="digits") == sent
+        assert total(samples, "hookwatch_requests_rejected_total", model="digits") == len(bad)
+        for layer in LAYERS:
+            assert total(samples, "hookwatch_captures_total", layer=layer) == sent, layer
+            count = total(
+                samples, "hookwatch_activation_statistic_count", layer=layer, statistic="mean"
+            )
+            assert count == sent, layer
+        return samples
+
+    samples = eventually(exported)
+    assert total(samples, "hookwatch_captures_dropped_total") == 0
+    mean_input = (
+        total(samples, "hookwatch_activation_statistic_sum", layer="input", statistic="mean") / sent
+    )
+    expected_input = float(split.x_test[:sent].mean())
+    assert abs(mean_input - expected_input) < 1e-3 * max(1.0, expected_input)
+
+    # Both worker processes contributed: each wrote its own counter file and counts.
+    pids = {
+        int(m.group(1))
+        for f in stack.multiproc_dir.iterdir()
+        if (m := re.fullmatch(r"counter_(\d+)\.db", f.name))
+    }
+    assert set(workers_before) <= pids
+    # Client mistakes cost no worker: same pids as before the bad requests.
+    assert sorted(stack.worker_pids()) == workers_before
+
+    def scraped() -> None:
+        assert [r["value"][1] for r in stack.query('up{job="hookwatch"}')] == ["1"]
+        assert [r["value"][1] for r in stack.query('up{job="torchserve"}')] == ["1"]
+        result = stack.query('sum(hookwatch_captures_total{model="digits",layer="act3"})')
+        assert result and float(result[0]["value"][1]) == sent
+        per_layer = stack.query(
+            'count by (layer) (hookwatch_activation_statistic_count{statistic="std"})'
+        )
+        assert {r["metric"]["layer"] for r in per_layer} == set(LAYERS)
+
+    eventually(scraped, timeout=30)
+
+
+def test_stop_leaves_no_process_behind(make_stack: Callable[..., Stack]) -> None:
+    require_binary("prometheus")
+    stack = make_stack("stop", workers=2, scrape_interval="1s")
+    stack.start_torchserve()
+    stack.start_exporter()
+    stack.start_prometheus()
+    groups = list(stack.recorded_pids().values())
+    workers = stack.worker_pids()
+    assert len(groups) == 3 and len(workers) == 2
+    assert stack.stop() == []  # all stopped on SIGTERM, none needed SIGKILL
+    for pid in [*groups, *workers]:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert not stack.pid_file.exists()

@@ -1,0 +1,125 @@
+"""The TorchServe handler driven through BaseHandler.handle with a fake context (no Java)."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from tests.fakes import FakeContext
+
+from hookwatch.demo import digits_cnn
+from hookwatch.demo.data import load_split
+from hookwatch.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = yaml.safe_load((ROOT / "models/digits/model-config.yaml").read_text())
+
+
+def load_handler_class() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "hookwatch_handler", ROOT / "handlers/hookwatch_handler.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.HookwatchHandler
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    # TorchServe's worker imports the model file from the extracted model dir on sys.path.
+    monkeypatch.syspath_prepend(str(tmp_path))
+    shutil.copy(digits_cnn.__file__, tmp_path / "digits_cnn.py")
+    torch.manual_seed(0)
+    torch.save(digits_cnn.DigitsCNN().state_dict(), tmp_path / "digits_cnn.pt")
+    return tmp_path
+
+
+def make_config(**monitoring: Any) -> dict[str, Any]:
+    config = copy.deepcopy(CONFIG)
+    config["handler"]["monitoring"].update(monitoring)
+    return config
+
+
+@pytest.fixture
+def handler(model_dir: Path) -> Iterator[tuple[Any, FakeContext]]:
+    context = FakeContext(model_dir, make_config(sample_rate=1.0))
+    instance = load_handler_class()()
+    instance.initialize(context)
+    yield instance, context
+    instance.service.close()
+
+
+SPLIT = load_split()
+
+
+def digit(i: int = 0) -> list[Any]:
+    return SPLIT.x_test[i].tolist()  # type: ignore[no-any-return]
+
+
+def test_valid_requests_get_class_and_probabilities(handler: tuple[Any, FakeContext]) -> None:
+    instance, context = handler
+    body = json.dumps({"data": digit()}).encode()
+    out = instance.handle([{"body": body}, {"body": {"data": digit(1)}}], context)
+    assert len(out) == 2
+    for answer in out:
+        assert 0 <= answer["class"] <= 9
+        assert abs(sum(answer["probabilities"]) - 1) < 1e-3
+    assert context.statuses == {}
+
+
+@pytest.mark.parametrize(
+    ("payload", "expected", "got"),
+    [
+        (b"{not json", "a JSON object", "not JSON"),
+        ({"pixels": [1, 2]}, '{"data"', "keys [pixels]"),
+        ({"data": [1, 2, 3]}, "shape [1, 8, 8]", "shape [3]"),
+        ({"data": [[1, 2], [3]]}, "rectangular array", "ragged"),
+        ({"data": [99.0] * 64}, "values in [0.0, 16.0]", "[99, 99]"),
+        ({"data": ["a"] * 64}, "rectangular array", "non-numeric"),
+        (b'{"data": [NaN' + b", 0" * 63 + b"]}", "finite numbers", "NaN"),
+        ([1, 2, 3], "a JSON object", "a list of 3 items"),
+    ],
+)
+def test_bad_items_get_a_clear_4xx_and_the_rest_of_the_batch_is_served(
+    handler: tuple[Any, FakeContext], payload: Any, expected: str, got: str
+) -> None:
+    instance, context = handler
+    good = {"body": {"data": digit()}}
+    out = instance.handle([good, {"body": payload}, good], context)
+    assert context.statuses == {1: (400, "Bad Request")}
+    assert out[1]["code"] == 400
+    assert expected in out[1]["expected"], out[1]
+    assert got in out[1]["got"], out[1]
+    assert out[0]["class"] == out[2]["class"]
+    monitor = instance.service.monitor
+    monitor.flush()
+    assert monitor.rejected == 1 and monitor.requests == 2
+
+
+def test_a_batch_of_only_bad_items_runs_no_forward(handler: tuple[Any, FakeContext]) -> None:
+    instance, context = handler
+    out = instance.handle([{"body": b""}, {"data": None}], context)
+    assert [a["code"] for a in out] == [400, 400]
+    assert instance.service.monitor.requests == 0
+
+
+def test_an_unknown_layer_fails_the_load_with_close_matches(model_dir: Path) -> None:
+    context = FakeContext(model_dir, make_config(layers=["act1", "fc_1"]))
+    with pytest.raises(ConfigError, match=r"'fc_1'.*close matches: fc1, fc2"):
+        load_handler_class()().initialize(context)
+
+
+def test_a_missing_input_section_fails_the_load(model_dir: Path) -> None:
+    config = make_config()
+    del config["handler"]["input"]
+    with pytest.raises(ConfigError, match=r"handler\.input: expected a mapping"):
+        load_handler_class()().initialize(FakeContext(model_dir, config))

@@ -1,0 +1,124 @@
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+from torch import nn
+
+from hookwatch.errors import ConfigError
+from hookwatch.hooks import Capture, Gate, HookSet, HookState
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(4, 8), nn.ReLU())
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.encoder(x))
+        return out
+
+
+class ListSink:
+    def __init__(self, fail: bool = False) -> None:
+        self.captures: list[Capture] = []
+        self.faults: list[tuple[str, BaseException]] = []
+        self.fail = fail
+
+    def offer(self, capture: Capture) -> bool:
+        if self.fail:
+            raise RuntimeError("sink broke")
+        self.captures.append(capture)
+        return True
+
+    def on_fault(self, layer: str, error: BaseException) -> None:
+        self.faults.append((layer, error))
+
+
+def test_gate_closed_captures_nothing_gate_open_captures_every_layer() -> None:
+    net, sink, gate = Net(), ListSink(), Gate()
+    with HookSet(gate, sink).attach(net, ["encoder.1", "head"]):
+        net(torch.randn(3, 4))
+        assert sink.captures == []
+        gate.set(True)
+        net(torch.randn(3, 4))
+    assert [c.layer for c in sink.captures] == ["input", "encoder.1", "head", "output"]
+    assert all(c.stats.shape == (3, 7) for c in sink.captures)
+
+
+def test_detach_is_idempotent_and_removes_hooks() -> None:
+    net, sink, gate = Net(), ListSink(), Gate()
+    hooks = HookSet(gate, sink).attach(net, ["head"])
+    assert hooks.state is HookState.ATTACHED
+    hooks.detach()
+    hooks.detach()
+    assert hooks.state is HookState.DETACHED
+    assert not net.head._forward_hooks and not net._forward_pre_hooks
+    gate.set(True)
+    net(torch.randn(1, 4))
+    assert sink.captures == []
+    with pytest.raises(RuntimeError, match="expected a detached HookSet"):
+        hooks.attach(net, ["head"]).attach(net, ["head"])
+
+
+def test_unknown_layer_fails_with_close_matches_and_registers_nothing() -> None:
+    net = Net()
+    with pytest.raises(ConfigError) as info:
+        HookSet(Gate(), ListSink()).attach(net, ["head", "encoder.2"])
+    message = str(info.value)
+    assert "'encoder.2'" in message and "close matches: encoder.1" in message
+    assert not net.head._forward_hooks
+
+
+def test_a_faulting_hook_never_fails_the_forward_and_switches_its_layer_off() -> None:
+    net, gate = Net(), Gate()
+    sink = ListSink(fail=True)
+    hooks = HookSet(gate, sink).attach(net, ["head"], capture_input=False, capture_output=False)
+    gate.set(True)
+    expected = net.head(net.encoder(torch.ones(1, 4)))
+    assert torch.equal(net(torch.ones(1, 4)), expected)
+    assert hooks.layer_states() == {"head": HookState.FAULTED}
+    assert [layer for layer, _ in sink.faults] == ["head"]
+    net(torch.ones(1, 4))
+    assert len(sink.faults) == 1  # off means off: no second attempt, no second report
+
+
+def test_hooks_keep_no_reference_to_activations_or_modules() -> None:
+    net, sink, gate = Net(), ListSink(), Gate()
+    seen: list[weakref.ReferenceType[torch.Tensor]] = []
+    net.head.register_forward_hook(lambda m, a, out: seen.append(weakref.ref(out)))
+    hooks = HookSet(gate, sink).attach(net, ["head"])
+    gate.set(True)
+    net(torch.randn(2, 4))
+    gc.collect()
+    assert seen and seen[0]() is None  # the captures hold reductions, not the activation
+    assert len(sink.captures) == 3
+    module_ref = weakref.ref(net.head)
+    del net
+    gc.collect()
+    assert module_ref() is None
+    assert all(h.module is None for h in hooks)
+    hooks.detach()  # detaching after the model is gone is fine
+
+
+def test_tuple_outputs_use_the_first_tensor() -> None:
+    class Pair(nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return x * 2, x
+
+    class Wrap(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pair = Pair()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.pair(x)[0]
+
+    net, sink, gate = Wrap(), ListSink(), Gate()
+    HookSet(gate, sink).attach(net, ["pair"], capture_input=False, capture_output=False)
+    gate.set(True)
+    net(torch.ones(1, 3))
+    assert sink.captures[0].stats[0, 0].item() == 2.0

@@ -1,0 +1,154 @@
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from hookwatch.config import MonitoringConfig
+from hookwatch.metrics import MetricSet
+from hookwatch.monitor import Monitor
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.act(self.fc(x))
+        return out
+
+
+def value(metrics: MetricSet, name: str, **labels: str) -> float:
+    key = (name, tuple(sorted(labels.items())))
+    return metrics.sample_values().get(key, float("nan"))
+
+
+def run(monitor: Monitor, net: nn.Module, batches: int, batch_size: int = 1) -> None:
+    for _ in range(batches):
+        with torch.inference_mode(), monitor.request(batch_size):
+            net(torch.randn(batch_size, 4))
+
+
+def test_full_sampling_counts_every_sample_on_every_layer(metrics: MetricSet) -> None:
+    net = Net()
+    config = MonitoringConfig.from_mapping({"layers": ["act"], "sample_rate": 1.0})
+    monitor = Monitor.attach(net, config, "m", metrics)
+    run(monitor, net, batches=7, batch_size=3)
+    monitor.flush()
+    monitor.close()
+    assert value(metrics, "hookwatch_requests_total", model="m") == 21
+    assert value(metrics, "hookwatch_requests_sampled_total", model="m") == 21
+    for layer in ("input", "act", "output"):
+        assert value(metrics, "hookwatch_captures_total", model="m", layer=layer) == 21
+        assert (
+            value(
+                metrics,
+                "hookwatch_activation_statistic_count",
+                model="m",
+                layer=layer,
+                statistic="mean",
+            )
+            == 21
+        )
+    assert value(metrics, "hookwatch_captures_dropped_total", model="m") == 0
+
+
+def test_zero_sampling_counts_requests_and_captures_nothing(metrics: MetricSet) -> None:
+    net = Net()
+    monitor = Monitor.attach(
+        net, MonitoringConfig.from_mapping({"layers": ["act"], "sample_rate": 0.0}), "m", metrics
+    )
+    run(monitor, net, batches=10)
+    monitor.flush()
+    monitor.close()
+    assert value(metrics, "hookwatch_requests_total", model="m") == 10
+    assert value(metrics, "hookwatch_captures_total", model="m", layer="act") == 0
+
+
+def test_partial_sampling_rate_is_honoured(metrics: MetricSet) -> None:
+    net = Net()
+    config = MonitoringConfig.from_mapping({"layers": [], "sample_rate": 0.25, "seed": 7})
+    monitor = Monitor.attach(net, config, "m", metrics)
+    run(monitor, net, batches=2000)
+    monitor.flush()
+    monitor.close()
+    sampled = value(metrics, "hookwatch_requests_sampled_total", model="m")
+    assert 400 < sampled < 600  # Binomial(2000, 0.25): mean 500, sd ~19
+    assert value(metrics, "hookwatch_captures_total", model="m", layer="output") == sampled
+
+
+def test_nonfinite_activations_are_counted_and_kept_out_of_the_summaries(
+    metrics: MetricSet,
+) -> None:
+    net = Net()
+    config = MonitoringConfig.from_mapping({"layers": [], "sample_rate": 1.0})
+    monitor = Monitor.attach(net, config, "m", metrics)
+    with torch.inference_mode(), monitor.request(2):
+        net(torch.tensor([[float("nan"), 1.0, 2.0, 3.0], [1.0, 1.0, 1.0, 1.0]]))
+    monitor.flush()
+    monitor.close()
+    assert (
+        value(metrics, "hookwatch_activation_nonfinite_total", model="m", layer="input", kind="nan")
+        == 1
+    )
+    assert (
+        value(
+            metrics,
+            "hookwatch_activation_statistic_count",
+            model="m",
+            layer="input",
+            statistic="mean",
+        )
+        == 1
+    )
+    assert (
+        value(
+            metrics,
+            "hookwatch_activation_statistic_sum",
+            model="m",
+            layer="input",
+            statistic="mean",
+        )
+        == 1.0
+    )
+
+
+def test_a_full_queue_drops_and_counts(metrics: MetricSet) -> None:
+    net = Net()
+    config = MonitoringConfig.from_mapping({"layers": ["act"], "sample_rate": 1.0, "queue_size": 1})
+    monitor = Monitor.attach(net, config, "m", metrics)
+    monitor.worker.stop()  # nothing drains: every capture past the first is dropped
+    run(monitor, net, batches=5)
+    monitor._publish()
+    dropped = value(metrics, "hookwatch_captures_dropped_total", model="m")
+    assert dropped == 5 * 3 - 1
+    monitor.close()
+
+
+def test_a_processing_fault_switches_one_layer_off_visibly(
+    metrics: MetricSet, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    net = Net()
+    config = MonitoringConfig.from_mapping({"layers": ["act"], "sample_rate": 1.0})
+    monitor = Monitor.attach(net, config, "m", metrics)
+    original = monitor._process_layer
+
+    def flaky(layer: str, items: list) -> None:  # type: ignore[type-arg]
+        if layer == "act":
+            raise ValueError("broken statistic")
+        original(layer, items)
+
+    monkeypatch.setattr(monitor, "_process_layer", flaky)
+    with caplog.at_level(logging.WARNING, logger="hookwatch"):
+        run(monitor, net, batches=20)
+        monitor.flush()
+    monitor.close()
+    assert value(metrics, "hookwatch_layer_enabled", model="m", layer="act") == 0
+    assert value(metrics, "hookwatch_layer_enabled", model="m", layer="output") == 1
+    assert value(metrics, "hookwatch_monitor_faults_total", model="m", layer="act") == 1
+    assert value(metrics, "hookwatch_captures_total", model="m", layer="output") == 20
+    assert sum("'act'" in r.getMessage() for r in caplog.records) == 1

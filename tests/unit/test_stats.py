@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from hookwatch.stats import STATISTICS, feature_summary, reduce_activation
+
+
+def _numpy_reference(x: np.ndarray) -> np.ndarray:
+    flat = x.reshape(x.shape[0], -1).astype(np.float64)
+    return np.stack(
+        [
+            flat.mean(1),
+            flat.std(1),
+            flat.min(1),
+            flat.max(1),
+            (flat == 0).mean(1),
+            np.isnan(flat).sum(1),
+            np.isinf(flat).sum(1),
+        ],
+        axis=1,
+    )
+
+
+def test_reduction_matches_numpy_for_conv_and_linear_shapes() -> None:
+    gen = torch.Generator().manual_seed(0)
+    for shape in [(4, 16, 8, 8), (3, 64), (2, 5, 7)]:
+        x = torch.relu(torch.randn(*shape, generator=gen))
+        got = reduce_activation(x).numpy()
+        assert got.shape == (shape[0], len(STATISTICS))
+        np.testing.assert_allclose(got, _numpy_reference(x.numpy()), rtol=1e-5, atol=1e-6)
+
+
+def test_nonfinite_values_are_counted() -> None:
+    x = torch.zeros(2, 10)
+    x[0, 1] = float("nan")
+    x[0, 2] = float("nan")
+    x[1, 3] = float("inf")
+    x[1, 4] = float("-inf")
+    got = reduce_activation(x)
+    assert got[:, STATISTICS.index("nan_count")].tolist() == [2.0, 0.0]
+    assert got[:, STATISTICS.index("inf_count")].tolist() == [0.0, 2.0]
+
+
+def test_integer_activations_and_result_owns_its_storage() -> None:
+    x = torch.arange(12).reshape(3, 4)
+    got = reduce_activation(x)
+    assert got.dtype == torch.float32
+    assert got[0, STATISTICS.index("zero_fraction")] == 0.25
+    y = torch.ones(2, 3)
+    features = feature_summary(y, max_features=8)
+    y.fill_(5.0)  # a later in-place write to the activation must not reach the capture
+    assert features.untyped_storage().data_ptr() != y.untyped_storage().data_ptr()
+    assert torch.equal(features, torch.ones(2, 3))
+
+
+def test_feature_summary_is_per_channel_for_maps_and_capped() -> None:
+    x = torch.arange(2 * 3 * 4, dtype=torch.float32).reshape(2, 3, 2, 2)
+    got = feature_summary(x, max_features=2)
+    assert got.shape == (2, 2)
+    np.testing.assert_allclose(got.numpy(), x.numpy().reshape(2, 3, 4).mean(2)[:, :2])

@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+import threading
+import time
+
+from hookwatch.worker import CaptureWorker
+
+
+def test_processes_everything_offered() -> None:
+    seen: list[int] = []
+    worker: CaptureWorker[int] = CaptureWorker(100, seen.extend, lambda: None, interval_s=0.05)
+    worker.start()
+    for i in range(50):
+        assert worker.offer(i)
+    assert worker.wait_idle(5)
+    worker.stop()
+    assert seen == list(range(50))
+    assert worker.dropped == 0
+
+
+def test_full_queue_drops_and_counts_without_blocking() -> None:
+    release = threading.Event()
+    worker: CaptureWorker[int] = CaptureWorker(
+        2, lambda batch: release.wait(5), lambda: None, interval_s=0.05, max_batch=1
+    )
+    worker.start()
+    results = [worker.offer(i) for i in range(10)]  # the worker holds one item, two fit
+    assert results.count(False) == worker.dropped >= 7
+    release.set()
+    worker.stop()
+    assert worker.processed + worker.dropped == 10
+
+
+def test_a_failing_batch_is_counted_and_the_worker_carries_on() -> None:
+    seen: list[int] = []
+
+    def process(batch: list[int]) -> None:
+        if 3 in batch:
+            raise ValueError("boom")
+        seen.extend(batch)
+
+    worker: CaptureWorker[int] = CaptureWorker(10, process, lambda: None, interval_s=0.05)
+    worker.start()
+    worker.offer(3)
+    assert worker.wait_idle(5)
+    worker.offer(4)
+    assert worker.wait_idle(5)
+    worker.stop()
+    assert worker.faults == 1
+    assert seen == [4]
+
+
+def test_tick_runs_periodically() -> None:
+    ticks: list[float] = []
+    worker: CaptureWorker[int] = CaptureWorker(
+        4, lambda b: None, lambda: ticks.append(time.monotonic()), interval_s=0.05
+    )
+    worker.start()
+    deadline = time.monotonic() + 5
+    while len(ticks) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    worker.stop()
+    assert len(ticks) >= 3
+
+
+def test_stop_processes_the_queue_and_publishes_once_more() -> None:
+    seen: list[int] = []
+    ticks: list[int] = []
+    worker: CaptureWorker[int] = CaptureWorker(
+        10, seen.extend, lambda: ticks.append(len(seen)), interval_s=60
+    )
+    worker.start()
+    for i in range(5):
+        worker.offer(i)
+    worker.stop()
+    assert seen == list(range(5))
+    assert ticks == [5]  # no periodic tick within 60 s; exactly the final one, after the items
+    assert not worker.running
