@@ -140,6 +140,10 @@ class Monitor:
             m.set("hookwatch_layer_enabled", 1, model=name, layer=layer)
             for kind in ("nan", "inf"):
                 m.touch("hookwatch_activation_nonfinite_total", model=name, layer=layer, kind=kind)
+            for statistic in SUMMARY_STATISTICS:
+                m.touch(
+                    "hookwatch_activation_statistic", model=name, layer=layer, statistic=statistic
+                )
 
     def _process(self, captures: Sequence[Capture]) -> None:
         by_layer: dict[str, list[Capture]] = defaultdict(list)

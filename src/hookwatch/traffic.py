@@ -72,6 +72,22 @@ class LiveView:
             return f"({error.__class__.__name__})"
         return f"{float(result[0]['value'][1]):.3g}" if result else "-"
 
+    STATISTICS = ("mean", "std", "min", "max", "zero_fraction")
+
+    def layer_means(self, window: str = "1m") -> dict[str, dict[str, float]]:
+        """Fleet-wide average of each per-sample statistic over ``window``, by layer."""
+        rows = self._stack.query(
+            # delta, not rate: the _sum of a statistic that can be negative (logits) goes down,
+            # and rate() would read every decrease as a counter reset.
+            f"sum by (layer, statistic) (delta(hookwatch_activation_statistic_sum[{window}]))"
+            f" / sum by (layer, statistic) (delta(hookwatch_activation_statistic_count[{window}]))"
+        )
+        table: dict[str, dict[str, float]] = {}
+        for row in rows:
+            labels = row["metric"]
+            table.setdefault(labels["layer"], {})[labels["statistic"]] = float(row["value"][1])
+        return table
+
     def render(self, traffic: TrafficLoop) -> str:
         head = "  ".join(f"{name} {self._scalar(q)}" for name, q in self.QUERIES)
         lines = [
@@ -80,20 +96,9 @@ class LiveView:
             + head
             + f"  | client: {dict(traffic.status)} correct {traffic.correct}"
         ]
-        rows = self._stack.query(
-            "sum by (layer, statistic) (rate(hookwatch_activation_statistic_sum[1m]))"
-            " / sum by (layer, statistic) (rate(hookwatch_activation_statistic_count[1m]))"
-        )
-        table: dict[str, dict[str, str]] = {}
-        for row in rows:
-            labels = row["metric"]
-            table.setdefault(labels["layer"], {})[labels["statistic"]] = (
-                f"{float(row['value'][1]):8.3f}"
-            )
-        stats = ("mean", "std", "min", "max", "zero_fraction")
-        lines.append("    layer    " + " ".join(f"{s:>13}" for s in stats))
+        table = self.layer_means()
+        lines.append("    layer    " + " ".join(f"{s:>13}" for s in self.STATISTICS))
         for layer in sorted(table):
-            lines.append(
-                f"    {layer:<8} " + " ".join(f"{table[layer].get(s, '-'):>13}" for s in stats)
-            )
+            cells = (table[layer].get(s, float("nan")) for s in self.STATISTICS)
+            lines.append(f"    {layer:<8} " + " ".join(f"{c:13.3f}" for c in cells))
         return "\n".join(lines)

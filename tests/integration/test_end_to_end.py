@@ -8,9 +8,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from hookwatch.demo.data import load_split
+from hookwatch.demo.digits_cnn import DigitsCNN
 from hookwatch.devstack import Stack
+from hookwatch.traffic import LiveView
 from tests.conftest import require_binary
 from tests.integration.helpers import build_variant, demo_config, eventually, scrape, total
 
@@ -31,6 +34,8 @@ def test_statistics_reach_prometheus_summed_over_both_workers(
     stack.start_prometheus()
     workers_before = sorted(stack.worker_pids())
     assert len(workers_before) == 2
+    # Traffic starts after Prometheus' first scrape, so its windows see the counters rise from 0.
+    eventually(lambda: _assert_up(stack), timeout=30)
 
     split = load_split()
     sent = 60
@@ -88,6 +93,25 @@ def test_statistics_reach_prometheus_summed_over_both_workers(
         assert {r["metric"]["layer"] for r in per_layer} == set(LAYERS)
 
     eventually(scraped, timeout=30)
+
+    # The live view's fleet-wide means equal the offline ones, logits (negative sums) included.
+    with torch.inference_mode():
+        model = DigitsCNN()
+        model.load_state_dict(torch.load(store / "build" / "digits_cnn.pt", weights_only=True))
+        logits = model(torch.from_numpy(split.x_test[:sent]))
+    offline = {"input": float(split.x_test[:sent].mean()), "output": float(logits.mean())}
+
+    def live_means() -> None:
+        table = LiveView(stack).layer_means("5m")
+        for layer, expected in offline.items():
+            assert abs(table[layer]["mean"] - expected) < 1e-3 * max(1.0, abs(expected)), layer
+
+    eventually(live_means, timeout=30)
+
+
+def _assert_up(stack: Stack) -> None:
+    ups = stack.query("up")
+    assert len(ups) == 2 and all(r["value"][1] == "1" for r in ups), ups
 
 
 def test_stop_leaves_no_process_behind(make_stack: Callable[..., Stack]) -> None:
