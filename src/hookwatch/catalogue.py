@@ -90,8 +90,8 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         ("model", "layer", "statistic"),
         "",
         "Per-sample activation statistic (mean, std, min, max, zero_fraction) of finite "
-        "samples. delta(_sum)/delta(_count) over a window is its fleet-wide average; _sum goes down "
-        "for negative values (mean/min/max of logits), so never rate() it.",
+        "samples. delta(_sum)/delta(_count) over a window is its fleet-wide average; _sum "
+        "goes down for negative values (mean/min/max of logits), so never rate() it.",
     ),
     MetricSpec(
         "hookwatch_activation_nonfinite_total",
