@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from tests.fakes import FakeContext
 
 from hookwatch.demo import digits_cnn
 from hookwatch.demo.data import load_split
 from hookwatch.errors import ConfigError
+from tests.fakes import FakeContext
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = yaml.safe_load((ROOT / "models/digits/model-config.yaml").read_text())
