@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -35,20 +34,6 @@ def require_binary(name: str) -> str:
     return path
 
 
-def free_ports(count: int) -> list[int]:
-    """Ports the kernel says are free now; bound together so they are distinct."""
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 @pytest.fixture
 def metrics() -> MetricSet:
     """A MetricSet on a fresh registry, so tests never see each other's samples."""
@@ -63,7 +48,7 @@ def make_stack(tmp_path: Path) -> Iterator[Callable[..., Stack]]:
     stacks: list[Stack] = []
 
     def factory(name: str = "stack", **kwargs: object) -> Stack:
-        ports = Ports(*free_ports(5))
+        ports = Ports.free()
         stack = Stack(root=ROOT, run_dir=tmp_path / name, ports=ports, **kwargs)  # type: ignore[arg-type]
         stacks.append(stack)
         return stack

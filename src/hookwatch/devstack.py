@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,23 @@ class Ports:
     metrics: int = 8082
     exporter: int = 9101
     prometheus: int = 9090
+    # TorchServe also serves gRPC; stacks side by side must not share these either.
+    grpc_inference: int = 7070
+    grpc_management: int = 7071
+
+    @classmethod
+    def free(cls) -> Ports:
+        """Loopback ports the kernel says are free now, bound together so they are distinct."""
+        sockets: list[socket.socket] = []
+        try:
+            for _ in fields(cls):
+                sock = socket.socket()
+                sock.bind(("127.0.0.1", 0))
+                sockets.append(sock)
+            return cls(*(int(sock.getsockname()[1]) for sock in sockets))
+        finally:
+            for sock in sockets:
+                sock.close()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Ports:
@@ -51,6 +69,8 @@ class Ports:
             metrics=pick("TS_METRICS_PORT", cls.metrics),
             exporter=pick("HOOKWATCH_EXPORTER_PORT", cls.exporter),
             prometheus=pick("PROMETHEUS_PORT", cls.prometheus),
+            grpc_inference=pick("TS_GRPC_INFERENCE_PORT", cls.grpc_inference),
+            grpc_management=pick("TS_GRPC_MANAGEMENT_PORT", cls.grpc_management),
         )
 
 
@@ -110,7 +130,9 @@ class Stack:
     workers: int = 2
     model_store: Path | None = None
     scrape_interval: str = "5s"
-    rule_files: Sequence[Path] = ()
+    #: None: the rule files monitoring/prometheus/prometheus.yml names, resolved against its
+    #: directory (the repository's alerting rules). A sequence replaces them (empty: no rules).
+    rule_files: Sequence[Path] | None = None
     models: str = "digits.mar"
     extra_scrape_targets: Sequence[str] = ()
     _procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -159,6 +181,8 @@ class Stack:
             "inference_address": f"http://127.0.0.1:{self.ports.inference}",
             "management_address": f"http://127.0.0.1:{self.ports.management}",
             "metrics_address": f"http://127.0.0.1:{self.ports.metrics}",
+            "grpc_inference_port": str(self.ports.grpc_inference),
+            "grpc_management_port": str(self.ports.grpc_management),
             "model_store": str(self.model_store or self.root / "model_store"),
             "default_workers_per_model": str(self.workers),
             "load_models": self.models,
@@ -258,10 +282,17 @@ class Stack:
         )
 
     def render_prometheus_config(self) -> Path:
-        source = yaml.safe_load((self.root / "monitoring/prometheus/prometheus.yml").read_text())
+        config_dir = self.root / "monitoring/prometheus"
+        source = yaml.safe_load((config_dir / "prometheus.yml").read_text())
         source["global"]["scrape_interval"] = self.scrape_interval
         source["global"]["evaluation_interval"] = self.scrape_interval
-        source["rule_files"] = [str(p) for p in self.rule_files]
+        # The rendered file lives in run_dir, so relative rule paths must be made absolute.
+        rules = (
+            [config_dir / p for p in source.get("rule_files") or ()]
+            if self.rule_files is None
+            else self.rule_files
+        )
+        source["rule_files"] = [str(p) for p in rules]
         targets = {
             "torchserve": [f"127.0.0.1:{self.ports.metrics}", *self.extra_scrape_targets],
             "hookwatch": [f"127.0.0.1:{self.ports.exporter}"],
