@@ -9,7 +9,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 MAR := model_store/digits.mar
 PYTEST_ARGS ?=
 
-.PHONY: help deps venv mar run stop test check lint format unit integration clean
+.PHONY: help deps venv mar run stop test check lint format unit integration clean eval-drift rules docs bench-scrape bench bench-quick
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -34,7 +34,9 @@ $(BIN)/.installed: pyproject.toml
 
 venv: $(BIN)/.installed ## create .venv and install hookwatch with its dev tools
 
-$(MAR): $(BIN)/.installed $(wildcard src/hookwatch/demo/*.py) handlers/hookwatch_handler.py models/digits/model-config.yaml
+# The profile is built with the serving hooks, so their feature code is part of the .mar too.
+DRIFT_SRC := src/hookwatch/drift.py src/hookwatch/profile.py src/hookwatch/stats.py src/hookwatch/hooks.py src/hookwatch/config.py
+$(MAR): $(BIN)/.installed $(wildcard src/hookwatch/demo/*.py) $(DRIFT_SRC) handlers/hookwatch_handler.py models/digits/model-config.yaml
 	$(BIN)/hookwatch build-demo
 
 mar: $(MAR) ## train the demo CNN and archive it into model_store/
@@ -64,6 +66,37 @@ integration: deps $(MAR) ## integration tests against real TorchServe, Prometheu
 
 test: deps $(MAR) check ## install into .venv and run every test
 	$(BIN)/pytest -m "not gpu" $(PYTEST_ARGS)
+
+bench: $(MAR) ## overhead bench, full (~15 min): writes docs/bench/results.md (QUICK=1: bench-quick)
+	$(BIN)/hookwatch bench $(if $(QUICK),--quick,)
+
+bench-quick: $(MAR) ## overhead bench, quick CI mode (~2 min): writes build/bench-quick/results-quick.md
+	$(BIN)/hookwatch bench --quick
+
+rules: deps ## promtool: check and unit-test the alerting rules in monitoring/prometheus/
+	promtool check config monitoring/prometheus/prometheus.yml
+	cd monitoring/prometheus/tests && promtool test rules *.yml
+
+docs: $(BIN)/.installed ## regenerate docs/metrics.md from src/hookwatch/catalogue.py
+	$(BIN)/hookwatch catalogue > docs/metrics.md
+
+bench-scrape: $(BIN)/.installed ## exporter scrape time after 100 worker restarts: writes docs/bench/scrape.md
+	$(BIN)/python -m hookwatch.bench.scrape --out docs/bench/scrape.md
+
+# Benchmark-only environment: alibi-detect 0.13 pins numpy<2 (BSL 1.1 licence, never a runtime
+# dependency). torch is not installed again: a .pth file lends it the one from .venv.
+EVAL_VENV := .venv-eval
+$(EVAL_VENV)/.installed: $(BIN)/.installed
+	@test -x $(EVAL_VENV)/bin/python || $(PYTHON) -m venv $(EVAL_VENV)
+	$(EVAL_VENV)/bin/python -m pip install -q --upgrade pip
+	$(EVAL_VENV)/bin/python -m pip install -q 'alibi-detect==0.13.0' \
+	  || echo "alibi-detect could not be installed: eval-drift falls back to scipy baselines" >&2
+	$(BIN)/python -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))" \
+	  > "$$($(EVAL_VENV)/bin/python -c 'import site; print(site.getsitepackages()[0])')/zz_hookwatch_torch.pth"
+	@touch $@
+
+eval-drift: $(BIN)/.installed $(EVAL_VENV)/.installed ## drift detectors vs alibi-detect baselines: writes docs/eval-drift.md (~7 min)
+	$(BIN)/python -m hookwatch.evaluation.run --out docs/eval-drift.md
 
 clean: stop ## remove build outputs (keeps .venv)
 	rm -rf build .run model_store/*.mar .pytest_cache .mypy_cache .ruff_cache

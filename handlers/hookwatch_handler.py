@@ -15,7 +15,11 @@ class HookwatchHandler(BaseHandler):  # type: ignore[misc]
         configure_torch(handler_config)
         super().initialize(context)
         self.service = ClassifierService.from_handler_config(
-            self.model, handler_config, context.model_name, device=self.device
+            self.model,
+            handler_config,
+            context.model_name,
+            device=self.device,
+            model_dir=(context.system_properties or {}).get("model_dir"),
         )
 
     def preprocess(self, data: list[dict[str, Any]]) -> DecodedBatch:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
@@ -18,7 +19,13 @@ REPO_ROOT_HINT = "run from the repository root, or pass --root"
 def _exporter(args: argparse.Namespace) -> int:
     from hookwatch.metrics import serve_multiprocess
 
-    server, _ = serve_multiprocess(args.dir, args.port, args.addr, reap_dead_pids=not args.no_reap)
+    server, _ = serve_multiprocess(
+        args.dir,
+        args.port,
+        args.addr,
+        reap_dead_pids=not args.no_reap,
+        compact=not args.no_compact,
+    )
     print(
         f"hookwatch exporter on http://{args.addr}:{args.port}/metrics reading {args.dir}",
         flush=True,
@@ -54,6 +61,10 @@ def _run(args: argparse.Namespace) -> int:
         print(
             "a stack is already recorded in .run/pids.json; run `make stop` first", file=sys.stderr
         )
+        return 1
+    busy = stack.ports.busy()
+    if busy:
+        print("cannot start:\n  " + "\n  ".join(busy), file=sys.stderr)
         return 1
     stopping = threading.Event()
 
@@ -116,6 +127,88 @@ def _stop(args: argparse.Namespace) -> int:
     return 0
 
 
+DEMO_MODEL_CONFIG = "models/digits/model-config.yaml"
+
+
+def demo_watched_layers(model_config: Path) -> tuple[str, ...]:
+    """Label values of ``layer`` that a model-config's ``handler.monitoring`` section yields."""
+    import yaml
+
+    from hookwatch.config import MonitoringConfig
+
+    raw = yaml.safe_load(model_config.read_text()) or {}
+    section = (raw.get("handler") or {}).get("monitoring")
+    return MonitoringConfig.from_mapping(section).watched
+
+
+def _catalogue(args: argparse.Namespace) -> int:
+    from hookwatch.catalogue import markdown
+
+    config = args.root / DEMO_MODEL_CONFIG
+    sys.stdout.write(markdown(demo_watched_layers(config), DEMO_MODEL_CONFIG))
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from hookwatch.bench import report, runner
+
+    settings = runner.Settings.quick() if args.quick else runner.Settings.full()
+    if args.models:
+        settings = dataclasses.replace(settings, models=tuple(args.models.split(",")))
+    work = args.work or args.root / "build" / ("bench-quick" if args.quick else "bench")
+    out = args.out or (
+        work / "results-quick.md" if args.quick else args.root / "docs" / "bench" / "results.md"
+    )
+    result = runner.run(args.root.resolve(), settings, work.resolve(), runner.free_ports())
+    report.write(result, out)
+    print(f"wrote {out} and {out.with_suffix('.json')} in {result.duration_s / 60:.1f} min")
+    return 0
+
+
+def _profile(args: argparse.Namespace) -> int:
+    import numpy as np
+    import torch
+
+    from hookwatch.config import MonitoringConfig
+    from hookwatch.profile import build_profile, load_mar_model
+
+    torch.set_num_threads(1)
+    model, model_config, name = load_mar_model(args.mar)
+    config = MonitoringConfig.from_mapping((model_config.get("handler") or {}).get("monitoring"))
+    if args.data is None:
+        from hookwatch.demo.build import reference_split
+        from hookwatch.demo.data import load_split
+
+        _, data, _ = reference_split(load_split())
+        print(f"no --data: using the demo's {len(data)} held-out reference images", flush=True)
+    else:
+        loaded = np.load(args.data, allow_pickle=False)
+        data = loaded[loaded.files[0]] if hasattr(loaded, "files") else loaded
+    data = np.asarray(data, dtype=np.float32)
+    batches = (
+        torch.from_numpy(data[i : i + args.batch_size])
+        for i in range(0, len(data), args.batch_size)
+    )
+    total = -(-len(data) // args.batch_size)
+    profile = build_profile(
+        model,
+        config,
+        batches,
+        name,
+        bins=args.bins or config.drift.bins,
+        max_reference=args.max_reference,
+        progress=True,
+        total=total,
+    )
+    out = args.out or Path(config.drift.profile)
+    profile.save(out)
+    print(
+        f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB): {len(profile.references)} "
+        f"detectors over layers {', '.join(profile.layers)}, {profile.n_seen} reference samples"
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hookwatch", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -133,7 +226,19 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="keep live-gauge files of dead pids (exporter in another pid namespace)",
     )
+    exporter.add_argument(
+        "--no-compact",
+        action="store_true",
+        help="leave dead workers' counter files as they are instead of folding them into one "
+        "archive file (one exporter per directory may compact)",
+    )
     exporter.set_defaults(func=_exporter)
+
+    catalogue = sub.add_parser(
+        "catalogue", help="print docs/metrics.md (every metric, its labels and series count)"
+    )
+    catalogue.add_argument("--root", type=Path, default=Path.cwd(), help=REPO_ROOT_HINT)
+    catalogue.set_defaults(func=_catalogue)
 
     for name, func, text in (
         ("build-demo", _build_demo, "train the demo CNN and archive it into model_store/"),
@@ -155,6 +260,33 @@ def build_parser() -> argparse.ArgumentParser:
                 default=float(os.environ.get("RUN_SECONDS", "0")),
                 help="stop after this long (0: until Ctrl-C)",
             )
+    prof = sub.add_parser(
+        "profile", help="run reference data through a .mar's model and write its drift profile"
+    )
+    prof.add_argument("--mar", type=Path, default=Path("model_store/digits.mar"))
+    prof.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help=".npy/.npz array of inputs [N, *shape] (default: the demo's reference images)",
+    )
+    prof.add_argument("--out", type=Path, default=None, help="default: drift.profile's name")
+    prof.add_argument("--bins", type=int, default=0, help="default: monitoring.drift.bins")
+    prof.add_argument("--batch-size", type=int, default=256)
+    prof.add_argument(
+        "--max-reference",
+        type=int,
+        default=20_000,
+        help="reservoir size: more reference data than this is sampled, keeping memory bounded",
+    )
+    prof.set_defaults(func=_profile)
+    bench = sub.add_parser("bench", help="measure the monitored handler against the plain one")
+    bench.add_argument("--root", type=Path, default=Path.cwd(), help=REPO_ROOT_HINT)
+    bench.add_argument("--quick", action="store_true", help="short CI run (demo model only)")
+    bench.add_argument("--models", default="", help="comma-separated subset: digits,resnet18")
+    bench.add_argument("--out", type=Path, default=None, help="markdown table to write")
+    bench.add_argument("--work", type=Path, default=None, help="build and run directory")
+    bench.set_defaults(func=_bench)
     return parser
 
 

@@ -11,6 +11,10 @@ from hookwatch.errors import ConfigError
 #: Pseudo-layer names: the model's input (forward pre-hook on the root) and its output.
 INPUT_LAYER = "input"
 OUTPUT_LAYER = "output"
+#: ``input.encoding`` values. "float32": a body that TorchServe did not parse as JSON (any
+#: Content-Type but application/json) is read as raw little-endian float32 values, which keeps
+#: large inputs (3x224x224 images) from spending the request in a JSON parser.
+INPUT_ENCODINGS = ("json", "float32")
 
 
 def _expect(cond: bool, key: str, expected: str, got: object) -> None:
@@ -41,6 +45,69 @@ def _integer(raw: Mapping[str, Any], key: str, default: int, lo: int, hi: int) -
 
 
 @dataclass(frozen=True)
+class DriftConfig:
+    """``monitoring.drift``: sliding-window drift tests against the model's reference profile."""
+
+    enabled: bool = True
+    #: Samples per sliding window (sampled requests, not all requests).
+    window: int = 200
+    #: A verdict every ``step`` new samples once the window is full; 0 means window // 4.
+    step: int = 0
+    #: Share of clean windows allowed to alarm, over all detectors together.
+    false_alarm_rate: float = 0.01
+    #: Profile file name inside the model directory (``make mar`` puts it into the .mar).
+    profile: str = "drift-profile.npz"
+    #: Reference-quantile bins per feature when a profile is built.
+    bins: int = 10
+    #: Resampled reference windows the thresholds are calibrated on at load.
+    calibration_windows: int = 4000
+
+    @property
+    def effective_step(self) -> int:
+        return self.step or max(1, self.window // 4)
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any] | None) -> DriftConfig:
+        if raw is None:
+            raw = {}
+        _expect(isinstance(raw, Mapping), "drift", "a mapping", raw)
+        known = {
+            "enabled",
+            "window",
+            "step",
+            "false_alarm_rate",
+            "profile",
+            "bins",
+            "calibration_windows",
+        }
+        unknown = sorted(set(raw) - known)
+        _expect(not unknown, "drift", f"only the keys {sorted(known)}", unknown)
+        enabled = raw.get("enabled", True)
+        _expect(isinstance(enabled, bool), "drift.enabled", "true or false", enabled)
+        profile = raw.get("profile", cls.profile)
+        _expect(
+            isinstance(profile, str) and bool(profile) and "/" not in profile,
+            "drift.profile",
+            "a file name in the model directory",
+            profile,
+        )
+        # Prefixed keys so errors name the full path, e.g. monitoring.drift.window.
+        keyed = {f"drift.{k}": v for k, v in raw.items()}
+        rate = _number(keyed, "drift.false_alarm_rate", cls.false_alarm_rate, 0.0, 0.5)
+        _expect(rate > 0.0, "drift.false_alarm_rate", "a number in (0, 0.5]", rate)
+        window = _integer(keyed, "drift.window", cls.window, 2, 100_000)
+        return cls(
+            enabled=enabled,
+            window=window,
+            step=_integer(keyed, "drift.step", cls.step, 0, window),
+            false_alarm_rate=rate,
+            profile=profile,
+            bins=_integer(keyed, "drift.bins", cls.bins, 2, 64),
+            calibration_windows=_integer(keyed, "drift.calibration_windows", 4000, 500, 1_000_000),
+        )
+
+
+@dataclass(frozen=True)
 class MonitoringConfig:
     """Validated monitoring knobs. Build with :meth:`from_mapping`; never mutated afterwards."""
 
@@ -51,8 +118,10 @@ class MonitoringConfig:
     queue_size: int = 1024
     flush_interval_s: float = 1.0
     max_features: int = 256
+    copy_limit: int = 4096
     enabled: bool = True
     seed: int | None = None
+    drift: DriftConfig = DriftConfig()
 
     @property
     def watched(self) -> tuple[str, ...]:
@@ -78,8 +147,10 @@ class MonitoringConfig:
             "queue_size",
             "flush_interval_s",
             "max_features",
+            "copy_limit",
             "enabled",
             "seed",
+            "drift",
         }
         unknown = sorted(set(raw) - known)
         _expect(not unknown, "", f"only the keys {sorted(known)}", unknown)
@@ -113,8 +184,10 @@ class MonitoringConfig:
             queue_size=_integer(raw, "queue_size", 1024, 1, 1_000_000),
             flush_interval_s=_number(raw, "flush_interval_s", 1.0, 0.05, 60.0),
             max_features=_integer(raw, "max_features", 256, 1, 65_536),
+            copy_limit=_integer(raw, "copy_limit", 4096, 0, 1 << 20),
             enabled=flags["enabled"],
             seed=seed,
+            drift=DriftConfig.from_mapping(raw.get("drift")),
         )
 
 
@@ -126,6 +199,8 @@ class InputSpec:
     min_value: float | None = None
     max_value: float | None = None
     field: str = "data"
+    #: How a raw (non-JSON) body is read: "json" only, or also "float32" (little-endian bytes).
+    encoding: str = "json"
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any] | None) -> InputSpec:
@@ -152,7 +227,12 @@ class InputSpec:
         lo, hi = bounds
         if lo is not None and hi is not None and lo > hi:
             raise ConfigError(f"input: expected min <= max, got min={lo}, max={hi}")
-        return cls(shape=tuple(shape), min_value=lo, max_value=hi, field=name)
+        encoding = raw.get("encoding", "json")
+        if encoding not in INPUT_ENCODINGS:
+            raise ConfigError(
+                f"input.encoding: expected one of {list(INPUT_ENCODINGS)}, got {encoding!r}"
+            )
+        return cls(shape=tuple(shape), min_value=lo, max_value=hi, field=name, encoding=encoding)
 
     @property
     def numel(self) -> int:

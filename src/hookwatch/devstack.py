@@ -28,6 +28,18 @@ import yaml
 MODEL_NAME = "digits"
 
 
+#: Environment variable that overrides each port, by Ports field name.
+PORT_ENV: Mapping[str, str] = {
+    "inference": "TS_INFERENCE_PORT",
+    "management": "TS_MANAGEMENT_PORT",
+    "metrics": "TS_METRICS_PORT",
+    "exporter": "HOOKWATCH_EXPORTER_PORT",
+    "prometheus": "PROMETHEUS_PORT",
+    "grpc_inference": "TS_GRPC_INFERENCE_PORT",
+    "grpc_management": "TS_GRPC_MANAGEMENT_PORT",
+}
+
+
 @dataclass(frozen=True)
 class Ports:
     inference: int = 8080
@@ -38,6 +50,18 @@ class Ports:
     # TorchServe also serves gRPC; stacks side by side must not share these either.
     grpc_inference: int = 7070
     grpc_management: int = 7071
+
+    def busy(self) -> list[str]:
+        """One line per port something already listens on, naming the variable that moves it."""
+        lines = []
+        for f in fields(self):
+            port = getattr(self, f.name)
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    lines.append(f"port {port} ({f.name}) is in use: set {PORT_ENV[f.name]}")
+        return lines
 
     @classmethod
     def free(cls) -> Ports:
@@ -64,13 +88,7 @@ class Ports:
             return int(raw)
 
         return cls(
-            inference=pick("TS_INFERENCE_PORT", cls.inference),
-            management=pick("TS_MANAGEMENT_PORT", cls.management),
-            metrics=pick("TS_METRICS_PORT", cls.metrics),
-            exporter=pick("HOOKWATCH_EXPORTER_PORT", cls.exporter),
-            prometheus=pick("PROMETHEUS_PORT", cls.prometheus),
-            grpc_inference=pick("TS_GRPC_INFERENCE_PORT", cls.grpc_inference),
-            grpc_management=pick("TS_GRPC_MANAGEMENT_PORT", cls.grpc_management),
+            **{f.name: pick(PORT_ENV[f.name], f.default) for f in fields(cls)}  # type: ignore[arg-type]
         )
 
 

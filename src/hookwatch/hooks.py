@@ -36,11 +36,18 @@ class HookState(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Capture:
-    """What a hook hands off: reductions only, never the activation itself."""
+    """What a hook hands off: never the activation itself.
+
+    Either the reductions (``stats``, ``features``), or, for a small activation, an owned copy
+    (``raw``) that the capture thread reduces together with others: one copy is cheaper on the
+    request path than a dozen small reductions, and reducing many samples at once amortises
+    torch's per-operation cost.
+    """
 
     layer: str
-    stats: torch.Tensor
+    stats: torch.Tensor | None
     features: torch.Tensor | None
+    raw: torch.Tensor | None = None
 
 
 class CaptureSink(Protocol):
@@ -96,12 +103,15 @@ class LayerHook:
         sink: CaptureSink,
         max_features: int,
         on_input: bool = False,
+        copy_limit: int = 0,
     ) -> None:
         self.name = name
+        self._copy_limit = copy_limit
         self._module_ref: weakref.ReferenceType[nn.Module] = weakref.ref(module)
         self._gate = gate
         self._sink = sink
         self._max_features = max_features
+        self._flatten = on_input
         self._handle: RemovableHandle | None
         self.state = HookState.ATTACHED
         if on_input:
@@ -122,11 +132,15 @@ class LayerHook:
             tensor = _first_tensor(value)
             if tensor is None:
                 raise TypeError(f"expected a tensor output, got {type(value).__name__}")
-            capture = Capture(
-                layer=self.name,
-                stats=reduce_activation(tensor),
-                features=feature_summary(tensor, self._max_features),
-            )
+            per_sample = tensor[0].numel() if tensor.dim() > 0 and len(tensor) else tensor.numel()
+            if tensor.dim() > 0 and per_sample <= self._copy_limit:
+                capture = Capture(self.name, None, None, raw=tensor.detach().clone())
+            else:
+                capture = Capture(
+                    layer=self.name,
+                    stats=reduce_activation(tensor),
+                    features=feature_summary(tensor, self._max_features, self._flatten),
+                )
             self._sink.offer(capture)
         except Exception as error:  # a monitor must never fail the request
             self.state = HookState.FAULTED
@@ -165,10 +179,13 @@ class HookSet:
     Usable as a context manager. Holds modules only through weak references.
     """
 
-    def __init__(self, gate: Gate, sink: CaptureSink, max_features: int = 256) -> None:
+    def __init__(
+        self, gate: Gate, sink: CaptureSink, max_features: int = 256, copy_limit: int = 0
+    ) -> None:
         self.gate = gate
         self._sink = sink
         self._max_features = max_features
+        self._copy_limit = copy_limit
         self._hooks: dict[str, LayerHook] = {}
         self.state = HookState.DETACHED
 
@@ -191,7 +208,13 @@ class HookSet:
             plan.append((OUTPUT_LAYER, model, False))
         for name, module, on_input in plan:
             self._hooks[name] = LayerHook(
-                name, module, self.gate, self._sink, self._max_features, on_input=on_input
+                name,
+                module,
+                self.gate,
+                self._sink,
+                self._max_features,
+                on_input=on_input,
+                copy_limit=self._copy_limit,
             )
         self.state = HookState.ATTACHED
         return self

@@ -7,16 +7,19 @@ go to ``PROMETHEUS_MULTIPROC_DIR`` files when that variable is set in the worker
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import json
 import logging
 import os
 import re
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Summary, multiprocess
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.mmap_dict import MmapedDict as _MmapedDict
 from prometheus_client.registry import Collector
 
 from hookwatch.catalogue import BY_NAME as SPECS
@@ -61,6 +64,24 @@ class MetricSet:
         for value in values:
             child.observe(value)
 
+    def observe_many(self, name: str, count: int, total: float, **labels: str) -> None:
+        """Add ``count`` observations summing to ``total`` to a summary in one update.
+
+        prometheus-client's Summary has no bulk observe, and one observe() per sample costs two
+        locked file writes each; the child's count and sum values are updated directly instead.
+        """
+        metric = self._metrics[name]
+        if not isinstance(metric, Summary):
+            raise TypeError(f"expected a summary for {name}, got {SPECS[name].kind}")
+        if count:
+            child = metric.labels(**labels)
+            child._count.inc(count)
+            child._sum.inc(total)
+
+    def counter(self, name: str, **labels: str) -> Any:
+        """The labelled child of a counter, bound once so the hot path skips the label lookup."""
+        return self._counter(name).labels(**labels)
+
     def touch(self, name: str, **labels: str) -> None:
         """Create a labelled series at zero so it exists before its first event."""
         self._metrics[name].labels(**labels)
@@ -93,21 +114,130 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+#: Commit record of the dead-worker archive (not a ``.db`` file, so no collector reads it).
+ARCHIVE_MANIFEST = "archive.json"
+#: prometheus-client's mmap file format; untyped upstream.
+MmapedDict: Any = _MmapedDict
+_ARCHIVE = re.compile(r"^(counter|summary|histogram)_archive-(\d+)\.db$")
+_PENDING = re.compile(r"^(counter|summary|histogram)_(\d+)\.g(\d+)\.compacting$")
+_ACCUMULATED = re.compile(r"^(counter|summary|histogram)_(\d+)\.db$")
+
+
+def _read_manifest(path: str) -> dict[str, Any]:
+    try:
+        with open(os.path.join(path, ARCHIVE_MANIFEST)) as f:
+            manifest: dict[str, Any] = json.load(f)
+    except FileNotFoundError:
+        return {"generation": 0, "absorbed": []}
+    return manifest
+
+
+def _raw_values(files: Iterable[str]) -> dict[tuple[str, str], float]:
+    """Per (type, mmap key) sums of the raw values in ``files`` (histogram buckets stay raw)."""
+    totals: dict[tuple[str, str], float] = {}
+    for f in files:
+        typ = os.path.basename(f).split("_", 1)[0]
+        for key, value, _, _ in MmapedDict.read_all_values_from_file(f):
+            totals[(typ, key)] = totals.get((typ, key), 0.0) + value
+    return totals
+
+
+def _fsync(filename: str) -> None:
+    fd = os.open(filename, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def compact_dead_workers(path: str, alive: Callable[[int], bool] = _pid_alive) -> int:
+    """Fold the counter/summary/histogram files of dead pids into one archive per type.
+
+    Totals stay exact and every scrape sees each count once, even if the exporter dies midway:
+    dead files are first renamed out of the ``*.db`` set (``.compacting``), a new archive
+    generation is written beside the current one, and replacing ``archive.json`` (atomic
+    rename) switches the archive and absorbs the renamed files in one step. Leftovers of an
+    interrupted run are finished by the next call, which runs before any scrape merges files.
+    Returns how many worker files were absorbed.
+    """
+    manifest = _read_manifest(path)
+    generation = int(manifest["generation"])
+    names = os.listdir(path)
+    # Files absorbed by the committed generation that an interrupted run did not delete.
+    for name in manifest["absorbed"]:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(path, name))
+    for name in names:
+        m = _ARCHIVE.match(name)
+        if m and int(m.group(2)) != generation:
+            os.remove(os.path.join(path, name))  # an uncommitted or superseded generation
+    nxt = generation + 1
+    pending = [n for n in names if _PENDING.match(n) and n not in manifest["absorbed"]]
+    for name in names:
+        m = _ACCUMULATED.match(name)
+        if m and not alive(int(m.group(2))):
+            target = f"{m.group(1)}_{m.group(2)}.g{nxt}.compacting"
+            os.rename(os.path.join(path, name), os.path.join(path, target))
+            pending.append(target)
+    if not pending:
+        return 0
+    current = [
+        os.path.join(path, n)
+        for n in os.listdir(path)
+        if (m := _ARCHIVE.match(n)) and int(m.group(2)) == generation
+    ]
+    totals = _raw_values([*current, *(os.path.join(path, n) for n in pending)])
+    written: dict[str, Any] = {}
+    try:
+        for (typ, key), value in totals.items():
+            if typ not in written:
+                written[typ] = MmapedDict(os.path.join(path, f"{typ}_archive-{nxt}.db"))
+            written[typ].write_value(key, value, 0.0)
+    finally:
+        for archive in written.values():
+            archive.close()
+    for typ in written:
+        _fsync(os.path.join(path, f"{typ}_archive-{nxt}.db"))
+    tmp = os.path.join(path, ARCHIVE_MANIFEST + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump({"generation": nxt, "absorbed": sorted(pending)}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(path, ARCHIVE_MANIFEST))  # the commit point
+    for name in [*pending, *(os.path.basename(c) for c in current)]:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(path, name))
+    return len(pending)
+
+
+def merged_files(path: str) -> list[str]:
+    """The ``*.db`` files one scrape merges: worker files plus the committed archive only."""
+    generation = int(_read_manifest(path)["generation"])
+    files = []
+    for f in glob.glob(os.path.join(path, "*.db")):
+        m = _ARCHIVE.match(os.path.basename(f))
+        if m is None or int(m.group(2)) == generation:
+            files.append(f)
+    return files
+
+
 class _ReapingCollector(Collector):
     """Drops live-gauge files of worker processes that are gone, then merges the rest.
 
-    Counter files of dead workers stay: their counts are part of the fleet's total.
+    Counts of dead workers stay part of the fleet's total: with ``compact`` their files are
+    folded into one archive, so a scrape reads one file per live worker plus the archive
+    however many workers have come and gone.
     """
 
-    def __init__(self, path: str, reap: bool) -> None:
+    def __init__(self, path: str, reap: bool, compact: bool = True) -> None:
         self._path = path
         self._reap = reap
-        self._inner = multiprocess.MultiProcessCollector(None, path=path)  # type: ignore[no-untyped-call]
+        self._compact = reap and compact
         self._lock = threading.Lock()
 
     def collect(self) -> Iterable[Any]:
-        if self._reap:
-            with self._lock:
+        with self._lock:
+            if self._reap:
                 pids = {
                     int(m.group(1))
                     for f in glob.glob(os.path.join(self._path, "gauge_live*_*.db"))
@@ -116,25 +246,35 @@ class _ReapingCollector(Collector):
                 for pid in pids:
                     if not _pid_alive(pid):
                         multiprocess.mark_process_dead(pid, self._path)  # type: ignore[no-untyped-call]
-        samples: Iterable[Any] = self._inner.collect()  # type: ignore[no-untyped-call]
+            if self._compact:
+                compact_dead_workers(self._path)
+            files = merged_files(self._path)
+        samples: Iterable[Any] = multiprocess.MultiProcessCollector.merge(files)  # type: ignore[no-untyped-call]
         return samples
 
 
-def exporter_registry(path: str, reap_dead_pids: bool = True) -> CollectorRegistry:
+def exporter_registry(
+    path: str, reap_dead_pids: bool = True, compact: bool = True
+) -> CollectorRegistry:
     if not os.path.isdir(path):
         raise FileNotFoundError(f"expected a multiprocess metrics directory, got {path!r}")
     registry = CollectorRegistry()
-    registry.register(_ReapingCollector(path, reap_dead_pids))
+    registry.register(_ReapingCollector(path, reap_dead_pids, compact))
     return registry
 
 
 def serve_multiprocess(
-    path: str, port: int, addr: str = "127.0.0.1", reap_dead_pids: bool = True
+    path: str,
+    port: int,
+    addr: str = "127.0.0.1",
+    reap_dead_pids: bool = True,
+    compact: bool = True,
 ) -> tuple[Any, threading.Thread]:
     """Start the exporter's HTTP server in a daemon thread; returns (server, thread)."""
     from prometheus_client import start_http_server
 
-    return start_http_server(port, addr=addr, registry=exporter_registry(path, reap_dead_pids))
+    registry = exporter_registry(path, reap_dead_pids, compact)
+    return start_http_server(port, addr=addr, registry=registry)
 
 
 def render(registry: CollectorRegistry) -> bytes:

@@ -15,18 +15,30 @@ from collections.abc import Sequence
 from types import TracebackType
 
 import numpy as np
+import torch
 from torch import nn
 
-from hookwatch.config import MonitoringConfig
+from hookwatch.config import INPUT_LAYER, MonitoringConfig
+from hookwatch.drift import DriftResult, DriftTracker
 from hookwatch.hooks import Capture, Gate, HookSet, HookState
 from hookwatch.metrics import MetricSet
-from hookwatch.stats import INF_COLUMN, NAN_COLUMN, SUMMARY_STATISTICS
+from hookwatch.stats import (
+    INF_COLUMN,
+    NAN_COLUMN,
+    SUMMARY_STATISTICS,
+    feature_summary,
+    reduce_activation,
+)
 from hookwatch.worker import CaptureWorker, RateLimitedLog
 
 log = logging.getLogger("hookwatch")
 
 #: ``layer`` label for faults that belong to no single layer.
 ALL_LAYERS = "all"
+#: The capture thread drains at most this often: its work (numpy, metric writes) then comes in
+#: batches, and it takes the GIL from the request thread ~20 times a second, not per request.
+#: The default queue holds 1024 captures, ~200 sampled requests of 5 hook points per gap.
+DRAIN_GAP_S = 0.05
 
 
 class _RequestScope:
@@ -59,21 +71,35 @@ class Monitor:
         self.model_name = model_name
         self.metrics = metrics
         self.gate = Gate()
-        self.hooks = HookSet(self.gate, self, config.max_features)
+        self.hooks = HookSet(self.gate, self, config.max_features, config.copy_limit)
         self.worker: CaptureWorker[Capture] = CaptureWorker(
-            config.queue_size, self._process, self._publish, config.flush_interval_s
+            config.queue_size,
+            self._process,
+            self._publish,
+            config.flush_interval_s,
+            min_gap_s=min(DRAIN_GAP_S, config.flush_interval_s),
         )
         self._rng = random.Random(config.seed)
         self._log = RateLimitedLog(log)
-        # Request-thread counters (single writer); the worker publishes their deltas.
+        # Request-thread tallies (single writer), kept for tests and the bench; the exported
+        # counters below are incremented directly and bound once to skip label lookups.
         self.requests = 0
         self.sampled = 0
         self.rejected = 0
+        self._requests_total = metrics.counter("hookwatch_requests_total", model=model_name)
+        self._sampled_total = metrics.counter("hookwatch_requests_sampled_total", model=model_name)
+        self._rejected_total = metrics.counter(
+            "hookwatch_requests_rejected_total", model=model_name
+        )
+        self._dropped_total = metrics.counter("hookwatch_captures_dropped_total", model=model_name)
         self._hook_faults: dict[str, int] = defaultdict(int)
         # Worker-thread state.
         self._published: dict[str, int] = defaultdict(int)
         self._disabled: set[str] = set()
         self._process_faults: dict[str, int] = defaultdict(int)
+        #: Sliding-window drift tests (capture thread only); None without a profile.
+        self.drift: DriftTracker | None = None
+        self._drift_off: set[str] = set()
         # Publishing runs on the worker's tick and from flush(): one lock keeps deltas exact.
         self._publish_lock = threading.Lock()
 
@@ -84,8 +110,10 @@ class Monitor:
         config: MonitoringConfig,
         model_name: str,
         metrics: MetricSet | None = None,
+        drift: DriftTracker | None = None,
     ) -> Monitor:
         monitor = cls(config, model_name, metrics if metrics is not None else MetricSet())
+        monitor.drift = drift if config.enabled else None
         if config.enabled:
             monitor.hooks.attach(model, config.layers, config.capture_input, config.capture_output)
         monitor._declare_series()
@@ -97,17 +125,25 @@ class Monitor:
     def request(self, batch_size: int = 1) -> _RequestScope:
         """Count ``batch_size`` requests and decide whether this forward pass is captured."""
         self.requests += batch_size
+        # Request counters go straight to the (memory-mapped) value: a worker killed with
+        # SIGKILL then loses none of the requests it served. One locked write per batch.
+        self._requests_total.inc(batch_size)
         rate = self.config.sample_rate
         sampled = self.config.enabled and rate > 0.0 and (rate >= 1.0 or self._rng.random() < rate)
         if sampled:
             self.sampled += batch_size
+            self._sampled_total.inc(batch_size)
         return _RequestScope(self.gate, sampled)
 
     def reject(self, count: int = 1) -> None:
         self.rejected += count
+        self._rejected_total.inc(count)
 
     def offer(self, capture: Capture) -> bool:
-        return self.worker.offer(capture)
+        if self.worker.offer(capture):
+            return True
+        self._dropped_total.inc()
+        return False
 
     def on_fault(self, layer: str, error: BaseException) -> None:
         self._hook_faults[layer] += 1
@@ -144,6 +180,18 @@ class Monitor:
                 m.touch(
                     "hookwatch_activation_statistic", model=name, layer=layer, statistic=statistic
                 )
+        m.set("hookwatch_drift_profile_loaded", 1 if self.drift is not None else 0, model=name)
+        if self.drift is not None:
+            for detector, ref in self.drift.references.items():
+                labels = {"model": name, "level": ref.level, "detector": detector}
+                m.set(
+                    "hookwatch_drift_threshold",
+                    self.drift.calibration.thresholds[detector],
+                    **labels,
+                )
+                m.set("hookwatch_drift_detected", 0, **labels)
+                m.touch("hookwatch_drift_windows_total", **labels)
+                m.touch("hookwatch_drift_alarms_total", **labels)
 
     def _process(self, captures: Sequence[Capture]) -> None:
         by_layer: dict[str, list[Capture]] = defaultdict(list)
@@ -168,8 +216,22 @@ class Monitor:
                     error,
                 )
 
+    def _reduce_copies(self, layer: str, items: Sequence[Capture]) -> list[Capture]:
+        """Reduce the raw copies of small activations together, a batch per sample shape."""
+        reduced = [c for c in items if c.raw is None]
+        groups: dict[tuple[object, ...], list[torch.Tensor]] = defaultdict(list)
+        for c in items:
+            if c.raw is not None:
+                groups[(tuple(c.raw.shape[1:]), c.raw.dtype, c.raw.device)].append(c.raw)
+        for tensors in groups.values():
+            x = tensors[0] if len(tensors) == 1 else torch.cat(tensors)
+            features = feature_summary(x, self.config.max_features, flatten=layer == INPUT_LAYER)
+            reduced.append(Capture(layer, reduce_activation(x), features))
+        return reduced
+
     def _process_layer(self, layer: str, items: Sequence[Capture]) -> None:
-        stats = np.concatenate([c.stats.cpu().numpy() for c in items], axis=0)
+        items = self._reduce_copies(layer, items)
+        stats = np.concatenate([c.stats.cpu().numpy() for c in items if c.stats is not None])
         labels = {"model": self.model_name, "layer": layer}
         m = self.metrics
         m.inc("hookwatch_captures_total", len(stats), **labels)
@@ -186,13 +248,52 @@ class Monitor:
             **labels,
         )
         finite = stats[(stats[:, NAN_COLUMN] == 0) & (stats[:, INF_COLUMN] == 0)]
+        totals = finite[:, : len(SUMMARY_STATISTICS)].astype(np.float64).sum(axis=0)
         for column, statistic in enumerate(SUMMARY_STATISTICS):
-            m.observe(
+            m.observe_many(
                 "hookwatch_activation_statistic",
-                finite[:, column].tolist(),
+                len(finite),
+                float(totals[column]),
                 statistic=statistic,
                 **labels,
             )
+        if self.drift is not None and layer not in self._drift_off:
+            self._update_drift(layer, items)
+
+    def _update_drift(self, layer: str, items: Sequence[Capture]) -> None:
+        """Feed the layer's features to its drift windows; a failure ends drift for that layer."""
+        assert self.drift is not None
+        try:
+            parts = [c.features.cpu().numpy() for c in items if c.features is not None]
+            if not parts:
+                return
+            features = np.concatenate(parts, axis=0)
+            # Non-finite samples are counted above; binning them would call them drift.
+            features = features[np.isfinite(features).all(axis=1)]
+            if len(features):
+                for result in self.drift.update(layer, features):
+                    self._publish_drift(result)
+        except Exception as error:
+            self._drift_off.add(layer)
+            self._process_faults[layer] += 1
+            self._log.warning(
+                f"drift:{layer}",
+                "hookwatch: drift tests on layer %r of model %r failed (%s: %s); drift for that "
+                "layer is off, serving and statistics continue",
+                layer,
+                self.model_name,
+                type(error).__name__,
+                error,
+            )
+
+    def _publish_drift(self, result: DriftResult) -> None:
+        labels = {"model": self.model_name, "level": result.level, "detector": result.detector}
+        m = self.metrics
+        m.set("hookwatch_drift_score", result.score, **labels)
+        m.set("hookwatch_drift_threshold", result.threshold, **labels)
+        m.set("hookwatch_drift_detected", 1 if result.is_drift else 0, **labels)
+        m.inc("hookwatch_drift_windows_total", 1, **labels)
+        m.inc("hookwatch_drift_alarms_total", 1 if result.is_drift else 0, **labels)
 
     def _delta(self, key: str, current: int) -> int:
         delta = current - self._published[key]
@@ -205,16 +306,6 @@ class Monitor:
 
     def _publish_locked(self) -> None:
         m, name = self.metrics, self.model_name
-        m.inc("hookwatch_requests_total", self._delta("requests", self.requests), model=name)
-        m.inc("hookwatch_requests_sampled_total", self._delta("sampled", self.sampled), model=name)
-        m.inc(
-            "hookwatch_requests_rejected_total", self._delta("rejected", self.rejected), model=name
-        )
-        m.inc(
-            "hookwatch_captures_dropped_total",
-            self._delta("dropped", self.worker.dropped),
-            model=name,
-        )
         m.set("hookwatch_capture_queue_depth", self.worker.depth, model=name)
         faults = dict(self._hook_faults)
         for layer, count in self._process_faults.items():

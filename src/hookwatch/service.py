@@ -7,12 +7,14 @@ request in a batch gets its own 4xx and the rest of the batch is still served.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -20,6 +22,7 @@ from hookwatch.config import InputSpec, MonitoringConfig
 from hookwatch.errors import BadInputError, ConfigError
 from hookwatch.metrics import MetricSet
 from hookwatch.monitor import Monitor
+from hookwatch.profile import load_tracker
 
 MAX_BODY_BYTES = 1 << 20
 
@@ -51,14 +54,48 @@ def _shape_of(value: Any) -> tuple[int, ...] | None:
     return (len(value), *inner)
 
 
+def _decode_float32(body: bytes | bytearray, spec: InputSpec) -> torch.Tensor:
+    expected = spec.numel * 4
+    if len(body) != expected:
+        raise BadInputError(
+            f"{expected} bytes of little-endian float32 (shape {list(spec.shape)}) "
+            'or a JSON body sent as "Content-Type: application/json"',
+            f"{len(body)} bytes",
+        )
+    # astype copies into native order, so the tensor owns its memory, not the request buffer.
+    values = np.frombuffer(body, dtype="<f4").astype(np.float32)
+    return torch.from_numpy(values).reshape(spec.shape)
+
+
+def _check_values(tensor: torch.Tensor, spec: InputSpec) -> torch.Tensor:
+    if not bool(torch.isfinite(tensor).all()):
+        raise BadInputError("finite numbers", "NaN or Infinity")
+    lo, hi = spec.min_value, spec.max_value
+    if lo is not None or hi is not None:
+        vmin, vmax = float(tensor.min()), float(tensor.max())
+        if (lo is not None and vmin < lo) or (hi is not None and vmax > hi):
+            raise BadInputError(
+                f"values in [{lo if lo is not None else -math.inf}, "
+                f"{hi if hi is not None else math.inf}]",
+                f"values in [{vmin:g}, {vmax:g}]",
+            )
+    return tensor
+
+
 def decode_payload(body: Any, spec: InputSpec) -> torch.Tensor:
-    """One request's payload → a float32 tensor of ``spec.shape``; raises :class:`BadInputError`."""
+    """One request's payload → a float32 tensor of ``spec.shape``; raises :class:`BadInputError`.
+
+    TorchServe hands a body sent as ``application/json`` over already parsed; any other body
+    arrives as bytes, which are JSON text, or raw float32 when ``spec.encoding`` says so.
+    """
     expected_body = f'a JSON object {{"{spec.field}": <{"x".join(map(str, spec.shape))} numbers>}}'
     if isinstance(body, bytes | bytearray):
         if len(body) > MAX_BODY_BYTES:
             raise BadInputError(
                 f"a body of at most {MAX_BODY_BYTES} bytes", f"{len(body)} bytes", status=413
             )
+        if spec.encoding == "float32":
+            return _check_values(_decode_float32(body, spec), spec)
         try:
             body = json.loads(body)
         except (UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -84,19 +121,7 @@ def decode_payload(body: Any, spec: InputSpec) -> torch.Tensor:
         raise BadInputError(
             f"shape {list(spec.shape)} (or {spec.numel} numbers flat)", f"shape {list(shape)}"
         )
-    tensor = torch.tensor(values, dtype=torch.float32).reshape(spec.shape)
-    if not bool(torch.isfinite(tensor).all()):
-        raise BadInputError("finite numbers", "NaN or Infinity")
-    lo, hi = spec.min_value, spec.max_value
-    if lo is not None or hi is not None:
-        vmin, vmax = float(tensor.min()), float(tensor.max())
-        if (lo is not None and vmin < lo) or (hi is not None and vmax > hi):
-            raise BadInputError(
-                f"values in [{lo if lo is not None else -math.inf}, "
-                f"{hi if hi is not None else math.inf}]",
-                f"values in [{vmin:g}, {vmax:g}]",
-            )
-    return tensor
+    return _check_values(torch.tensor(values, dtype=torch.float32).reshape(spec.shape), spec)
 
 
 @dataclass
@@ -118,13 +143,16 @@ class BatchResult:
 
 
 class ClassifierService:
-    """Decode JSON, run the model under its monitor, answer class + probabilities."""
+    """Decode JSON, run the model under its monitor, answer class + probabilities.
+
+    ``monitor=None`` serves the same requests unmonitored: the baseline the bench compares to.
+    """
 
     def __init__(
         self,
         model: nn.Module,
         spec: InputSpec,
-        monitor: Monitor,
+        monitor: Monitor | None,
         labels: Sequence[str] | None = None,
         device: torch.device | None = None,
     ) -> None:
@@ -142,8 +170,13 @@ class ClassifierService:
         model_name: str,
         metrics: MetricSet | None = None,
         device: torch.device | None = None,
+        monitored: bool = True,
+        model_dir: str | None = None,
     ) -> ClassifierService:
-        """Build from the ``handler:`` section of model-config.yaml (validated here, once)."""
+        """Build from the ``handler:`` section of model-config.yaml (validated here, once).
+
+        ``monitored=False`` validates the same section but attaches nothing.
+        """
         section = dict(handler_config or {})
         if "input" not in section:
             raise ConfigError("handler.input: expected a mapping with a 'shape', got nothing")
@@ -154,7 +187,11 @@ class ClassifierService:
             isinstance(labels, list) and all(isinstance(x, str) for x in labels)
         ):
             raise ConfigError(f"handler.labels: expected a list of strings, got {labels!r}")
-        monitor = Monitor.attach(model, config, model_name, metrics)
+        monitor = None
+        if monitored:
+            # The drift profile lives in the model directory (put there from the .mar).
+            drift = load_tracker(config, model_dir, model_name)
+            monitor = Monitor.attach(model, config, model_name, metrics, drift=drift)
         return cls(model, spec, monitor, labels, device)
 
     def decode(self, bodies: Sequence[Any]) -> DecodedBatch:
@@ -167,7 +204,7 @@ class ClassifierService:
                 positions.append(index)
             except BadInputError as error:
                 errors[index] = error
-        if errors:
+        if errors and self.monitor is not None:
             self.monitor.reject(len(errors))
         inputs = torch.stack(tensors).to(self.device) if tensors else None
         return DecodedBatch(len(bodies), inputs, positions, errors)
@@ -175,7 +212,12 @@ class ClassifierService:
     def infer(self, batch: DecodedBatch) -> BatchResult:
         outputs = None
         if batch.inputs is not None:
-            with torch.inference_mode(), self.monitor.request(len(batch.positions)):
+            scope = (
+                self.monitor.request(len(batch.positions))
+                if self.monitor is not None
+                else contextlib.nullcontext()
+            )
+            with torch.inference_mode(), scope:
                 outputs = self.model(batch.inputs)
         return BatchResult(batch.size, outputs, batch.positions, batch.errors)
 
@@ -198,7 +240,8 @@ class ClassifierService:
         return self.encode(self.infer(self.decode(bodies)))
 
     def close(self) -> None:
-        self.monitor.close()
+        if self.monitor is not None:
+            self.monitor.close()
 
 
 def configure_torch(handler_config: Mapping[str, Any] | None) -> None:

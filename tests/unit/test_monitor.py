@@ -4,6 +4,7 @@ import logging
 
 import pytest
 import torch
+from prometheus_client import CollectorRegistry
 from torch import nn
 
 from hookwatch.config import MonitoringConfig
@@ -20,6 +21,9 @@ class Net(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.act(self.fc(x))
         return out
+
+
+REFERENCE_NET = Net()
 
 
 def value(metrics: MetricSet, name: str, **labels: str) -> float:
@@ -71,7 +75,9 @@ def test_zero_sampling_counts_requests_and_captures_nothing(metrics: MetricSet) 
 
 def test_partial_sampling_rate_is_honoured(metrics: MetricSet) -> None:
     net = Net()
-    config = MonitoringConfig.from_mapping({"layers": [], "sample_rate": 0.25, "seed": 7})
+    config = MonitoringConfig.from_mapping(
+        {"layers": [], "sample_rate": 0.25, "seed": 7, "queue_size": 100_000}
+    )
     monitor = Monitor.attach(net, config, "m", metrics)
     run(monitor, net, batches=2000)
     monitor.flush()
@@ -79,6 +85,7 @@ def test_partial_sampling_rate_is_honoured(metrics: MetricSet) -> None:
     sampled = value(metrics, "hookwatch_requests_sampled_total", model="m")
     assert 400 < sampled < 600  # Binomial(2000, 0.25): mean 500, sd ~19
     assert value(metrics, "hookwatch_captures_total", model="m", layer="output") == sampled
+    assert value(metrics, "hookwatch_captures_dropped_total", model="m") == 0
 
 
 def test_nonfinite_activations_are_counted_and_kept_out_of_the_summaries(
@@ -152,3 +159,65 @@ def test_a_processing_fault_switches_one_layer_off_visibly(
     assert value(metrics, "hookwatch_monitor_faults_total", model="m", layer="act") == 1
     assert value(metrics, "hookwatch_captures_total", model="m", layer="output") == 20
     assert sum("'act'" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_every_series_exists_at_zero_before_the_first_request(metrics: MetricSet) -> None:
+    # Prometheus windows (delta, increase) need the zero before the first event.
+    config = MonitoringConfig.from_mapping({"layers": ["fc", "act"], "sample_rate": 1.0})
+    monitor = Monitor.attach(Net(), config, "m", metrics)
+    monitor.close()
+    for layer in config.watched:
+        assert value(metrics, "hookwatch_captures_total", model="m", layer=layer) == 0
+        for statistic in ("mean", "std", "min", "max", "zero_fraction"):
+            labels = {"model": "m", "layer": layer, "statistic": statistic}
+            assert value(metrics, "hookwatch_activation_statistic_count", **labels) == 0
+
+
+def test_copied_and_in_hook_reductions_export_the_same_numbers() -> None:
+    torch.manual_seed(3)
+    inputs = [torch.randn(2, 4) for _ in range(9)]
+    exported = []
+    for copy_limit in (0, 4096):  # 0: every layer reduced in the hook; 4096: all copied
+        metrics = MetricSet(CollectorRegistry())
+        net = Net()
+        net.load_state_dict(REFERENCE_NET.state_dict())
+        config = MonitoringConfig.from_mapping(
+            {"layers": ["fc", "act"], "sample_rate": 1.0, "copy_limit": copy_limit}
+        )
+        monitor = Monitor.attach(net, config, "m", metrics)
+        for x in inputs:
+            with torch.inference_mode(), monitor.request(2):
+                net(x)
+        monitor.flush()
+        monitor.close()
+        exported.append(
+            {k: v for k, v in metrics.sample_values().items() if "_created" not in k[0]}
+        )
+    assert exported[0].keys() == exported[1].keys()
+    for key, v in exported[0].items():
+        assert v == pytest.approx(exported[1][key], rel=1e-5, abs=1e-6), key
+
+
+def test_a_copied_capture_owns_its_storage() -> None:
+    from hookwatch.hooks import Capture, Gate, HookSet
+
+    seen: list[Capture] = []
+
+    class Sink:
+        def offer(self, capture: Capture) -> bool:
+            seen.append(capture)
+            return True
+
+        def on_fault(self, layer: str, error: BaseException) -> None:
+            raise AssertionError(error)
+
+    net, gate = Net(), Gate()
+    outputs: list[torch.Tensor] = []
+    net.act.register_forward_hook(lambda m, a, out: outputs.append(out))
+    HookSet(gate, Sink(), copy_limit=16).attach(net, ["act"], False, False)
+    gate.set(True)
+    net(torch.randn(3, 4))
+    (capture,) = seen
+    assert capture.raw is not None and capture.stats is None
+    assert capture.raw.untyped_storage().data_ptr() != outputs[0].untyped_storage().data_ptr()
+    assert torch.equal(capture.raw, outputs[0])

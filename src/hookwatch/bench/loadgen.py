@@ -1,0 +1,221 @@
+"""HTTP load generators: closed loop (N clients back to back) and open loop (a fixed rate).
+
+Clients are threads with one keep-alive ``http.client`` connection each. The open loop measures
+latency from each request's *scheduled* send time, so a server that stalls is charged for the
+requests that could not be sent meanwhile (no coordinated omission).
+"""
+
+from __future__ import annotations
+
+import http.client
+import itertools
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+#: Open-loop sends that start this much after their schedule mean the clients fell behind.
+LATE_S = 0.005
+
+
+@dataclass(frozen=True)
+class Target:
+    host: str
+    port: int
+    path: str
+    payloads: Sequence[bytes]
+    content_type: str
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One measured run of one variant: what the table's ratios are made of."""
+
+    requests: int
+    errors: int
+    duration_s: float
+    p50_ms: float
+    p99_ms: float
+    mean_ms: float
+    #: Requests per second offered (open loop) or None (closed loop).
+    offered_rps: float | None = None
+    #: Open-loop sends that started more than LATE_S after schedule.
+    late: int = 0
+
+    @property
+    def throughput_rps(self) -> float:
+        return self.requests / self.duration_s if self.duration_s > 0 else 0.0
+
+    @classmethod
+    def of(
+        cls,
+        latencies_s: Sequence[float],
+        errors: int,
+        duration_s: float,
+        offered_rps: float | None = None,
+        late: int = 0,
+    ) -> Segment:
+        if not latencies_s:
+            raise RuntimeError(
+                f"expected completed requests in a {duration_s:.1f} s segment, got none "
+                f"({errors} errors)"
+            )
+        ms = np.asarray(latencies_s, dtype=np.float64) * 1e3
+        return cls(
+            requests=len(ms),
+            errors=errors,
+            duration_s=duration_s,
+            p50_ms=float(np.percentile(ms, 50)),
+            p99_ms=float(np.percentile(ms, 99)),
+            mean_ms=float(ms.mean()),
+            offered_rps=offered_rps,
+            late=late,
+        )
+
+
+class _Client:
+    """One keep-alive connection; reconnects after a failure."""
+
+    def __init__(self, target: Target, timeout_s: float) -> None:
+        self._target = target
+        self._timeout = timeout_s
+        self._conn: http.client.HTTPConnection | None = None
+
+    def post(self, body: bytes) -> bool:
+        t = self._target
+        try:
+            if self._conn is None:
+                self._conn = http.client.HTTPConnection(t.host, t.port, timeout=self._timeout)
+            self._conn.request("POST", t.path, body, {"Content-Type": t.content_type})
+            response = self._conn.getresponse()
+            response.read()
+            return response.status == 200
+        except (OSError, http.client.HTTPException):
+            self.close()
+            return False
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def closed_loop(
+    target: Target, clients: int, duration_s: float, warmup_s: float = 0.0, timeout_s: float = 60.0
+) -> Segment:
+    """``clients`` threads each send the next request as soon as the last one is answered.
+
+    Requests that start in the warm-up are not recorded; throughput counts the requests that
+    started in the measured window.
+    """
+    if clients < 1 or duration_s <= 0:
+        raise ValueError(f"expected clients >= 1 and duration > 0, got {clients}, {duration_s}")
+    start_barrier = threading.Barrier(clients + 1)
+    lock = threading.Lock()
+    latencies: list[float] = []
+    errors = [0]
+    window: list[float] = []
+
+    def run(index: int) -> None:
+        client = _Client(target, timeout_s)
+        mine: list[float] = []
+        failed = 0
+        payloads = target.payloads
+        start_barrier.wait()
+        measure_from, end = window
+        n = index
+        try:
+            while True:
+                t0 = time.perf_counter()
+                if t0 >= end:
+                    break
+                ok = client.post(payloads[n % len(payloads)])
+                n += clients
+                if t0 >= measure_from:
+                    if ok:
+                        mine.append(time.perf_counter() - t0)
+                    else:
+                        failed += 1
+        finally:
+            client.close()
+            with lock:
+                latencies.extend(mine)
+                errors[0] += failed
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    now = time.perf_counter()
+    window.extend((now + warmup_s, now + warmup_s + duration_s))
+    start_barrier.wait()
+    for thread in threads:
+        thread.join()
+    return Segment.of(latencies, errors[0], duration_s)
+
+
+def open_loop(
+    target: Target,
+    rate_rps: float,
+    duration_s: float,
+    warmup_s: float = 0.0,
+    senders: int = 32,
+    timeout_s: float = 60.0,
+) -> Segment:
+    """Send at ``rate_rps`` on a fixed schedule; latency counts from the scheduled send time."""
+    if rate_rps <= 0 or duration_s <= 0 or senders < 1:
+        raise ValueError(
+            f"expected rate > 0, duration > 0, senders >= 1, got {rate_rps}, {duration_s}, "
+            f"{senders}"
+        )
+    schedule = itertools.count()
+    lock = threading.Lock()
+    latencies: list[float] = []
+    counts = [0, 0]  # errors, late
+    start_barrier = threading.Barrier(senders + 1)
+    origin: list[float] = []
+    interval = 1.0 / rate_rps
+    total_s = warmup_s + duration_s
+
+    def run() -> None:
+        client = _Client(target, timeout_s)
+        mine: list[float] = []
+        failed = late = 0
+        payloads = target.payloads
+        start_barrier.wait()
+        t_origin = origin[0]
+        try:
+            while True:
+                with lock:
+                    i = next(schedule)
+                offset = i * interval
+                if offset >= total_s:
+                    break
+                scheduled = t_origin + offset
+                delay = scheduled - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                elif -delay > LATE_S and offset >= warmup_s:
+                    late += 1
+                ok = client.post(payloads[i % len(payloads)])
+                if offset >= warmup_s:
+                    if ok:
+                        mine.append(time.perf_counter() - scheduled)
+                    else:
+                        failed += 1
+        finally:
+            client.close()
+            with lock:
+                latencies.extend(mine)
+                counts[0] += failed
+                counts[1] += late
+
+    threads = [threading.Thread(target=run, daemon=True) for _ in range(senders)]
+    for thread in threads:
+        thread.start()
+    origin.append(time.perf_counter() + 0.05)
+    start_barrier.wait()
+    for thread in threads:
+        thread.join()
+    return Segment.of(latencies, counts[0], duration_s, offered_rps=rate_rps, late=counts[1])

@@ -1,0 +1,1 @@
+"""The ``make eval-drift`` harness: scenarios from the digits data, baselines, the table."""

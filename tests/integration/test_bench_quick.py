@@ -1,0 +1,52 @@
+"""``hookwatch bench --quick`` end to end: real TorchServe, every variant, a well-formed table.
+
+Only the shape of the result is checked, never a timing: the numbers belong to the table.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hookwatch.bench.stats import VARIANTS
+from tests.conftest import MAR, ROOT, require, require_binary
+
+pytestmark = pytest.mark.integration
+
+
+def test_quick_bench_writes_a_table_with_every_variant(tmp_path: Path) -> None:
+    require(MAR.exists(), f"{MAR} (make mar builds it)")
+    require_binary("java")
+    out = tmp_path / "results.md"
+    cmd = [sys.executable, "-m", "hookwatch.cli", "bench", "--quick", "--root", str(ROOT)]
+    cmd += ["--out", str(out), "--work", str(tmp_path / "work")]
+    done = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    text = out.read_text()
+    for group in ("### digits, batch 1", "### digits, batch 8"):
+        section = text.split(group, 1)[1].split("###", 1)[0]
+        for variant in VARIANTS[1:]:
+            row = next(line for line in section.splitlines() if line.startswith(f"| {variant} |"))
+            assert row.count("**") == 10, row  # five metrics, each min / **median** / max
+        assert "Failed requests in this group: 0." in section
+    for heading in ("## Targets (CPU)", "### Exporter scrape", "### Memory", "## GPU"):
+        assert heading in text
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert data["settings"]["mode"] == "quick"
+    for group in data["groups"]:
+        assert len(group["closed"]) == len(group["opened"]) == data["settings"]["rounds"]
+        for segments in (*group["closed"], *group["opened"]):
+            assert set(segments) == set(VARIANTS)
+            assert all(s["requests"] > 0 and s["errors"] == 0 for s in segments.values())
+    assert {row["monitored"] for row in data["rss"]} == {True, False}
+    assert [h["model"] for h in data["hook_costs"]] == ["digits"]
+    assert data["scrape"]["scrapes"] > 0

@@ -1,0 +1,220 @@
+"""The bench's own logic: ratios and verdicts, load generators, variants, the table."""
+
+from __future__ import annotations
+
+import http.server
+import inspect
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hookwatch.bench import resnet
+from hookwatch.bench.loadgen import Segment, Target, closed_loop, open_loop
+from hookwatch.bench.micro import HookCost, RssTrace, ScrapeTime
+from hookwatch.bench.naive import NaiveCapture
+from hookwatch.bench.report import render
+from hookwatch.bench.runner import BenchResult, GroupResult, Settings
+from hookwatch.bench.stats import VARIANTS, Spread, ratios, round_order, verdicts
+from hookwatch.bench.variants import variant_config
+from hookwatch.config import InputSpec, MonitoringConfig
+from hookwatch.demo.digits_cnn import DigitsCNN
+from hookwatch.errors import BadInputError, ConfigError
+from hookwatch.metrics import MetricSet
+from hookwatch.service import ClassifierService, decode_payload
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def seg(rps: float, p50: float = 1.0, p99: float = 2.0) -> Segment:
+    return Segment(int(rps * 10), 0, 10.0, p50, p99, p50)
+
+
+def test_ratios_are_taken_against_the_plain_run_of_the_same_round() -> None:
+    rounds = [
+        {"plain": seg(100, p99=2.0), "full": seg(95, p99=2.2)},
+        {"plain": seg(50, p99=4.0), "full": seg(49, p99=4.0)},
+    ]
+    assert ratios(rounds, "full", "throughput") == pytest.approx([0.95, 0.98])
+    assert ratios(rounds, "full", "p99") == pytest.approx([1.1, 1.0])
+    assert Spread.of([3.0, 1.0, 2.0]) == Spread(1.0, 2.0, 3.0)
+
+
+def test_rounds_alternate_direction_and_verdicts_use_the_median() -> None:
+    assert round_order(0) == VARIANTS
+    assert round_order(1) == tuple(reversed(VARIANTS))
+    closed = [
+        {"plain": seg(100), "default": seg(99)},
+        {"plain": seg(100), "default": seg(90)},
+        {"plain": seg(100), "default": seg(99.5)},
+    ]
+    got = {v.what: v for v in verdicts("default", closed, [])}
+    loss = got["throughput loss (closed loop)"]
+    assert loss.measured == pytest.approx(0.01)
+    assert loss.holds
+    slow = [{"plain": seg(100), "default": seg(90)}]
+    miss = verdicts("default", slow, [])[0]
+    assert not miss.holds
+    assert miss.miss == pytest.approx(0.08)
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    delay_s = 0.0
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        status = 200 if self.path == "/ok" else 503
+        self.send_response(status)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def server() -> Iterator[http.server.ThreadingHTTPServer]:
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield httpd
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def _target(httpd: http.server.ThreadingHTTPServer, path: str = "/ok") -> Target:
+    return Target("127.0.0.1", httpd.server_address[1], path, [b"a", b"b"], "text/plain")
+
+
+def test_closed_loop_counts_answers_and_errors(server: http.server.ThreadingHTTPServer) -> None:
+    ok = closed_loop(_target(server), clients=2, duration_s=0.3)
+    assert ok.requests > 0
+    assert ok.errors == 0
+    assert ok.p50_ms <= ok.p99_ms
+    with pytest.raises(RuntimeError, match="expected completed requests"):
+        closed_loop(_target(server, "/fail"), clients=1, duration_s=0.2)
+
+
+def test_open_loop_charges_stalls_to_the_requests_that_waited(
+    server: http.server.ThreadingHTTPServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One sender and a server that takes 20 ms: at 200/s almost every send starts late, and
+    # measured from the schedule those waits are part of the latency (no coordinated omission).
+    monkeypatch.setattr(_Handler, "delay_s", 0.02)
+    got = open_loop(_target(server), rate_rps=200, duration_s=0.5, senders=1)
+    assert got.offered_rps == 200
+    assert got.late > 0
+    assert got.p99_ms > 5 * 20
+
+
+def test_float32_bodies_are_decoded_and_checked_against_the_spec() -> None:
+    spec = InputSpec.from_mapping({"shape": [2, 3], "encoding": "float32", "max": 10})
+    values = np.arange(6, dtype="<f4")
+    got = decode_payload(values.tobytes(), spec)
+    assert torch.equal(got, torch.arange(6, dtype=torch.float32).reshape(2, 3))
+    assert torch.equal(decode_payload({"data": values.tolist()}, spec), got)
+    with pytest.raises(BadInputError, match="24 bytes of little-endian float32"):
+        decode_payload(values[:5].tobytes(), spec)
+    with pytest.raises(BadInputError, match="finite"):
+        decode_payload(np.array([0, 0, 0, 0, 0, np.nan], dtype="<f4").tobytes(), spec)
+    with pytest.raises(BadInputError, match="values in"):
+        decode_payload((values * 10).tobytes(), spec)
+    json_only = InputSpec.from_mapping({"shape": [2, 3]})
+    with pytest.raises(BadInputError, match="not JSON"):
+        decode_payload(values.tobytes(), json_only)
+    with pytest.raises(ConfigError, match=r"input.encoding: expected one of \['json', 'float32'\]"):
+        InputSpec.from_mapping({"shape": [2], "encoding": "float16"})
+
+
+def test_unmonitored_service_answers_like_the_monitored_one() -> None:
+    torch.manual_seed(0)
+    model = DigitsCNN().eval()
+    section = {"input": {"shape": [1, 8, 8]}, "monitoring": {"layers": ["act1"]}}
+    body = {"data": [1.0] * 64}
+    plain = ClassifierService.from_handler_config(model, section, "p", monitored=False)
+    watched = ClassifierService.from_handler_config(model, section, "w", MetricSet())
+    try:
+        assert plain.monitor is None
+        assert plain.handle([body, {"x": 1}]) == watched.handle([body, {"x": 1}])
+    finally:
+        plain.close()
+        watched.close()
+
+
+def test_naive_capture_exports_in_the_request_thread(metrics: MetricSet) -> None:
+    model = DigitsCNN().eval()
+    config = MonitoringConfig.from_mapping({"layers": ["act1", "act3"]})
+    capture = NaiveCapture.attach(model, config, "digits", metrics)
+    with torch.inference_mode():
+        model(torch.rand(3, 1, 8, 8))
+    samples = metrics.sample_values()
+    for layer in ("input", "act1", "act3", "output"):
+        key = ("hookwatch_captures_total", (("layer", layer), ("model", "digits")))
+        assert samples[key] == 3.0
+    capture.close()
+    with torch.inference_mode():
+        model(torch.rand(1, 1, 8, 8))
+    key = ("hookwatch_captures_total", (("layer", "act1"), ("model", "digits")))
+    assert metrics.sample_values()[key] == 3.0
+
+
+def test_resnet_file_has_one_class_and_resnet18_shapes() -> None:
+    classes = [
+        c for _, c in inspect.getmembers(resnet, inspect.isclass) if c.__module__ == resnet.__name__
+    ]
+    assert classes == [resnet.ResNet18]  # TorchServe's BaseHandler needs exactly one
+    model = resnet.ResNet18().eval()
+    assert sum(p.numel() for p in model.parameters()) == 11_689_512  # torchvision resnet18
+    with torch.inference_mode():
+        assert model(torch.rand(1, 3, 64, 64)).shape == (1, 1000)
+    names = dict(model.named_modules())
+    for layer in ("blocks.1.act", "blocks.3.act", "blocks.5.act", "blocks.7.act"):
+        assert layer in names
+
+
+def test_variant_configs_differ_only_where_the_variant_does() -> None:
+    import yaml
+
+    base = yaml.safe_load((ROOT / "models/resnet18/model-config.yaml").read_text())
+    full = variant_config(base, "full", 8)
+    default = variant_config(base, "default", 1)
+    assert full["batchSize"] == 8
+    assert full["handler"]["monitoring"]["sample_rate"] == 1.0
+    assert default["handler"] == base["handler"]
+    assert base["batchSize"] == 1  # the base mapping is not changed
+    MonitoringConfig.from_mapping(full["handler"]["monitoring"])
+    InputSpec.from_mapping(full["handler"]["input"])
+
+
+def test_table_lists_every_variant_target_and_micro_figure() -> None:
+    settings = Settings.quick()
+    rounds = [
+        {"plain": seg(100), "default": seg(99), "full": seg(90, p99=2.5), "naive": seg(50)}
+        for _ in range(2)
+    ]
+    group = GroupResult("digits", 1, 4, 60.0, rounds, rounds)
+    result = BenchResult(
+        settings,
+        {"cpu": "test cpu", "cores": "2"},
+        groups=[group],
+        hook_costs=[HookCost("digits", 5, 70.0, 2.0, 50.0, 60.0)],
+        rss=[RssTrace(True, 1000, 300.0, 301.0, 301.5, [300.5, 301.0], 500)],
+        scrape=ScrapeTime(5, 12, 4000, 3.0, 9.0),
+    )
+    text = render(result)
+    for variant in ("| default |", "| full |", "| naive |"):
+        assert variant in text
+    assert "| digits, batch 1 | full | throughput loss (closed loop) | +10.0 %" in text
+    assert "**misses by 5.0 pp**" in text
+    assert "RSS growth over 1,000 requests | +1.0 MB | 20 MB | holds" in text
+    assert "| digits | 5 | 70.0 µs | 2.00 µs | 50.0 µs | 60.0 µs |" in text
+    assert "Pending: no GPU machine" in text

@@ -1,0 +1,95 @@
+"""The catalogue is the single source of metric names, and docs/metrics.md follows it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from hookwatch import catalogue, monitor, stats
+from hookwatch.catalogue import CATALOGUE, MULTIPROCESS_MEANING, SERIES_PER_MODEL_TARGET
+from hookwatch.cli import DEMO_MODEL_CONFIG, demo_watched_layers, main
+from hookwatch.metrics import MetricSet
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "metrics.md"
+
+
+def demo_watched() -> tuple[str, ...]:
+    return demo_watched_layers(ROOT / DEMO_MODEL_CONFIG)
+
+
+def test_committed_doc_equals_generated_text() -> None:
+    expected = catalogue.markdown(demo_watched(), DEMO_MODEL_CONFIG)
+    assert DOC.read_text() == expected, "docs/metrics.md is stale: run `make docs`"
+
+
+def test_cli_prints_the_doc(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["catalogue", "--root", str(ROOT)]) == 0
+    assert capsys.readouterr().out == DOC.read_text()
+
+
+def test_doc_lists_every_metric_with_type_and_labels() -> None:
+    text = DOC.read_text()
+    for spec in CATALOGUE:
+        row = next(line for line in text.splitlines() if line.startswith(f"| `{spec.name}`"))
+        assert f"| {spec.kind} |" in row, row
+        for label in spec.labels:
+            assert f"`{label}`" in row, (spec.name, label)
+
+
+def test_names_follow_prometheus_conventions() -> None:
+    names = [spec.name for spec in CATALOGUE]
+    assert len(names) == len(set(names))
+    for spec in CATALOGUE:
+        assert re.fullmatch(r"hookwatch_[a-z][a-z0-9_]*", spec.name), spec.name
+        assert spec.name.endswith("_total") == (spec.kind == "counter"), spec.name
+        assert spec.help.strip(), spec.name
+        # Base units only (seconds, bytes, ratios as 1).
+        assert spec.unit not in ("milliseconds", "ms", "percent", "kilobytes"), spec.name
+        for label in spec.labels:
+            assert label in catalogue.LABELS, f"{spec.name}: label {label!r} is undocumented"
+
+
+def test_label_value_sets_match_the_code_that_writes_them() -> None:
+    assert catalogue.STATISTIC_VALUES == stats.SUMMARY_STATISTICS
+    assert catalogue.ALL_LAYERS == monitor.ALL_LAYERS
+
+
+def test_every_gauge_has_a_live_multiprocess_mode() -> None:
+    gauges = [spec for spec in CATALOGUE if spec.kind == "gauge"]
+    assert gauges
+    for spec in gauges:
+        # A non-live mode keeps a dead worker's value forever; "all" adds a pid label per
+        # worker ever started, so the series count would grow with every restart.
+        assert spec.multiprocess_mode in MULTIPROCESS_MEANING, spec.name
+
+
+def test_metric_set_registers_exactly_the_catalogue(metrics: MetricSet) -> None:
+    for spec in CATALOGUE:
+        labels = {label: "x" for label in spec.labels}
+        if spec.kind == "gauge":
+            metrics.set(spec.name, 1.0, **labels)
+        else:
+            metrics.touch(spec.name, **labels)
+    families = {f.name: f.type for f in metrics.registry.collect()}
+    expected = {spec.name.removesuffix("_total"): spec.kind for spec in CATALOGUE}
+    assert families == expected
+    exposed = {name for name, _ in metrics.sample_values()}
+    assert exposed <= catalogue.exposed_names()
+
+
+def test_series_per_model_is_bounded_for_the_demo() -> None:
+    watched = demo_watched()
+    assert watched[0] == "input" and watched[-1] == "output"
+    series = catalogue.series_per_model(watched)
+    assert set(series) == {spec.name for spec in CATALOGUE}
+    assert sum(series.values()) <= SERIES_PER_MODEL_TARGET
+    # The bound follows the layer count: one more watched layer adds series.
+    assert sum(catalogue.series_per_model((*watched, "extra")).values()) > sum(series.values())
+
+
+def test_series_per_model_refuses_an_unbounded_label() -> None:
+    with pytest.raises(ValueError, match="expected a bounded value set for label 'statistic'"):
+        catalogue.series_per_model(("input",), domains={"layer": ("input",), "kind": ("nan",)})

@@ -1,0 +1,185 @@
+"""Drift statistics against numpy/scipy references, calibration, and the streaming window."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from hookwatch.drift import (
+    BinnedReference,
+    DriftTracker,
+    SlidingWindow,
+    bin_counts,
+    calibrate,
+    chi_square,
+    derive,
+    expected_shares,
+    ks_from_bins,
+    psi,
+)
+
+
+def _reference(
+    n: int = 2000, features: int = 3, bins: int = 20, seed: int = 0
+) -> tuple[np.ndarray, BinnedReference]:
+    x = np.random.default_rng(seed).normal(size=(n, features))
+    return x, BinnedReference.fit("layer", "activation", x, bins=bins)
+
+
+def test_ks_from_bins_matches_scipy_within_the_binning_error() -> None:
+    x, ref = _reference(bins=32)
+    rng = np.random.default_rng(1)
+    for shift in (0.0, 0.2, 0.8):
+        y = rng.normal(loc=shift, size=(300, 3))
+        counts = bin_counts(ref.encode(y)[None], ref.n_bins)[0]
+        got = ks_from_bins(counts, ref.counts)
+        for j in range(3):
+            exact = stats.ks_2samp(x[:, j], y[:, j]).statistic
+            # The CDF gap is only read at bin edges: it can miss at most one bin's mass.
+            share = np.maximum(counts[j] / 300, ref.counts[j] / 2000).max()
+            assert got[j] <= exact + 1e-12
+            assert exact - got[j] <= share + 1e-12
+
+
+def test_psi_matches_a_direct_histogram_computation() -> None:
+    x, ref = _reference(bins=10)
+    y = np.random.default_rng(2).normal(loc=0.3, scale=1.2, size=(500, 3))
+    counts = bin_counts(ref.encode(y)[None], ref.n_bins)[0]
+    got = psi(counts, ref.counts, ref.valid)
+    for j in range(3):
+        edges = ref.edges[j][np.isfinite(ref.edges[j])]
+        # Bins are (e_k-1, e_k], closed on the right like the encoder's strict comparison.
+        cut = np.concatenate([[-np.inf], edges, [np.inf]])
+        pairs = list(itertools.pairwise(cut))
+        a = np.array([np.sum((y[:, j] > lo) & (y[:, j] <= hi)) for lo, hi in pairs])
+        e = np.array([np.sum((x[:, j] > lo) & (x[:, j] <= hi)) for lo, hi in pairs])
+        a_share, e_share = a / a.sum(), e / e.sum()
+        direct = np.sum((a_share - e_share) * np.log(a_share / e_share))
+        assert got[j] == pytest.approx(direct, rel=1e-9)
+
+
+def test_chi_square_is_scipys_pearson_statistic_rescaled_for_the_reference_size() -> None:
+    _, ref = _reference(bins=10)
+    y = np.random.default_rng(3).normal(loc=0.1, size=(200, 3))
+    counts = bin_counts(ref.encode(y)[None], ref.n_bins)[0]
+    got = chi_square(counts, ref.counts, ref.valid, ref.n_ref)
+    q = expected_shares(ref.counts, ref.valid)
+    for j in range(3):
+        k = ref.valid[j]
+        pearson = stats.chisquare(counts[j][k], f_exp=200 * q[j][k]).statistic
+        dof = k.sum() - 1
+        assert got[j] == pytest.approx(pearson * ref.n_ref / (ref.n_ref + 200) / dof, rel=1e-9)
+
+
+def test_ties_merge_and_constant_features_are_dropped() -> None:
+    rng = np.random.default_rng(4)
+    relu = np.maximum(rng.normal(size=1000) - 0.5, 0.0)  # ~70 % zeros
+    constant = np.zeros(1000)
+    x = np.stack([relu, constant, rng.normal(size=1000)], axis=1)
+    ref = BinnedReference.fit("act", "activation", x, bins=10, min_share=0.01)
+    assert ref.kept == (0, 2) and ref.dropped == (1,)
+    # All zeros share the first bin; every remaining bin holds at least 1 % of the reference.
+    assert ref.counts[0, 0] == np.sum(relu == 0)
+    held = ref.counts[ref.valid]
+    assert held.min() >= 10
+    assert ref.valid[1].sum() == 10 and ref.valid[0].sum() < 10
+    codes = ref.encode(x[:5])
+    assert codes.shape == (5, 2) and codes.dtype == np.uint8
+
+
+def _correlated(n: int, seed: int, shift: float = 0.0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    base = rng.normal(size=(n, 1))
+    return 0.7 * base + 0.7 * rng.normal(size=(n, 8)) + shift
+
+
+@pytest.mark.parametrize("window", [20, 100])
+def test_calibrated_false_alarm_rate_holds_on_fresh_clean_windows(window: int) -> None:
+    """Measured, not assumed: fresh null windows alarm at about the target, drift far more."""
+    x = _correlated(1500, seed=5)
+    detectors = [
+        BinnedReference.fit("a", "activation", x[:, :4], bins=10),
+        BinnedReference.fit("b", "activation", x[:, 4:], bins=10, aggregation="max"),
+    ]
+    target = 0.05
+    cal = calibrate(detectors, window, target, windows=3000, seed=0)
+
+    def alarm_rate(data: np.ndarray) -> float:
+        windows = data.reshape(-1, window, 8)
+        fired = np.zeros(len(windows), dtype=bool)
+        for d, cols in zip(detectors, (slice(0, 4), slice(4, 8)), strict=True):
+            counts = bin_counts(np.stack([d.encode(w[:, cols]) for w in windows]), d.n_bins)
+            fired |= d.score(counts) > cal.thresholds[d.name]
+        return float(fired.mean())
+
+    clean = alarm_rate(_correlated(window * 1500, seed=6))
+    drifted = alarm_rate(_correlated(window * 200, seed=7, shift=1.0))
+    # 1500 windows: a binomial 95 % interval around 5 % is about +-1.1 %; the scale factor for
+    # the reference's own sampling error is asymptotic, so allow a little more.
+    assert 0.02 <= clean <= 0.075, clean
+    assert drifted >= 0.9, drifted
+    assert 0.0 < cal.per_detector_rate <= target
+
+
+def test_sliding_window_counts_equal_a_recount_of_the_last_w_codes() -> None:
+    rng = np.random.default_rng(8)
+    window = SlidingWindow(size=37, features=3, bins=5)
+    history = []
+    for size in (5, 30, 1, 60, 7, 100):
+        codes = rng.integers(0, 5, size=(size, 3)).astype(np.uint8)
+        window.push(codes)
+        history.append(codes)
+        everything = np.concatenate(history)
+        expected = bin_counts(everything[-37:][None], 5)[0]
+        np.testing.assert_array_equal(window.counts, expected)
+        assert window.filled == min(37, len(everything))
+    assert window._codes.nbytes == 37 * 3  # bounded by the window, not the traffic
+
+
+def test_output_logits_give_softmax_confidence_entropy_and_class() -> None:
+    logits = np.array([[2.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    got = derive("output", logits)
+    assert set(got) == {"output", "confidence", "entropy", "class_mix"}
+    np.testing.assert_allclose(got["output"].sum(1), 1.0)
+    np.testing.assert_allclose(got["entropy"][1, 0], np.log(3))
+    assert got["class_mix"][:, 0].tolist() == [0.0, 0.0]
+    assert got["confidence"][0, 0] == pytest.approx(np.exp(2) / (np.exp(2) + 2))
+    assert set(derive("act1", logits)) == {"act1"}
+
+
+def test_tracker_gives_a_verdict_every_step_once_the_window_is_full() -> None:
+    x = _correlated(1000, seed=9)
+    ref = BinnedReference.fit("act", "activation", x, bins=8)
+    cal = calibrate([ref], window=40, false_alarm_rate=0.01, windows=1000)
+    tracker = DriftTracker({"act": ref}, cal, step=10)
+    assert tracker.update("act", x[:39]) == []  # not full yet
+    verdicts = tracker.update("act", x[39:40])
+    assert len(verdicts) == 1 and not verdicts[0].is_drift
+    assert tracker.update("act", x[40:49]) == []  # 9 new samples < step
+    assert len(tracker.update("act", x[49:50])) == 1
+    assert tracker.update("other", x[:50]) == []  # a layer without a detector is ignored
+    shifted = _correlated(40, seed=10, shift=2.0)
+    verdict = tracker.update("act", shifted)[-1]
+    assert verdict.is_drift and verdict.score > verdict.threshold
+    report = verdict.as_dict()
+    assert report["data"]["is_drift"] == 1 and report["meta"]["level"] == "activation"
+
+
+def test_categorical_reference_counts_classes() -> None:
+    labels = np.array([0, 1, 1, 2, 2, 2])
+    ref = BinnedReference.categorical("class_mix", "prediction", labels, classes=4)
+    assert ref.counts.tolist() == [[1, 2, 3, 0]]
+    assert ref.encode(np.array([[3.0], [0.0]]))[:, 0].tolist() == [3, 0]
+
+
+def test_invalid_arguments_fail_with_expected_and_got() -> None:
+    with pytest.raises(ValueError, match="expected bins in"):
+        BinnedReference.fit("a", "activation", np.zeros((10, 1)), bins=1)
+    with pytest.raises(ValueError, match="expected a level"):
+        BinnedReference.fit("a", "nowhere", np.random.default_rng(0).normal(size=(10, 1)))
+    _, ref = _reference()
+    with pytest.raises(ValueError, match="expected a false alarm rate"):
+        calibrate([ref], 10, 0.0)

@@ -1,0 +1,203 @@
+"""The drift profile: built with the serving hooks, bounded, versioned; loading and serving."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hookwatch.config import MonitoringConfig
+from hookwatch.demo.digits_cnn import DigitsCNN
+from hookwatch.drift import derive
+from hookwatch.metrics import MetricSet
+from hookwatch.monitor import Monitor
+from hookwatch.profile import (
+    VERSION,
+    DriftProfile,
+    ProfileError,
+    build_profile,
+    capture_features,
+    load_tracker,
+)
+
+LAYERS = ["act1", "act2", "act3"]
+
+
+def _config(**drift: object) -> MonitoringConfig:
+    return MonitoringConfig.from_mapping(
+        {"layers": LAYERS, "sample_rate": 1.0, "seed": 0, "drift": {"window": 40, **drift}}
+    )
+
+
+def _model() -> DigitsCNN:
+    torch.manual_seed(0)
+    return DigitsCNN().eval()
+
+
+def _images(n: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.rand(n, 1, 8, 8, generator=gen) * 16
+
+
+def _profile(n: int = 600, **kwargs: object) -> DriftProfile:
+    x = _images(n, 0)
+    batches = [x[i : i + 100] for i in range(0, n, 100)]
+    return build_profile(_model(), _config(), batches, "digits", **kwargs)  # type: ignore[arg-type]
+
+
+def test_profile_has_every_level_and_uses_the_serving_features() -> None:
+    profile = _profile()
+    levels = {name: ref.level for name, ref in profile.references.items()}
+    assert levels == {
+        "input": "input",
+        "act1": "activation",
+        "act2": "activation",
+        "act3": "activation",
+        "output": "output",
+        "confidence": "prediction",
+        "entropy": "prediction",
+        "class_mix": "prediction",
+    }
+    # The input is kept pixel by pixel, conv maps per channel, the rest per unit.
+    features = {name: ref.n_features + len(ref.dropped) for name, ref in profile.references.items()}
+    assert features["input"] == 64 and features["act1"] == 16 and features["act2"] == 32
+    assert features["act3"] == 64 and features["output"] == 10
+    # Bins are reference quantiles: counts come from the hooks' own features.
+    x = _images(600, 0)
+    captured = next(iter(capture_features(_model(), _config(), [x])))
+    act2 = derive("act2", captured["act2"])["act2"]
+    ref = profile.references["act2"]
+    np.testing.assert_array_equal(
+        ref.counts, np.stack([np.bincount(c, minlength=ref.n_bins) for c in ref.encode(act2).T])
+    )
+
+
+def test_save_load_round_trip_and_version_check(tmp_path: Path) -> None:
+    profile = _profile()
+    path = profile.save(tmp_path / "p.npz")
+    loaded = DriftProfile.load(path)
+    assert loaded.layers == ("input", *LAYERS, "output") and loaded.n_seen == 600
+    for name, ref in profile.references.items():
+        other = loaded.references[name]
+        np.testing.assert_allclose(other.edges, ref.edges.astype(np.float32))
+        np.testing.assert_array_equal(other.counts, ref.counts)
+        np.testing.assert_array_equal(other.codes, ref.codes)
+        assert other.kept == ref.kept and other.level == ref.level
+    with np.load(path) as data:
+        arrays = {k: data[k] for k in data.files}
+    header = json.loads(arrays["header"].tobytes())
+    header["version"] = VERSION + 1
+    arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+    np.savez(tmp_path / "future.npz", **arrays)
+    with pytest.raises(ProfileError, match=f"expected profile version {VERSION}"):
+        DriftProfile.load(tmp_path / "future.npz")
+    (tmp_path / "junk.npz").write_bytes(b"not a profile")
+    with pytest.raises(ProfileError, match="expected a hookwatch-drift-profile"):
+        DriftProfile.load(tmp_path / "junk.npz")
+
+
+def test_profile_size_is_bounded_whatever_the_amount_of_reference_data(tmp_path: Path) -> None:
+    small = _profile(400, max_reference=300, max_codes=200)
+    large = _profile(3000, max_reference=300, max_codes=200)
+    assert large.n_seen == 3000
+    assert all(r.n_ref == 300 and r.codes.shape[0] == 200 for r in large.references.values())
+    size_small = small.save(tmp_path / "s.npz").stat().st_size
+    size_large = large.save(tmp_path / "l.npz").stat().st_size
+    assert size_large <= 1.2 * size_small
+
+
+def test_a_profile_for_other_layers_is_refused() -> None:
+    profile = _profile()
+    other = MonitoringConfig.from_mapping({"layers": ["act1"]})
+    with pytest.raises(ProfileError, match="expected a profile for layers"):
+        profile.check(other)
+
+
+def test_no_profile_serves_without_drift_and_says_so_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, metrics: MetricSet
+) -> None:
+    config = _config()
+    with caplog.at_level(logging.WARNING, logger="hookwatch"):
+        tracker = load_tracker(config, tmp_path, "digits")
+    assert tracker is None
+    assert [r.message for r in caplog.records if "no drift profile" in r.message]
+    monitor = Monitor.attach(_model(), config, "digits", metrics, drift=tracker)
+    try:
+        values = metrics.sample_values()
+        assert values[("hookwatch_drift_profile_loaded", (("model", "digits"),))] == 0
+    finally:
+        monitor.close()
+
+
+def test_monitor_publishes_drift_from_the_capture_thread(
+    tmp_path: Path, metrics: MetricSet
+) -> None:
+    config = _config(step=10)
+    _profile().save(tmp_path / config.drift.profile)
+    tracker = load_tracker(config, tmp_path, "digits")
+    assert tracker is not None
+    model = _model()
+    monitor = Monitor.attach(model, config, "digits", metrics, drift=tracker)
+
+    def send(x: torch.Tensor) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        for row in x:
+            with torch.inference_mode(), monitor.request(1):
+                model(row[None])
+        assert monitor.flush()
+        return dict(metrics.sample_values())
+
+    def get(values: dict, name: str, detector: str) -> float:  # type: ignore[type-arg]
+        level = tracker.references[detector].level
+        key = (name, (("detector", detector), ("level", level), ("model", "digits")))
+        return float(values[key])
+
+    try:
+        clean = send(_images(80, 1))
+        assert clean[("hookwatch_drift_profile_loaded", (("model", "digits"),))] == 1
+        assert get(clean, "hookwatch_drift_windows_total", "input") == 5  # at 40, 50, ..., 80
+        assert get(clean, "hookwatch_drift_detected", "input") == 0
+        shifted = send(_images(40, 2) * 0.3)  # darker images: every level moves
+        assert get(shifted, "hookwatch_drift_detected", "input") == 1
+        assert get(shifted, "hookwatch_drift_score", "input") > get(
+            shifted, "hookwatch_drift_threshold", "input"
+        )
+        assert get(shifted, "hookwatch_drift_alarms_total", "act1") >= 1
+    finally:
+        monitor.close()
+
+
+def test_profile_command_builds_from_a_mar_and_an_array(tmp_path: Path) -> None:
+    from hookwatch.cli import main
+    from hookwatch.demo.build import archive
+
+    root = Path(__file__).resolve().parents[2]
+    mar = archive(_model(), root, tmp_path / "build", tmp_path / "store")
+    data = tmp_path / "reference.npy"
+    np.save(data, _images(300, 3).numpy())
+    out = tmp_path / "profile.npz"
+    assert main(["profile", "--mar", str(mar), "--data", str(data), "--out", str(out)]) == 0
+    profile = DriftProfile.load(out)
+    assert profile.n_seen == 300 and profile.model == "digits"
+    assert set(profile.references) >= {"input", "act1", "output", "class_mix"}
+
+
+def test_drift_knobs_are_typed_and_checked() -> None:
+    from hookwatch.errors import ConfigError
+
+    config = MonitoringConfig.from_mapping(
+        {"layers": [], "drift": {"window": 64, "false_alarm_rate": 0.05}}
+    )
+    assert config.drift.window == 64 and config.drift.effective_step == 16
+    for bad, message in (
+        ({"window": 1}, "monitoring.drift.window: expected an integer"),
+        ({"false_alarm_rate": 0}, "monitoring.drift.false_alarm_rate: expected a number"),
+        ({"profile": "../x.npz"}, "monitoring.drift.profile: expected a file name"),
+        ({"windwo": 5}, "monitoring.drift: expected only the keys"),
+        ({"step": 500}, "monitoring.drift.step: expected an integer in \\[0, 200\\]"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            MonitoringConfig.from_mapping({"layers": [], "drift": bad})
