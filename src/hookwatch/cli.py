@@ -89,12 +89,17 @@ def _run(args: argparse.Namespace) -> int:
             f"  Prometheus  http://127.0.0.1:{p.prometheus}/graph\n",
             flush=True,
         )
-        traffic = TrafficLoop(stack, rate_per_s=args.rate)
+        traffic = TrafficLoop(stack, rate_per_s=args.rate, drift_after_s=args.drift_after)
         traffic.start()
         view = LiveView(stack)
         deadline = time.monotonic() + args.seconds if args.seconds > 0 else None
+        shift = (
+            f", inverted digits after {args.drift_after:g} s (watch the drift rows)"
+            if args.drift_after
+            else ""
+        )
         print(
-            "sending held-out digits; live values from Prometheus every 5 s "
+            f"sending held-out digits{shift}; live values from Prometheus every 5 s "
             "(Ctrl-C or `make stop` ends it)\n",
             flush=True,
         )
@@ -254,6 +259,12 @@ def build_parser() -> argparse.ArgumentParser:
             cmd.add_argument("--workers", type=int, default=2)
         if name == "run":
             cmd.add_argument("--rate", type=float, default=20.0, help="requests per second")
+            cmd.add_argument(
+                "--drift-after",
+                type=float,
+                default=float(os.environ.get("DRIFT_AFTER", "60")),
+                help="seconds of clean traffic before inverted digits are sent (0: never)",
+            )
             cmd.add_argument(
                 "--seconds",
                 type=float,

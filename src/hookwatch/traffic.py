@@ -11,13 +11,21 @@ from hookwatch.devstack import MODEL_NAME, Stack
 
 
 class TrafficLoop:
-    """Sends held-out digits at a fixed rate from one thread until stopped."""
+    """Sends held-out digits at a fixed rate from one thread until stopped.
 
-    def __init__(self, stack: Stack, rate_per_s: float = 20.0) -> None:
+    After ``drift_after_s`` seconds (0: never) it sends the same digits inverted (16 - x), a
+    shift the drift detectors should flag within a few windows.
+    """
+
+    def __init__(self, stack: Stack, rate_per_s: float = 20.0, drift_after_s: float = 0.0) -> None:
         if rate_per_s <= 0:
             raise ValueError(f"expected a positive rate, got {rate_per_s}")
+        if drift_after_s < 0:
+            raise ValueError(f"expected drift_after_s >= 0, got {drift_after_s}")
         self._stack = stack
         self._period = 1.0 / rate_per_s
+        self._drift_after = drift_after_s
+        self.drifting = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="traffic", daemon=True)
         self.status = Counter[int]()
@@ -33,11 +41,15 @@ class TrafficLoop:
     def _run(self) -> None:
         split = load_split()
         i = 0
-        next_at = time.monotonic()
+        started = next_at = time.monotonic()
         while not self._stop.is_set():
             index = i % len(split.y_test)
+            image = split.x_test[index]
+            if self._drift_after and time.monotonic() - started >= self._drift_after:
+                self.drifting = True
+                image = 16.0 - image
             try:
-                status, reply = self._stack.infer({"data": split.x_test[index].tolist()})
+                status, reply = self._stack.infer({"data": image.tolist()})
             except OSError:
                 status, reply = 0, None
             self.status[status] += 1
@@ -88,6 +100,25 @@ class LiveView:
             table.setdefault(labels["layer"], {})[labels["statistic"]] = float(row["value"][1])
         return table
 
+    def drift_rows(self) -> list[tuple[str, str, float, float, int]]:
+        """(level, detector, score, threshold, detected) per detector, worst worker first."""
+        scores = self._stack.query("max by (level, detector) (hookwatch_drift_score)")
+        limits = {
+            (r["metric"]["level"], r["metric"]["detector"]): float(r["value"][1])
+            for r in self._stack.query("max by (level, detector) (hookwatch_drift_threshold)")
+        }
+        detected = {
+            (r["metric"]["level"], r["metric"]["detector"]): int(float(r["value"][1]))
+            for r in self._stack.query("max by (level, detector) (hookwatch_drift_detected)")
+        }
+        rows = []
+        for r in scores:
+            key = (r["metric"]["level"], r["metric"]["detector"])
+            rows.append(
+                (*key, float(r["value"][1]), limits.get(key, float("nan")), detected.get(key, 0))
+            )
+        return sorted(rows)
+
     def render(self, traffic: TrafficLoop) -> str:
         head = "  ".join(f"{name} {self._scalar(q)}" for name, q in self.QUERIES)
         lines = [
@@ -101,4 +132,15 @@ class LiveView:
         for layer in sorted(table):
             cells = (table[layer].get(s, float("nan")) for s in self.STATISTICS)
             lines.append(f"    {layer:<8} " + " ".join(f"{c:13.3f}" for c in cells))
+        drift = self.drift_rows()
+        if drift:
+            state = "inverted digits" if traffic.drifting else "clean digits"
+            lines.append(f"    drift ({state}): detector score / threshold")
+            lines.append(
+                "      "
+                + "  ".join(
+                    f"{detector} {score:.2f}/{limit:.2f}{' DRIFT' if hit else ''}"
+                    for _, detector, score, limit, hit in drift
+                )
+            )
         return "\n".join(lines)
