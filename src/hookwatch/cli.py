@@ -156,6 +156,7 @@ def _catalogue(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     from hookwatch.bench import report, runner
+    from hookwatch.devstack import Ports
 
     settings = runner.Settings.quick() if args.quick else runner.Settings.full()
     if args.models:
@@ -164,7 +165,7 @@ def _bench(args: argparse.Namespace) -> int:
     out = args.out or (
         work / "results-quick.md" if args.quick else args.root / "docs" / "bench" / "results.md"
     )
-    result = runner.run(args.root.resolve(), settings, work.resolve(), runner.free_ports())
+    result = runner.run(args.root.resolve(), settings, work.resolve(), Ports.free())
     report.write(result, out)
     print(f"wrote {out} and {out.with_suffix('.json')} in {result.duration_s / 60:.1f} min")
     return 0

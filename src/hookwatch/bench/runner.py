@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import platform
-import socket
 import statistics
 import time
 import urllib.parse
@@ -192,20 +191,6 @@ class BenchServer(Stack):
             request = urllib.request.Request(request_url, method="DELETE")
             with urllib.request.urlopen(request, timeout=60) as response:
                 response.read()
-
-
-def free_ports() -> Ports:
-    """Five loopback ports the kernel says are free now, so a bench never meets `make run`."""
-    sockets = []
-    try:
-        for _ in range(5):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return Ports(*(sock.getsockname()[1] for sock in sockets))
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def _rss_mb(pids: Sequence[int]) -> float:
