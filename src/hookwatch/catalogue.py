@@ -168,6 +168,33 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "windows",
         "Verdicts over threshold; rate(alarms) / rate(windows) is the alarm share actually seen.",
     ),
+    MetricSpec(
+        "hookwatch_drift_window_samples",
+        "gauge",
+        ("model",),
+        "samples",
+        "Samples per sliding window (monitoring.drift.window): the window size the thresholds "
+        "are calibrated for. The maximum over live worker processes.",
+        multiprocess_mode="livemax",
+    ),
+    MetricSpec(
+        "hookwatch_drift_bin_samples_total",
+        "counter",
+        ("model", "detector", "feature", "bin"),
+        "samples",
+        "Sampled requests whose feature fell into this reference-quantile bin, for the "
+        "detectors of monitoring.drift.fleet_detectors. Summed over workers and replicas it is "
+        "the fleet's window; the fleet-drift recording rules test it against the reference.",
+    ),
+    MetricSpec(
+        "hookwatch_drift_reference_bin_samples",
+        "gauge",
+        ("model", "detector", "feature", "bin"),
+        "samples",
+        "Reference samples in this bin of the drift profile (the expected share of the bin is "
+        "known from them); the same on every worker, so the maximum over live workers is it.",
+        multiprocess_mode="livemax",
+    ),
 )
 
 BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in CATALOGUE}
@@ -186,6 +213,12 @@ STATISTIC_VALUES: tuple[str, ...] = ("mean", "std", "min", "max", "zero_fraction
 NONFINITE_KINDS: tuple[str, ...] = ("nan", "inf")
 #: ``layer`` value for monitor faults outside any one layer (hookwatch.monitor.ALL_LAYERS).
 ALL_LAYERS = "all"
+
+#: Metrics with one series per (fleet detector, feature, bin) of the profile.
+FLEET_METRICS: tuple[str, ...] = (
+    "hookwatch_drift_bin_samples_total",
+    "hookwatch_drift_reference_bin_samples",
+)
 
 #: Values of the ``level`` label of the drift metrics (hookwatch.drift.LEVELS).
 DRIFT_LEVELS: tuple[str, ...] = ("input", "activation", "output", "prediction")
@@ -212,6 +245,11 @@ LABELS: dict[str, str] = {
     "detector": "each watched layer but `output`, and for `output`: "
     + ", ".join(f"`{v}`" for v in OUTPUT_DRIFT_DETECTORS)
     + " (drift metrics).",
+    "feature": "index of the feature in the detector's input (0 up to `max_features - 1`; for "
+    "`output` the class), as fixed by the drift profile; only `monitoring.drift."
+    "fleet_detectors`.",
+    "bin": "index of the reference-quantile bin, `0` up to `drift.bins - 1` (for `class_mix` "
+    "the predicted class); only bins the profile has.",
 }
 
 #: Label values some metrics add to the configured ones.
@@ -237,6 +275,30 @@ MULTIPROCESS_MEANING: dict[str, str] = {
 SERIES_PER_MODEL_TARGET = 2000
 
 
+@dataclass(frozen=True)
+class FleetBins:
+    """What bounds the (detector, feature, bin) series of the fleet-wide drift metrics."""
+
+    detectors: tuple[str, ...]
+    classes: int
+    bins: int
+    max_features: int
+
+    def bound(self, detector: str) -> int:
+        """Most (feature, bin) pairs a detector's profile can have."""
+        if detector == "output":
+            return min(self.classes, self.max_features) * self.bins
+        if detector in ("confidence", "entropy"):
+            return self.bins
+        if detector == "class_mix":
+            return self.classes
+        return self.max_features * self.bins
+
+    @property
+    def total(self) -> int:
+        return sum(self.bound(d) for d in self.detectors)
+
+
 def label_domains(watched: tuple[str, ...] | list[str]) -> dict[str, tuple[str, ...]]:
     """Label values per label (``model`` excluded) for a model watching ``watched``."""
     return {
@@ -253,12 +315,24 @@ def label_domains(watched: tuple[str, ...] | list[str]) -> dict[str, tuple[str, 
 def series_per_model(
     watched: tuple[str, ...] | list[str],
     domains: dict[str, tuple[str, ...]] | None = None,
+    fleet: FleetBins | None = None,
 ) -> dict[str, int]:
-    """Upper bound of each metric's series for one model on the exporter's scrape."""
+    """Upper bound of each metric's series for one model on the exporter's scrape.
+
+    ``fleet`` bounds the per-bin drift series (None: no fleet detectors). Only detectors the
+    model has count: a fleet detector of the output needs the output watched.
+    """
     values = label_domains(watched) if domains is None else domains
+    present = set(drift_detectors(watched))
+    fleet_total = (
+        sum(fleet.bound(d) for d in fleet.detectors if d in present) if fleet is not None else 0
+    )
     out: dict[str, int] = {}
     for spec in CATALOGUE:
         count = SAMPLES_PER_LABEL_SET[spec.kind]
+        if spec.name in FLEET_METRICS:
+            out[spec.name] = count * fleet_total
+            continue
         for label in spec.labels:
             if label == "model":
                 continue
@@ -276,9 +350,11 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def markdown(watched: tuple[str, ...] | list[str], source: str) -> str:
+def markdown(
+    watched: tuple[str, ...] | list[str], source: str, fleet: FleetBins | None = None
+) -> str:
     """docs/metrics.md: every metric, its labels, multiprocess meaning and series count."""
-    series = series_per_model(watched)
+    series = series_per_model(watched, fleet=fleet)
     lines = [
         "# hookwatch metrics",
         "",
@@ -349,6 +425,19 @@ def markdown(watched: tuple[str, ...] | list[str], source: str) -> str:
         "and restarts; several models multiply it, several replicas multiply what Prometheus "
         "stores by the replica count (one `instance` each). "
         "`tests/integration/test_workers.py` counts the real series on a live scrape against it.",
+        "",
+        "The per-bin drift series (`"
+        + "`, `".join(FLEET_METRICS)
+        + "`) exist for the detectors of `monitoring.drift.fleet_detectors` only"
+        + (
+            f" ({', '.join(f'`{d}`' for d in fleet.detectors)} here, bounded with "
+            f"{fleet.classes} classes, {fleet.bins} bins and max_features {fleet.max_features})"
+            if fleet is not None
+            else ""
+        )
+        + ": each detector adds up to features x bins series to each of them. A layer "
+        "detector can add `max_features x bins`, which is why layers are tested per worker "
+        "by default (see docs/drift.md, Fleet-wide drift).",
         "",
         "| metric | series |",
         "| --- | ---: |",

@@ -11,7 +11,10 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hookwatch.catalogue import FleetBins
 
 REPO_ROOT_HINT = "run from the repository root, or pass --root"
 
@@ -133,6 +136,8 @@ def _stop(args: argparse.Namespace) -> int:
 
 
 DEMO_MODEL_CONFIG = "models/digits/model-config.yaml"
+#: Logits of the demo CNN (digits 0-9); tests/unit/test_catalogue.py checks it against the model.
+DEMO_CLASSES = 10
 
 
 def demo_watched_layers(model_config: Path) -> tuple[str, ...]:
@@ -146,11 +151,27 @@ def demo_watched_layers(model_config: Path) -> tuple[str, ...]:
     return MonitoringConfig.from_mapping(section).watched
 
 
+def demo_fleet_bins(model_config: Path) -> FleetBins:
+    """What bounds the demo's per-bin drift series: its fleet detectors, bins and classes."""
+    import yaml
+
+    from hookwatch.catalogue import FleetBins
+    from hookwatch.config import MonitoringConfig
+
+    raw = yaml.safe_load(model_config.read_text()) or {}
+    config = MonitoringConfig.from_mapping((raw.get("handler") or {}).get("monitoring"))
+    return FleetBins(
+        config.drift.fleet_detectors, DEMO_CLASSES, config.drift.bins, config.max_features
+    )
+
+
 def _catalogue(args: argparse.Namespace) -> int:
     from hookwatch.catalogue import markdown
 
     config = args.root / DEMO_MODEL_CONFIG
-    sys.stdout.write(markdown(demo_watched_layers(config), DEMO_MODEL_CONFIG))
+    sys.stdout.write(
+        markdown(demo_watched_layers(config), DEMO_MODEL_CONFIG, demo_fleet_bins(config))
+    )
     return 0
 
 

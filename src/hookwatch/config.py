@@ -15,6 +15,8 @@ OUTPUT_LAYER = "output"
 #: Content-Type but application/json) is read as raw little-endian float32 values, which keeps
 #: large inputs (3x224x224 images) from spending the request in a JSON parser.
 INPUT_ENCODINGS = ("json", "float32")
+#: Default ``drift.fleet_detectors``: the detectors derived from the output's logits.
+FLEET_DETECTORS = ("output", "confidence", "entropy", "class_mix")
 
 
 def _expect(cond: bool, key: str, expected: str, got: object) -> None:
@@ -61,6 +63,10 @@ class DriftConfig:
     bins: int = 10
     #: Resampled reference windows the thresholds are calibrated on at load.
     calibration_windows: int = 4000
+    #: Detectors whose per-bin sample counts are exported for fleet-wide drift (PromQL over
+    #: every worker and replica). Each costs two series per bin, so the default keeps the
+    #: output-derived ones only: the demo then stays far below its series target.
+    fleet_detectors: tuple[str, ...] = FLEET_DETECTORS
 
     @property
     def effective_step(self) -> int:
@@ -79,6 +85,7 @@ class DriftConfig:
             "profile",
             "bins",
             "calibration_windows",
+            "fleet_detectors",
         }
         unknown = sorted(set(raw) - known)
         _expect(not unknown, "drift", f"only the keys {sorted(known)}", unknown)
@@ -90,6 +97,15 @@ class DriftConfig:
             "drift.profile",
             "a file name in the model directory",
             profile,
+        )
+        fleet = raw.get("fleet_detectors", list(FLEET_DETECTORS))
+        _expect(
+            isinstance(fleet, list | tuple)
+            and all(isinstance(x, str) and x for x in fleet)
+            and len(set(fleet)) == len(fleet),
+            "drift.fleet_detectors",
+            "a list of distinct detector names",
+            fleet,
         )
         # Prefixed keys so errors name the full path, e.g. monitoring.drift.window.
         keyed = {f"drift.{k}": v for k, v in raw.items()}
@@ -104,6 +120,7 @@ class DriftConfig:
             profile=profile,
             bins=_integer(keyed, "drift.bins", cls.bins, 2, 64),
             calibration_windows=_integer(keyed, "drift.calibration_windows", 4000, 500, 1_000_000),
+            fleet_detectors=tuple(fleet),
         )
 
 

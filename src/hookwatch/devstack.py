@@ -152,7 +152,9 @@ class Stack:
     #: directory (the repository's alerting rules). A sequence replaces them (empty: no rules).
     rule_files: Sequence[Path] | None = None
     models: str = "digits.mar"
-    extra_scrape_targets: Sequence[str] = ()
+    #: More targets per scrape job (``torchserve``, ``hookwatch``): one Prometheus over several
+    #: stacks, as over the replicas of a fleet.
+    extra_scrape_targets: Mapping[str, Sequence[str]] = field(default_factory=dict)
     _procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     @property
@@ -312,9 +314,14 @@ class Stack:
         )
         source["rule_files"] = [str(p) for p in rules]
         targets = {
-            "torchserve": [f"127.0.0.1:{self.ports.metrics}", *self.extra_scrape_targets],
+            "torchserve": [f"127.0.0.1:{self.ports.metrics}"],
             "hookwatch": [f"127.0.0.1:{self.ports.exporter}"],
         }
+        unknown = sorted(set(self.extra_scrape_targets) - set(targets))
+        if unknown:
+            raise ValueError(f"expected scrape jobs among {sorted(targets)}, got {unknown}")
+        for job, extra in self.extra_scrape_targets.items():
+            targets[job].extend(extra)
         for job in source["scrape_configs"]:
             if job["job_name"] in targets:
                 job["static_configs"] = [{"targets": targets[job["job_name"]]}]

@@ -420,7 +420,11 @@ class DriftTracker:
     calibration: Calibration
     step: int
     output_layer: str = "output"
+    #: Detectors whose bin counts are also tallied for :meth:`take_counts` (the fleet-wide
+    #: counters); the others pay nothing for it.
+    tallied: frozenset[str] = frozenset()
     _windows: dict[str, SlidingWindow] = field(default_factory=dict)
+    _tally: dict[str, IntArray] = field(default_factory=dict)
     _since: dict[str, int] = field(default_factory=dict)
     latest: dict[str, DriftResult] = field(default_factory=dict)
 
@@ -442,6 +446,10 @@ class DriftTracker:
                 continue
             window = self._windows[name]
             codes = ref.encode(x)
+            if name in self.tallied:
+                counts = bin_counts(codes[None], ref.n_bins)[0]
+                pending = self._tally.get(name)
+                self._tally[name] = counts if pending is None else pending + counts
             start = 0
             # Chunks end at step boundaries, so verdicts fall every `step` samples however
             # the capture thread happens to batch them.
@@ -456,6 +464,11 @@ class DriftTracker:
                     self._since[name] = 0
                     results.append(self.evaluate(name))
         return results
+
+    def take_counts(self) -> dict[str, IntArray]:
+        """Bin counts ``[F, K]`` per tallied detector since the last call, then forget them."""
+        taken, self._tally = self._tally, {}
+        return taken
 
     def evaluate(self, name: str) -> DriftResult:
         ref = self.references[name]

@@ -13,13 +13,14 @@ import threading
 from collections import defaultdict
 from collections.abc import Sequence
 from types import TracebackType
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from hookwatch.config import INPUT_LAYER, MonitoringConfig
-from hookwatch.drift import DriftResult, DriftTracker
+from hookwatch.drift import DriftResult, DriftTracker, IntArray
 from hookwatch.hooks import Capture, Gate, HookSet, HookState
 from hookwatch.metrics import MetricSet
 from hookwatch.stats import (
@@ -100,6 +101,8 @@ class Monitor:
         #: Sliding-window drift tests (capture thread only); None without a profile.
         self.drift: DriftTracker | None = None
         self._drift_off: set[str] = set()
+        #: Fleet-wide drift counters per (detector, kept feature, bin), bound once at load.
+        self._bin_counters: dict[str, dict[tuple[int, int], Any]] = {}
         # Publishing runs on the worker's tick and from flush(): one lock keeps deltas exact.
         self._publish_lock = threading.Lock()
 
@@ -114,6 +117,10 @@ class Monitor:
     ) -> Monitor:
         monitor = cls(config, model_name, metrics if metrics is not None else MetricSet())
         monitor.drift = drift if config.enabled else None
+        if monitor.drift is not None:
+            monitor.drift.tallied = frozenset(config.drift.fleet_detectors) & set(
+                monitor.drift.references
+            )
         if config.enabled:
             monitor.hooks.attach(model, config.layers, config.capture_input, config.capture_output)
         monitor._declare_series()
@@ -192,6 +199,34 @@ class Monitor:
                 m.set("hookwatch_drift_detected", 0, **labels)
                 m.touch("hookwatch_drift_windows_total", **labels)
                 m.touch("hookwatch_drift_alarms_total", **labels)
+            m.set("hookwatch_drift_window_samples", self.drift.window, model=name)
+            self._declare_fleet_bins()
+
+    def _declare_fleet_bins(self) -> None:
+        """Per-bin counters and reference counts of the fleet detectors (bins that exist only).
+
+        The ``feature`` label is the feature's index in the detector's input, fixed by the
+        profile; ``bin`` is the bin's index. Neither ever comes from request content.
+        """
+        assert self.drift is not None
+        m = self.metrics
+        for detector in sorted(self.drift.tallied):
+            ref = self.drift.references[detector]
+            valid = ref.valid
+            bound: dict[tuple[int, int], Any] = {}
+            for f, feature in enumerate(ref.kept):
+                for k in range(ref.n_bins):
+                    if not valid[f, k]:
+                        continue
+                    labels = {
+                        "model": self.model_name,
+                        "detector": detector,
+                        "feature": str(feature),
+                        "bin": str(k),
+                    }
+                    m.set("hookwatch_drift_reference_bin_samples", int(ref.counts[f, k]), **labels)
+                    bound[(f, k)] = m.counter("hookwatch_drift_bin_samples_total", **labels)
+            self._bin_counters[detector] = bound
 
     def _process(self, captures: Sequence[Capture]) -> None:
         by_layer: dict[str, list[Capture]] = defaultdict(list)
@@ -273,6 +308,7 @@ class Monitor:
             if len(features):
                 for result in self.drift.update(layer, features):
                     self._publish_drift(result)
+                self._publish_bins(self.drift.take_counts())
         except Exception as error:
             self._drift_off.add(layer)
             self._process_faults[layer] += 1
@@ -285,6 +321,15 @@ class Monitor:
                 type(error).__name__,
                 error,
             )
+
+    def _publish_bins(self, counts: dict[str, IntArray]) -> None:
+        # One locked increment per non-empty bin and drain: a few dozen writes at most.
+        for detector, tally in counts.items():
+            bound = self._bin_counters.get(detector, {})
+            for f, k in zip(*np.nonzero(tally), strict=True):
+                child = bound.get((int(f), int(k)))
+                if child is not None:
+                    child.inc(int(tally[f, k]))
 
     def _publish_drift(self, result: DriftResult) -> None:
         labels = {"model": self.model_name, "level": result.level, "detector": result.detector}

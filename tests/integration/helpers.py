@@ -20,6 +20,8 @@ from hookwatch.devstack import http_get
 
 ROOT = Path(__file__).resolve().parents[2]
 MAR = ROOT / "model_store" / "digits.mar"
+#: Name of the drift profile inside the demo .mar (monitoring.drift.profile's default).
+PROFILE = "drift-profile.npz"
 
 
 def demo_config(**monitoring: Any) -> dict[str, Any]:
@@ -29,16 +31,44 @@ def demo_config(**monitoring: Any) -> dict[str, Any]:
     return config
 
 
-def build_variant(store: Path, config: dict[str, Any], model_name: str = "digits") -> Path:
-    """Re-archive the built demo weights with another model-config into ``store``."""
+def demo_model() -> DigitsCNN:
+    """The built demo CNN, with the weights inside the .mar."""
     with zipfile.ZipFile(MAR) as mar:
         state = torch.load(io.BytesIO(mar.read("digits_cnn.pt")), weights_only=True)
     model = DigitsCNN()
     model.load_state_dict(state)
+    return model.eval()
+
+
+def demo_profile(directory: Path) -> Path:
+    """The drift profile inside the built .mar, extracted into ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(MAR) as mar:
+        return Path(mar.extract(PROFILE, directory))
+
+
+def build_variant(
+    store: Path, config: dict[str, Any], model_name: str = "digits", profile: bool = False
+) -> Path:
+    """Re-archive the built demo weights with another model-config into ``store``.
+
+    With ``profile`` the .mar's drift profile goes along (it fits any config with the demo's
+    layers and ``max_features``); without it the variant serves without drift detection.
+    """
+    model = demo_model()
     config_path = store / f"{model_name}-config.yaml"
     store.mkdir(parents=True, exist_ok=True)
     config_path.write_text(yaml.safe_dump(config))
-    return archive(model, ROOT, store / "build", store, config=config_path, model_name=model_name)
+    extra = [demo_profile(store / "profile")] if profile else None
+    return archive(
+        model,
+        ROOT,
+        store / "build",
+        store,
+        extra_files=extra,
+        config=config_path,
+        model_name=model_name,
+    )
 
 
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

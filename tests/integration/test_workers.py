@@ -22,7 +22,7 @@ import hookwatch.metrics as metrics_module
 from hookwatch.bench import scrape as scrape_bench
 from hookwatch.bench.scrape import compare
 from hookwatch.catalogue import CATALOGUE, SERIES_PER_MODEL_TARGET, series_per_model
-from hookwatch.cli import DEMO_MODEL_CONFIG, demo_watched_layers
+from hookwatch.cli import DEMO_MODEL_CONFIG, demo_fleet_bins, demo_watched_layers
 from hookwatch.demo.data import load_split
 from hookwatch.devstack import Stack, http_get
 from hookwatch.metrics import ARCHIVE_MANIFEST, compact_dead_workers, exporter_registry, render
@@ -144,7 +144,10 @@ def test_four_workers_sum_exactly_and_survive_sigkill(make_stack: Callable[..., 
         assert total(samples, "hookwatch_layer_enabled", model=MODEL, layer=layer) == 1
 
     # Cardinality: the live scrape stays within the catalogue's per-model bound, no pid label.
-    bound = series_per_model(demo_watched_layers(ROOT / DEMO_MODEL_CONFIG))
+    bound = series_per_model(
+        demo_watched_layers(ROOT / DEMO_MODEL_CONFIG),
+        fleet=demo_fleet_bins(ROOT / DEMO_MODEL_CONFIG),
+    )
     series = _series_by_metric(samples)
     assert set(series) <= set(bound)
     assert set(series) >= DECLARED_AT_START, DECLARED_AT_START - set(series)

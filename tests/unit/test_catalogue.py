@@ -9,7 +9,13 @@ import pytest
 
 from hookwatch import catalogue, monitor, stats
 from hookwatch.catalogue import CATALOGUE, MULTIPROCESS_MEANING, SERIES_PER_MODEL_TARGET
-from hookwatch.cli import DEMO_MODEL_CONFIG, demo_watched_layers, main
+from hookwatch.cli import (
+    DEMO_CLASSES,
+    DEMO_MODEL_CONFIG,
+    demo_fleet_bins,
+    demo_watched_layers,
+    main,
+)
 from hookwatch.metrics import MetricSet
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,8 +26,12 @@ def demo_watched() -> tuple[str, ...]:
     return demo_watched_layers(ROOT / DEMO_MODEL_CONFIG)
 
 
+def demo_fleet() -> catalogue.FleetBins:
+    return demo_fleet_bins(ROOT / DEMO_MODEL_CONFIG)
+
+
 def test_committed_doc_equals_generated_text() -> None:
-    expected = catalogue.markdown(demo_watched(), DEMO_MODEL_CONFIG)
+    expected = catalogue.markdown(demo_watched(), DEMO_MODEL_CONFIG, demo_fleet())
     assert DOC.read_text() == expected, "docs/metrics.md is stale: run `make docs`"
 
 
@@ -83,11 +93,32 @@ def test_metric_set_registers_exactly_the_catalogue(metrics: MetricSet) -> None:
 def test_series_per_model_is_bounded_for_the_demo() -> None:
     watched = demo_watched()
     assert watched[0] == "input" and watched[-1] == "output"
-    series = catalogue.series_per_model(watched)
+    fleet = demo_fleet()
+    series = catalogue.series_per_model(watched, fleet=fleet)
     assert set(series) == {spec.name for spec in CATALOGUE}
     assert sum(series.values()) <= SERIES_PER_MODEL_TARGET
     # The bound follows the layer count: one more watched layer adds series.
-    assert sum(catalogue.series_per_model((*watched, "extra")).values()) > sum(series.values())
+    more = catalogue.series_per_model((*watched, "extra"), fleet=fleet)
+    assert sum(more.values()) > sum(series.values())
+    # The per-bin drift series are bounded by the fleet detectors' features x bins.
+    for name in catalogue.FLEET_METRICS:
+        assert series[name] == fleet.total > 0
+    # A layer among the fleet detectors costs up to max_features x bins per metric: the
+    # reason the default leaves layers to the per-worker tests.
+    wide = catalogue.FleetBins(("act1", *fleet.detectors), fleet.classes, fleet.bins, 256)
+    wide_series = catalogue.series_per_model(watched, fleet=wide)
+    assert wide_series[catalogue.FLEET_METRICS[0]] - series[catalogue.FLEET_METRICS[0]] == 2560
+    assert sum(wide_series.values()) > SERIES_PER_MODEL_TARGET
+
+
+def test_demo_class_count_is_the_models() -> None:
+    import torch
+
+    from hookwatch.demo.digits_cnn import DigitsCNN
+
+    with torch.inference_mode():
+        logits = DigitsCNN()(torch.zeros(1, 1, 8, 8))
+    assert logits.shape == (1, DEMO_CLASSES)
 
 
 def test_series_per_model_refuses_an_unbounded_label() -> None:
