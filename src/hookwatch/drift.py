@@ -383,6 +383,9 @@ class SlidingWindow:
         self.bins = bins
         self._codes = np.zeros((size, features), dtype=np.uint8)
         self.counts = np.zeros((features, bins), dtype=np.int64)
+        # Per-push index arithmetic, built once: the capture thread pushes many small chunks.
+        self._offsets = np.arange(features, dtype=np.int64) * bins
+        self._positions = np.arange(size, dtype=np.int64)
         self._next = 0
         self.filled = 0
         self.seen = 0
@@ -391,16 +394,21 @@ class SlidingWindow:
         seen = len(codes)
         codes = codes[-self.size :]
         n = len(codes)
-        slots = (self._next + np.arange(n)) % self.size
+        slots = (self._next + self._positions[:n]) % self.size
         # Slots still empty before the window first fills hold nothing to forget.
-        overwritten = np.arange(n) >= self.size - self.filled
-        if overwritten.any():
-            self.counts -= bin_counts(self._codes[slots[overwritten]][None], self.bins)[0]
-        self.counts += bin_counts(codes[None], self.bins)[0]
+        forget = n - max(0, self.size - self.filled)
+        if forget > 0:
+            self.counts -= self._count(self._codes[slots[n - forget :]])
+        self.counts += self._count(codes)
         self._codes[slots] = codes
         self._next = int((self._next + n) % self.size)
         self.filled = min(self.size, self.filled + n)
         self.seen += seen
+
+    def _count(self, codes: NDArray[Any]) -> IntArray:
+        flat = (codes.astype(np.int64) + self._offsets).ravel()
+        counts: IntArray = np.bincount(flat, minlength=self.counts.size).reshape(self.counts.shape)
+        return counts
 
     @property
     def full(self) -> bool:
