@@ -6,10 +6,10 @@ from typing import Any
 
 from ts.torch_handler.base_handler import BaseHandler
 
-from hookwatch.service import BatchResult, ClassifierService, DecodedBatch, configure_torch
+from hookwatch.service import ClassifierService, HandlerContract, configure_torch
 
 
-class HookwatchHandler(BaseHandler):  # type: ignore[misc]
+class HookwatchHandler(HandlerContract, BaseHandler):  # type: ignore[misc]
     def initialize(self, context: Any) -> None:
         handler_config = (context.model_yaml_config or {}).get("handler", {})
         configure_torch(handler_config)
@@ -21,14 +21,3 @@ class HookwatchHandler(BaseHandler):  # type: ignore[misc]
             device=self.device,
             model_dir=(context.system_properties or {}).get("model_dir"),
         )
-
-    def preprocess(self, data: list[dict[str, Any]]) -> DecodedBatch:
-        return self.service.decode([row.get("data", row.get("body")) for row in data])
-
-    def inference(self, data: DecodedBatch, *args: Any, **kwargs: Any) -> BatchResult:
-        return self.service.infer(data)
-
-    def postprocess(self, data: BatchResult) -> list[dict[str, Any]]:
-        for index, error in data.errors.items():
-            self.context.set_response_status(error.status, "Bad Request", index)
-        return self.service.encode(data)

@@ -13,10 +13,10 @@ from ts.torch_handler.base_handler import BaseHandler
 from hookwatch.bench.naive import NaiveCapture
 from hookwatch.config import MonitoringConfig
 from hookwatch.metrics import MetricSet
-from hookwatch.service import BatchResult, ClassifierService, DecodedBatch, configure_torch
+from hookwatch.service import ClassifierService, HandlerContract, configure_torch
 
 
-class NaiveHandler(BaseHandler):  # type: ignore[misc]
+class NaiveHandler(HandlerContract, BaseHandler):  # type: ignore[misc]
     def initialize(self, context: Any) -> None:
         handler_config = (context.model_yaml_config or {}).get("handler", {})
         configure_torch(handler_config)
@@ -26,14 +26,3 @@ class NaiveHandler(BaseHandler):  # type: ignore[misc]
         )
         config = MonitoringConfig.from_mapping(handler_config.get("monitoring"))
         self.capture = NaiveCapture.attach(self.model, config, context.model_name, MetricSet())
-
-    def preprocess(self, data: list[dict[str, Any]]) -> DecodedBatch:
-        return self.service.decode([row.get("data", row.get("body")) for row in data])
-
-    def inference(self, data: DecodedBatch, *args: Any, **kwargs: Any) -> BatchResult:
-        return self.service.infer(data)
-
-    def postprocess(self, data: BatchResult) -> list[dict[str, Any]]:
-        for index, error in data.errors.items():
-            self.context.set_response_status(error.status, "Bad Request", index)
-        return self.service.encode(data)

@@ -250,3 +250,25 @@ def configure_torch(handler_config: Mapping[str, Any] | None) -> None:
     if not (isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1):
         raise ConfigError(f"handler.torch_threads: expected a positive integer, got {threads!r}")
     torch.set_num_threads(threads)
+
+
+class HandlerContract:
+    """TorchServe's ``preprocess -> inference -> postprocess`` over ``self.service``.
+
+    Mixed in before ``BaseHandler`` by the adapters in ``handlers/``; it imports nothing from
+    TorchServe and uses only ``context.set_response_status`` for the per-item 4xx codes.
+    """
+
+    service: ClassifierService
+    context: Any
+
+    def preprocess(self, data: list[dict[str, Any]]) -> DecodedBatch:
+        return self.service.decode([row.get("data", row.get("body")) for row in data])
+
+    def inference(self, data: DecodedBatch, *args: Any, **kwargs: Any) -> BatchResult:
+        return self.service.infer(data)
+
+    def postprocess(self, data: BatchResult) -> list[dict[str, Any]]:
+        for index, error in data.errors.items():
+            self.context.set_response_status(error.status, "Bad Request", index)
+        return self.service.encode(data)
