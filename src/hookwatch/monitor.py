@@ -1,8 +1,9 @@
 """The monitor one model gets: sampling gate, hooks, capture worker and metric publishing.
 
-Request path (``request()`` and the hooks): integer counters, one random draw, the gate, the
-cheap reduction and a non-blocking queue put. Capture path (the worker thread): host copies,
-numpy, and every prometheus-client write.
+Request path (``request()`` and the hooks): one in-place counter increment per batch, one
+random draw, the gate, an owned copy (small activations) or the cheap reduction (large ones),
+and a non-blocking queue put. Capture path (the worker thread): batched reductions, host
+copies, numpy, drift windows and every other prometheus-client write.
 """
 
 from __future__ import annotations
