@@ -1,7 +1,8 @@
 """Forward hooks registered once on the watched layers and gated on every call.
 
-A hook does three things on the request path: read the gate, run the cheap reduction, and hand
-a small, self-owned result to a sink that never blocks. It never raises into the model's forward
+A hook does three things on the request path: read the gate, take an owned copy of a small
+activation or run the cheap reduction of a large one, and hand the result to a sink that never
+blocks. It never raises into the model's forward
 and never stores the activation; a fault disables that one layer and is reported through the
 sink's ``on_fault``.
 """
