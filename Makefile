@@ -80,7 +80,7 @@ rules: deps ## promtool: check and unit-test the alerting rules in monitoring/pr
 docs: $(BIN)/.installed ## regenerate docs/metrics.md from src/hookwatch/catalogue.py
 	$(BIN)/hookwatch catalogue > docs/metrics.md
 
-bench-scrape: $(BIN)/.installed ## exporter scrape time after 100 worker restarts: writes docs/bench/scrape.md
+bench-scrape: $(MAR) ## exporter scrape time after 100 worker restarts: writes docs/bench/scrape.md
 	$(BIN)/python -m hookwatch.bench.scrape --out docs/bench/scrape.md
 
 # Benchmark-only environment: alibi-detect 0.13 pins numpy<2 (BSL 1.1 licence, never a runtime

@@ -305,8 +305,9 @@ def test_scrape_bench_harness_runs(tmp_path: Path) -> None:
     assert out.read_text() == text
     rows = [line for line in text.splitlines() if line.startswith("| 1 live")]
     assert len(rows) == 3, text
-    # Compaction leaves the live worker's files plus one archive per type.
-    assert "| 1 live + 3 dead, compaction | 16 → 6 |" in text, text
+    # Each worker writes 5 files (counter, summary, livesum/livemin/livemax gauges): 4 x 5.
+    # Compaction leaves the live worker's 5 plus one archive per counter-like type.
+    assert "| 1 live + 3 dead, compaction | 20 → 7 |" in text, text
 
 
 def total_of(body: bytes, name: str) -> float:

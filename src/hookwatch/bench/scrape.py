@@ -47,13 +47,21 @@ def _worker(directory: str, config_path: str, requests: int, hold: Any) -> None:
     from hookwatch.demo.digits_cnn import DigitsCNN
     from hookwatch.metrics import MetricSet
     from hookwatch.monitor import Monitor
+    from hookwatch.profile import load_tracker
 
     torch.set_num_threads(1)
     section = dict(yaml.safe_load(Path(config_path).read_text())["handler"]["monitoring"])
     # Every request captured and a short tick, so each file holds every series and exits fast.
     section.update(sample_rate=1.0, flush_interval_s=0.05, seed=os.getpid())
     model = DigitsCNN().eval()
-    monitor = Monitor.attach(model, MonitoringConfig.from_mapping(section), "digits", MetricSet())
+    config = MonitoringConfig.from_mapping(section)
+    # The demo's real profile (make mar writes it beside the weights), so each worker also
+    # writes the drift and per-bin series a TorchServe worker writes.
+    profile_dir = Path(config_path).resolve().parents[2] / "build" / "digits"
+    drift = load_tracker(config, profile_dir, "digits")
+    if drift is None:
+        raise FileNotFoundError(f"expected the demo drift profile in {profile_dir} (make mar)")
+    monitor = Monitor.attach(model, config, "digits", MetricSet(), drift=drift)
     generator = torch.Generator().manual_seed(os.getpid())
     with torch.no_grad():
         for _ in range(requests):
