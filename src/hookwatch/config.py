@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from hookwatch.errors import ConfigError
@@ -46,6 +46,17 @@ def _integer(raw: Mapping[str, Any], key: str, default: int, lo: int, hi: int) -
     return int(value)
 
 
+def _section(cls: type, raw: Mapping[str, Any] | None, key: str) -> Mapping[str, Any]:
+    """``raw`` as a mapping whose keys are all fields of ``cls`` (a typo fails the load)."""
+    if raw is None:
+        raw = {}
+    _expect(isinstance(raw, Mapping), key, "a mapping", raw)
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(raw) - known)
+    _expect(not unknown, key, f"only the keys {sorted(known)}", unknown)
+    return raw
+
+
 @dataclass(frozen=True)
 class DriftConfig:
     """``monitoring.drift``: sliding-window drift tests against the model's reference profile."""
@@ -74,21 +85,7 @@ class DriftConfig:
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any] | None) -> DriftConfig:
-        if raw is None:
-            raw = {}
-        _expect(isinstance(raw, Mapping), "drift", "a mapping", raw)
-        known = {
-            "enabled",
-            "window",
-            "step",
-            "false_alarm_rate",
-            "profile",
-            "bins",
-            "calibration_windows",
-            "fleet_detectors",
-        }
-        unknown = sorted(set(raw) - known)
-        _expect(not unknown, "drift", f"only the keys {sorted(known)}", unknown)
+        raw = _section(cls, raw, "drift")
         enabled = raw.get("enabled", True)
         _expect(isinstance(enabled, bool), "drift.enabled", "true or false", enabled)
         profile = raw.get("profile", cls.profile)
@@ -153,24 +150,7 @@ class MonitoringConfig:
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any] | None) -> MonitoringConfig:
-        if raw is None:
-            raw = {}
-        _expect(isinstance(raw, Mapping), "", "a mapping", raw)
-        known = {
-            "layers",
-            "sample_rate",
-            "capture_input",
-            "capture_output",
-            "queue_size",
-            "flush_interval_s",
-            "max_features",
-            "copy_limit",
-            "enabled",
-            "seed",
-            "drift",
-        }
-        unknown = sorted(set(raw) - known)
-        _expect(not unknown, "", f"only the keys {sorted(known)}", unknown)
+        raw = _section(cls, raw, "")
         layers = raw.get("layers", [])
         _expect(
             isinstance(layers, list | tuple) and all(isinstance(x, str) and x for x in layers),
