@@ -241,16 +241,7 @@ class Monitor:
             except Exception as error:
                 self._disabled.add(layer)
                 self.hooks.disable(layer)
-                self._process_faults[layer] += 1
-                self._log.warning(
-                    f"process:{layer}",
-                    "hookwatch: processing layer %r of model %r failed (%s: %s); capture for "
-                    "that layer is off, serving continues",
-                    layer,
-                    self.model_name,
-                    type(error).__name__,
-                    error,
-                )
+                self._fault("processing", layer, error, "capture for that layer is off")
 
     def _reduce_copies(self, layer: str, items: Sequence[Capture]) -> list[Capture]:
         """Reduce the raw copies of small activations together, a batch per sample shape."""
@@ -312,15 +303,8 @@ class Monitor:
                 self._publish_bins(self.drift.take_counts())
         except Exception as error:
             self._drift_off.add(layer)
-            self._process_faults[layer] += 1
-            self._log.warning(
-                f"drift:{layer}",
-                "hookwatch: drift tests on layer %r of model %r failed (%s: %s); drift for that "
-                "layer is off, serving and statistics continue",
-                layer,
-                self.model_name,
-                type(error).__name__,
-                error,
+            self._fault(
+                "drift tests", layer, error, "drift for that layer is off, statistics continue"
             )
 
     def _publish_bins(self, counts: dict[str, IntArray]) -> None:
@@ -331,6 +315,20 @@ class Monitor:
                 child = bound.get((int(f), int(k)))
                 if child is not None:
                     child.inc(int(tally[f, k]))
+
+    def _fault(self, what: str, layer: str, error: Exception, consequence: str) -> None:
+        """Count a capture-thread fault on ``layer`` and log it, rate-limited per kind."""
+        self._process_faults[layer] += 1
+        self._log.warning(
+            f"{what}:{layer}",
+            "hookwatch: %s on layer %r of model %r failed (%s: %s); %s, serving continues",
+            what,
+            layer,
+            self.model_name,
+            type(error).__name__,
+            error,
+            consequence,
+        )
 
     def _publish_drift(self, result: DriftResult) -> None:
         labels = {"model": self.model_name, "level": result.level, "detector": result.detector}
