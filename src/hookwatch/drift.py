@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -61,14 +62,32 @@ def chi_square(
     Scaled by ``1/W + 1/n_ref`` instead of ``1/W`` so the reference's own sampling error is part
     of the null: the value is about 1 on clean traffic whatever the window and reference sizes.
     """
-    q = expected_shares(ref, valid)
-    w = counts.sum(axis=-1, keepdims=True).astype(np.float64)
-    share = counts / np.maximum(w, 1.0)
-    terms = np.where(valid, (share - q) ** 2 / np.where(valid, q, 1.0), 0.0)
-    scale = 1.0 / np.maximum(w[..., 0], 1.0) + 1.0 / n_ref
-    dof = np.maximum(valid.sum(axis=-1) - 1, 1)
-    result: FloatArray = terms.sum(axis=-1) / scale / dof
-    return result
+    return ChiSquare(ref, valid, n_ref)(counts)
+
+
+class ChiSquare:
+    """:func:`chi_square` with everything that depends on the reference alone computed once.
+
+    Streaming verdicts score the same reference hundreds of times a minute; only the window's
+    counts change between them.
+    """
+
+    def __init__(self, ref: IntArray, valid: NDArray[np.bool_], n_ref: int) -> None:
+        q = expected_shares(ref, valid)
+        self._valid = valid
+        self._q = q
+        self._inv_q = np.where(valid, 1.0 / np.where(valid, q, 1.0), 0.0)
+        self._inv_n_ref = 1.0 / n_ref
+        self._inv_dof = 1.0 / np.maximum(valid.sum(axis=-1) - 1, 1)
+
+    def __call__(self, counts: NDArray[Any]) -> FloatArray:
+        w = counts.sum(axis=-1, keepdims=True).astype(np.float64)
+        share = counts / np.maximum(w, 1.0)
+        # Invalid bins hold no counts and have 1/q set to 0, so they add nothing.
+        terms = (share - self._q) ** 2 * self._inv_q
+        scale = 1.0 / np.maximum(w[..., 0], 1.0) + self._inv_n_ref
+        result: FloatArray = terms.sum(axis=-1) / scale * self._inv_dof
+        return result
 
 
 def ks_from_bins(counts: NDArray[Any], ref: IntArray) -> FloatArray:
@@ -140,12 +159,22 @@ class BinnedReference:
     def n_ref(self) -> int:
         return int(self.counts[0].sum()) if self.n_features else 0
 
-    @property
+    @cached_property
     def valid(self) -> NDArray[np.bool_]:
         # A bin exists when its lower edge is finite (the first bin always exists).
         lower = np.concatenate([np.full((self.n_features, 1), -np.inf), self.edges], axis=1)
         result: NDArray[np.bool_] = ~np.isposinf(lower)
         return result
+
+    @cached_property
+    def _chi_square(self) -> ChiSquare:
+        return ChiSquare(self.counts, self.valid, self.n_ref)
+
+    @cached_property
+    def _kept_index(self) -> NDArray[np.intp] | None:
+        kept = np.asarray(self.kept, dtype=np.intp)
+        # Nothing to select when every input feature was kept, in order (the usual case).
+        return None if np.array_equal(kept, np.arange(len(kept))) else kept
 
     @classmethod
     def fit(
@@ -212,16 +241,25 @@ class BinnedReference:
 
     def encode(self, x: NDArray[Any]) -> CodeArray:
         """Bin codes ``[B, F]`` of raw features ``[B, F_in]`` (dropped features are skipped)."""
-        return encode(np.asarray(x, dtype=np.float64)[:, list(self.kept)], self.edges)
+        x = np.asarray(x, dtype=np.float64)
+        index = self._kept_index
+        return encode(x if index is None else x[:, index], self.edges)
 
-    def score(self, counts: NDArray[Any]) -> FloatArray:
-        """Detector score of window counts ``[..., F, K]``: chi-square per dof, aggregated."""
-        per_feature = chi_square(counts, self.counts, self.valid, self.n_ref)
+    def per_feature(self, counts: NDArray[Any]) -> FloatArray:
+        """Chi-square per degree of freedom of each feature, for window counts ``[..., F, K]``."""
+        return self._chi_square(counts)
+
+    def aggregate(self, per_feature: FloatArray) -> FloatArray:
+        """The detector score from its per-feature statistics."""
         if self.aggregation == "max":
             result: FloatArray = per_feature.max(axis=-1)
         else:
             result = per_feature.mean(axis=-1)
         return result
+
+    def score(self, counts: NDArray[Any]) -> FloatArray:
+        """Detector score of window counts ``[..., F, K]``: chi-square per dof, aggregated."""
+        return self.aggregate(self.per_feature(counts))
 
 
 def encode(x: NDArray[np.float64], edges: FloatArray) -> CodeArray:
@@ -375,15 +413,18 @@ class DriftResult:
 
 
 class SlidingWindow:
-    """The last ``size`` samples' bin codes and their counts: O(size * F) bytes, no raw values."""
+    """The last ``size`` samples' bin codes: O(size * F) bytes, no raw values.
+
+    Pushing only writes codes into a ring; :attr:`counts` bins the ring when a verdict asks for
+    it, which happens once per ``step`` samples, not once per push.
+    """
 
     def __init__(self, size: int, features: int, bins: int) -> None:
         _expect(size >= 1, "a window of at least 1", size)
         self.size = size
         self.bins = bins
         self._codes = np.zeros((size, features), dtype=np.uint8)
-        self.counts = np.zeros((features, bins), dtype=np.int64)
-        # Per-push index arithmetic, built once: the capture thread pushes many small chunks.
+        # Index arithmetic built once: the capture thread pushes many small chunks.
         self._offsets = np.arange(features, dtype=np.int64) * bins
         self._positions = np.arange(size, dtype=np.int64)
         self._next = 0
@@ -394,20 +435,22 @@ class SlidingWindow:
         seen = len(codes)
         codes = codes[-self.size :]
         n = len(codes)
-        slots = (self._next + self._positions[:n]) % self.size
-        # Slots still empty before the window first fills hold nothing to forget.
-        forget = n - max(0, self.size - self.filled)
-        if forget > 0:
-            self.counts -= self._count(self._codes[slots[n - forget :]])
-        self.counts += self._count(codes)
-        self._codes[slots] = codes
-        self._next = int((self._next + n) % self.size)
+        end = self._next + n
+        if end <= self.size:
+            self._codes[self._next : end] = codes
+        else:
+            self._codes[(self._next + self._positions[:n]) % self.size] = codes
+        self._next = end % self.size
         self.filled = min(self.size, self.filled + n)
         self.seen += seen
 
-    def _count(self, codes: NDArray[Any]) -> IntArray:
+    @property
+    def counts(self) -> IntArray:
+        """``[F, K]`` bin counts of the samples in the window."""
+        codes = self._codes if self.full else self._codes[: self.filled]
         flat = (codes.astype(np.int64) + self._offsets).ravel()
-        counts: IntArray = np.bincount(flat, minlength=self.counts.size).reshape(self.counts.shape)
+        size = len(self._offsets) * self.bins
+        counts: IntArray = np.bincount(flat, minlength=size).reshape(-1, self.bins)
         return counts
 
     @property
@@ -480,9 +523,8 @@ class DriftTracker:
 
     def evaluate(self, name: str) -> DriftResult:
         ref = self.references[name]
-        counts = self._windows[name].counts
-        per_feature = chi_square(counts, ref.counts, ref.valid, ref.n_ref)
-        score = float(ref.score(counts))
+        per_feature = ref.per_feature(self._windows[name].counts)
+        score = float(ref.aggregate(per_feature))
         threshold = self.calibration.thresholds[name]
         result = DriftResult(
             name,
@@ -491,7 +533,7 @@ class DriftTracker:
             score,
             threshold,
             self.window,
-            tuple(float(v) for v in per_feature),
+            tuple(per_feature.tolist()),
         )
         self.latest[name] = result
         return result

@@ -1,9 +1,11 @@
 """The monitor one model gets: sampling gate, hooks, capture worker and metric publishing.
 
-Request path (``request()`` and the hooks): one in-place counter increment per batch, one
-random draw, the gate, an owned copy (small activations) or the cheap reduction (large ones),
-and a non-blocking queue put. Capture path (the worker thread): batched reductions, host
-copies, numpy, drift windows and every other prometheus-client write.
+Request path (``request()`` and the hooks): one in-place counter increment per batch and one
+random draw; on a sampled forward, per hook an owned copy (small activations) or the cheap
+reduction (large ones) appended to the forward's record, and at the end one non-blocking hand-off
+of that record. Capture path (the worker thread): batched reductions in numpy, drift windows,
+and tallies that are published to prometheus-client once per ``flush_interval_s``, so the cost
+of metric writes follows the number of series, not the traffic.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import random
 import threading
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
@@ -28,8 +31,8 @@ from hookwatch.stats import (
     INF_COLUMN,
     NAN_COLUMN,
     SUMMARY_STATISTICS,
-    feature_summary,
-    reduce_activation,
+    feature_rows,
+    reduce_rows,
 )
 from hookwatch.worker import CaptureWorker, RateLimitedLog
 
@@ -37,22 +40,25 @@ log = logging.getLogger("hookwatch")
 
 #: ``layer`` label for faults that belong to no single layer.
 ALL_LAYERS = "all"
-#: The capture thread drains at most this often: its work (numpy, metric writes) then comes in
-#: batches, and it takes the GIL from the request thread ~20 times a second, not per request.
-#: The default queue holds 1024 captures, ~200 sampled requests of 5 hook points per gap.
+#: The capture thread drains this often: its work (numpy, drift windows) then comes in batches,
+#: and it takes the GIL from the request thread ~20 times a second, not per request. The default
+#: queue holds 1024 sampled forwards, far more than arrive in one gap.
 DRAIN_GAP_S = 0.05
+
+#: What the hooks of one sampled forward pass captured, handed off as one item.
+Record = list[Capture]
 
 
 class _RequestScope:
-    __slots__ = ("_gate", "sampled")
+    __slots__ = ("_monitor", "sampled")
 
-    def __init__(self, gate: Gate, sampled: bool) -> None:
-        self._gate = gate
+    def __init__(self, monitor: Monitor, sampled: bool) -> None:
+        self._monitor = monitor
         self.sampled = sampled
 
     def __enter__(self) -> _RequestScope:
         if self.sampled:
-            self._gate.set(True)
+            self._monitor._begin_record()
         return self
 
     def __exit__(
@@ -62,7 +68,31 @@ class _RequestScope:
         tb: TracebackType | None,
     ) -> None:
         if self.sampled:
-            self._gate.set(False)
+            # A forward that raised hands off nothing: half a record would skew the per-layer
+            # counts against each other.
+            self._monitor._end_record(keep=exc_type is None)
+
+
+@dataclass
+class _LayerTally:
+    """A layer's statistics since the last publish (capture thread, under the pending lock)."""
+
+    captures: int = 0
+    nan: float = 0.0
+    inf: float = 0.0
+    finite: int = 0
+    sums: np.ndarray[Any, np.dtype[np.float64]] = field(
+        default_factory=lambda: np.zeros(len(SUMMARY_STATISTICS))
+    )
+
+
+@dataclass
+class _DriftTally:
+    """A detector's verdicts since the last publish: how many, how many alarmed, the latest."""
+
+    latest: DriftResult
+    windows: int = 0
+    alarms: int = 0
 
 
 class Monitor:
@@ -74,13 +104,15 @@ class Monitor:
         self.metrics = metrics
         self.gate = Gate()
         self.hooks = HookSet(self.gate, self, config.max_features, config.copy_limit)
-        self.worker: CaptureWorker[Capture] = CaptureWorker(
+        self.worker: CaptureWorker[Record] = CaptureWorker(
             config.queue_size,
             self._process,
             self._publish,
             config.flush_interval_s,
-            min_gap_s=min(DRAIN_GAP_S, config.flush_interval_s),
+            poll_s=DRAIN_GAP_S,
         )
+        # The record of the sampled forward running on this thread, if any.
+        self._local = threading.local()
         self._rng = random.Random(config.seed)
         self._log = RateLimitedLog(log)
         # Request-thread tallies (single writer), kept for tests and the bench; the exported
@@ -104,6 +136,12 @@ class Monitor:
         self._drift_off: set[str] = set()
         #: Fleet-wide drift counters per (detector, kept feature, bin), bound once at load.
         self._bin_counters: dict[str, dict[tuple[int, int], Any]] = {}
+        # Results waiting for the next publish; the capture thread adds, publishing swaps them
+        # out. One lock for the three, held only to add or to swap.
+        self._pending_lock = threading.Lock()
+        self._pending_layers: dict[str, _LayerTally] = defaultdict(_LayerTally)
+        self._pending_drift: dict[str, _DriftTally] = {}
+        self._pending_bins: dict[str, IntArray] = {}
         # Publishing runs on the worker's tick and from flush(): one lock keeps deltas exact.
         self._publish_lock = threading.Lock()
 
@@ -141,17 +179,37 @@ class Monitor:
         if sampled:
             self.sampled += batch_size
             self._sampled_total.inc(batch_size)
-        return _RequestScope(self.gate, sampled)
+        return _RequestScope(self, sampled)
 
     def reject(self, count: int = 1) -> None:
         self.rejected += count
         self._rejected_total.inc(count)
 
-    def offer(self, capture: Capture) -> bool:
-        if self.worker.offer(capture):
+    def _begin_record(self) -> None:
+        self._local.record = []
+        self.gate.set(True)
+
+    def _end_record(self, keep: bool) -> None:
+        self.gate.set(False)
+        record: Record | None = getattr(self._local, "record", None)
+        self._local.record = None
+        if record and keep:
+            self._hand_off(record)
+
+    def _hand_off(self, record: Record) -> bool:
+        if self.worker.offer(record):
             return True
-        self._dropped_total.inc()
+        self._dropped_total.inc(len(record))
         return False
+
+    def offer(self, capture: Capture) -> bool:
+        """The hooks' sink: add to the running forward's record (a list append, never blocks)."""
+        record: Record | None = getattr(self._local, "record", None)
+        if record is None:
+            # The gate was opened without a request scope: hand the capture off on its own.
+            return self._hand_off([capture])
+        record.append(capture)
+        return True
 
     def on_fault(self, layer: str, error: BaseException) -> None:
         self._hook_faults[layer] += 1
@@ -229,10 +287,11 @@ class Monitor:
                     bound[(f, k)] = m.counter("hookwatch_drift_bin_samples_total", **labels)
             self._bin_counters[detector] = bound
 
-    def _process(self, captures: Sequence[Capture]) -> None:
+    def _process(self, records: Sequence[Record]) -> None:
         by_layer: dict[str, list[Capture]] = defaultdict(list)
-        for capture in captures:
-            by_layer[capture.layer].append(capture)
+        for record in records:
+            for capture in record:
+                by_layer[capture.layer].append(capture)
         for layer, items in by_layer.items():
             if layer in self._disabled:
                 continue
@@ -242,65 +301,79 @@ class Monitor:
                 self._disabled.add(layer)
                 self.hooks.disable(layer)
                 self._fault("processing", layer, error, "capture for that layer is off")
+        if self.drift is not None:
+            counts = self.drift.take_counts()
+            if counts:
+                with self._pending_lock:
+                    for detector, tally in counts.items():
+                        pending = self._pending_bins.get(detector)
+                        self._pending_bins[detector] = tally if pending is None else pending + tally
 
-    def _reduce_copies(self, layer: str, items: Sequence[Capture]) -> list[Capture]:
-        """Reduce the raw copies of small activations together, a batch per sample shape."""
-        reduced = [c for c in items if c.raw is None]
+    def _reduce(
+        self, layer: str, items: Sequence[Capture]
+    ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any] | None]:
+        """Statistics ``[N, 7]`` and drift features ``[N, F]`` of a layer's captures.
+
+        Raw copies of small activations are stacked and reduced together in numpy, a batch per
+        sample shape; captures the hook already reduced only move to the host.
+        """
+        stats: list[np.ndarray[Any, Any]] = []
+        features: list[np.ndarray[Any, Any]] = []
         groups: dict[tuple[object, ...], list[torch.Tensor]] = defaultdict(list)
         for c in items:
             if c.raw is not None:
-                groups[(tuple(c.raw.shape[1:]), c.raw.dtype, c.raw.device)].append(c.raw)
+                groups[(tuple(c.raw.shape[1:]), c.raw.dtype)].append(c.raw)
+            else:
+                if c.stats is not None:
+                    stats.append(c.stats.cpu().numpy())
+                if c.features is not None:
+                    features.append(c.features.cpu().numpy())
         for tensors in groups.values():
-            x = tensors[0] if len(tensors) == 1 else torch.cat(tensors)
-            features = feature_summary(x, self.config.max_features, flatten=layer == INPUT_LAYER)
-            reduced.append(Capture(layer, reduce_activation(x), features))
-        return reduced
+            batch = tensors[0] if len(tensors) == 1 else torch.cat(tensors)
+            if batch.is_floating_point() and batch.dtype not in (torch.float32, torch.float64):
+                batch = batch.float()  # half precision has no numpy twin on every build
+            x = batch.cpu().numpy()
+            stats.append(reduce_rows(x))
+            features.append(feature_rows(x, self.config.max_features, flatten=layer == INPUT_LAYER))
+        feats = (
+            None if not features else np.concatenate(features) if len(features) > 1 else features[0]
+        )
+        return np.concatenate(stats) if len(stats) > 1 else stats[0], feats
 
     def _process_layer(self, layer: str, items: Sequence[Capture]) -> None:
-        items = self._reduce_copies(layer, items)
-        stats = np.concatenate([c.stats.cpu().numpy() for c in items if c.stats is not None])
-        labels = {"model": self.model_name, "layer": layer}
-        m = self.metrics
-        m.inc("hookwatch_captures_total", len(stats), **labels)
-        m.inc(
-            "hookwatch_activation_nonfinite_total",
-            float(stats[:, NAN_COLUMN].sum()),
-            kind="nan",
-            **labels,
-        )
-        m.inc(
-            "hookwatch_activation_nonfinite_total",
-            float(stats[:, INF_COLUMN].sum()),
-            kind="inf",
-            **labels,
-        )
-        finite = stats[(stats[:, NAN_COLUMN] == 0) & (stats[:, INF_COLUMN] == 0)]
-        totals = finite[:, : len(SUMMARY_STATISTICS)].astype(np.float64).sum(axis=0)
-        for column, statistic in enumerate(SUMMARY_STATISTICS):
-            m.observe_many(
-                "hookwatch_activation_statistic",
-                len(finite),
-                float(totals[column]),
-                statistic=statistic,
-                **labels,
-            )
-        if self.drift is not None and layer not in self._drift_off:
-            self._update_drift(layer, items)
+        stats, features = self._reduce(layer, items)
+        nonfinite = (stats[:, NAN_COLUMN] != 0) | (stats[:, INF_COLUMN] != 0)
+        finite = stats[~nonfinite] if nonfinite.any() else stats
+        sums = finite[:, : len(SUMMARY_STATISTICS)].sum(axis=0, dtype=np.float64)
+        with self._pending_lock:
+            tally = self._pending_layers[layer]
+            tally.captures += len(stats)
+            tally.nan += float(stats[:, NAN_COLUMN].sum())
+            tally.inf += float(stats[:, INF_COLUMN].sum())
+            tally.finite += len(finite)
+            tally.sums += sums
+        if self.drift is not None and layer not in self._drift_off and features is not None:
+            self._update_drift(layer, features)
 
-    def _update_drift(self, layer: str, items: Sequence[Capture]) -> None:
+    def _update_drift(self, layer: str, features: np.ndarray[Any, Any]) -> None:
         """Feed the layer's features to its drift windows; a failure ends drift for that layer."""
         assert self.drift is not None
         try:
-            parts = [c.features.cpu().numpy() for c in items if c.features is not None]
-            if not parts:
-                return
-            features = np.concatenate(parts, axis=0)
             # Non-finite samples are counted above; binning them would call them drift.
-            features = features[np.isfinite(features).all(axis=1)]
-            if len(features):
-                for result in self.drift.update(layer, features):
-                    self._publish_drift(result)
-                self._publish_bins(self.drift.take_counts())
+            if not np.isfinite(features).all():
+                features = features[np.isfinite(features).all(axis=1)]
+            if not len(features):
+                return
+            results = self.drift.update(layer, features)
+            if results:
+                with self._pending_lock:
+                    for result in results:
+                        pending = self._pending_drift.get(result.detector)
+                        if pending is None:
+                            pending = self._pending_drift[result.detector] = _DriftTally(result)
+                        pending.latest = result
+                        pending.windows += 1
+                        pending.alarms += 1 if result.is_drift else 0
         except Exception as error:
             self._drift_off.add(layer)
             self._fault(
@@ -308,7 +381,7 @@ class Monitor:
             )
 
     def _publish_bins(self, counts: dict[str, IntArray]) -> None:
-        # One locked increment per non-empty bin and drain: a few dozen writes at most.
+        # One locked increment per non-empty bin and publish: a few hundred writes a second.
         for detector, tally in counts.items():
             bound = self._bin_counters.get(detector, {})
             for f, k in zip(*np.nonzero(tally), strict=True):
@@ -330,14 +403,30 @@ class Monitor:
             consequence,
         )
 
-    def _publish_drift(self, result: DriftResult) -> None:
+    def _publish_layer(self, layer: str, tally: _LayerTally) -> None:
+        labels = {"model": self.model_name, "layer": layer}
+        m = self.metrics
+        m.inc("hookwatch_captures_total", tally.captures, **labels)
+        m.inc("hookwatch_activation_nonfinite_total", tally.nan, kind="nan", **labels)
+        m.inc("hookwatch_activation_nonfinite_total", tally.inf, kind="inf", **labels)
+        for column, statistic in enumerate(SUMMARY_STATISTICS):
+            m.observe_many(
+                "hookwatch_activation_statistic",
+                tally.finite,
+                float(tally.sums[column]),
+                statistic=statistic,
+                **labels,
+            )
+
+    def _publish_drift(self, tally: _DriftTally) -> None:
+        result = tally.latest
         labels = {"model": self.model_name, "level": result.level, "detector": result.detector}
         m = self.metrics
         m.set("hookwatch_drift_score", result.score, **labels)
         m.set("hookwatch_drift_threshold", result.threshold, **labels)
         m.set("hookwatch_drift_detected", 1 if result.is_drift else 0, **labels)
-        m.inc("hookwatch_drift_windows_total", 1, **labels)
-        m.inc("hookwatch_drift_alarms_total", 1 if result.is_drift else 0, **labels)
+        m.inc("hookwatch_drift_windows_total", tally.windows, **labels)
+        m.inc("hookwatch_drift_alarms_total", tally.alarms, **labels)
 
     def _delta(self, key: str, current: int) -> int:
         delta = current - self._published[key]
@@ -350,6 +439,15 @@ class Monitor:
 
     def _publish_locked(self) -> None:
         m, name = self.metrics, self.model_name
+        with self._pending_lock:
+            layers, self._pending_layers = self._pending_layers, defaultdict(_LayerTally)
+            drift, self._pending_drift = self._pending_drift, {}
+            bins, self._pending_bins = self._pending_bins, {}
+        for layer, tally in layers.items():
+            self._publish_layer(layer, tally)
+        for detector in sorted(drift):
+            self._publish_drift(drift[detector])
+        self._publish_bins(bins)
         m.set("hookwatch_capture_queue_depth", self.worker.depth, model=name)
         faults = dict(self._hook_faults)
         for layer, count in self._process_faults.items():

@@ -1,4 +1,9 @@
-"""Per-sample activation statistics: the cheap reduction done on the request path.
+"""Per-sample activation statistics and drift features, in two forms that agree.
+
+The torch forms (:func:`reduce_activation`, :func:`feature_summary`) run in a hook, on the
+activation's own device, when an activation is too large to copy. The numpy forms
+(:func:`reduce_rows`, :func:`feature_rows`) run on the capture thread over many samples' host
+copies at once: numpy's per-call cost is a fraction of torch's, which dominates at these sizes.
 
 Pure torch/numpy: no Prometheus or TorchServe imports.
 """
@@ -6,8 +11,11 @@ Pure torch/numpy: no Prometheus or TorchServe imports.
 from __future__ import annotations
 
 import math
+from typing import Any
 
+import numpy as np
 import torch
+from numpy.typing import NDArray
 
 #: Columns of the tensor :func:`reduce_activation` returns, in order.
 STATISTICS: tuple[str, ...] = (
@@ -83,3 +91,49 @@ def feature_summary(
         x = x.flatten(2).mean(dim=2) if x.is_floating_point() else x.flatten(2).float().mean(dim=2)
     x = x[:, :max_features]
     return x.float().clone() if x.dtype == torch.float32 else x.float()
+
+
+def reduce_rows(activation: NDArray[Any]) -> NDArray[np.float32]:
+    """:func:`reduce_activation` for a host array ``[B, ...]``: a new float32 ``[B, 7]``."""
+    x = np.asarray(activation)
+    if x.ndim == 0:
+        x = x.reshape(1, 1)
+    x = x.reshape(x.shape[0], -1)
+    if x.dtype.kind != "f":
+        x = x.astype(np.float32)
+    rows, width = x.shape
+    out = np.zeros((rows, len(STATISTICS)), dtype=np.float32)
+    if width == 0:
+        return out
+    # float32 sums as in the torch form; numpy's pairwise summation keeps them accurate, and
+    # widening to float64 would double the cost of the widest pass. Inf - Inf is NaN here on
+    # purpose (it flags the row), not a warning for the worker's log.
+    with np.errstate(invalid="ignore", over="ignore"):
+        mean = x.sum(axis=1) / np.float32(width)
+        centred = x - mean[:, None]
+        out[:, 1] = np.sqrt(np.einsum("ij,ij->i", centred, centred) / np.float32(width))
+    out[:, 0] = mean
+    np.min(x, axis=1, out=out[:, 2])
+    np.max(x, axis=1, out=out[:, 3])
+    out[:, 4] = 1.0 - np.count_nonzero(x, axis=1) / width
+    if not np.isfinite(out[:, :2]).all():
+        # As in the torch form: only a non-finite value makes the mean or std non-finite.
+        out[:, 5] = np.isnan(x).sum(axis=1)
+        out[:, 6] = np.isinf(x).sum(axis=1)
+    return out
+
+
+def feature_rows(
+    activation: NDArray[Any], max_features: int, flatten: bool = False
+) -> NDArray[np.float32]:
+    """:func:`feature_summary` for a host array: float32 ``[B, F]``, ``F <= max_features``."""
+    x = np.asarray(activation)
+    if x.ndim == 0:
+        x = x.reshape(1, 1)
+    if x.ndim == 1:
+        x = x.reshape(-1, 1)
+    if flatten and x.ndim > 2 and math.prod(x.shape[1:]) <= max_features:
+        x = x.reshape(x.shape[0], -1)
+    if x.ndim > 2:
+        x = x.reshape(x.shape[0], x.shape[1], -1).mean(axis=2, dtype=np.float32)
+    return np.array(x[:, :max_features], dtype=np.float32)

@@ -1,14 +1,14 @@
-"""The capture path: a bounded queue drained by one background thread.
+"""The capture path: a bounded buffer drained by one background thread.
 
-The request thread only calls :meth:`CaptureWorker.offer`, which never blocks: when the queue is
-full the capture is dropped and counted. Everything else (host copies, numpy, Prometheus writes)
+The request thread only calls :meth:`CaptureWorker.offer`, which never blocks: when the buffer is
+full the item is dropped and counted. Everything else (host copies, numpy, Prometheus writes)
 happens on the worker thread.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -45,11 +45,16 @@ class RateLimitedLog:
 
 
 class CaptureWorker(Generic[T]):
-    """Drains a bounded queue on a daemon thread and calls ``process`` with batches of items.
+    """A bounded buffer drained in batches by one daemon thread that calls ``process``.
 
-    ``tick`` runs at least every ``interval_s`` on the same thread; it is where counters kept as
-    plain integers on the request path get published. ``min_gap_s`` rests the thread after each
-    drain, so under load it wakes a few times a second rather than once per item.
+    ``offer`` is the request path: a length check and an append, no lock and no wake-up (a
+    ``queue.Queue`` put takes a mutex and signals a condition, which costs the request thread
+    more than everything else it does for a capture). The thread polls every ``poll_s`` instead,
+    and drains at once again while a drain fills ``max_batch``. ``tick`` runs at least every
+    ``interval_s`` on the same thread; it is where accumulated results get published.
+
+    One thread offering (TorchServe runs one batch at a time per worker) keeps the bound exact;
+    several offering threads can overshoot ``capacity`` by at most one item each.
     """
 
     def __init__(
@@ -60,17 +65,20 @@ class CaptureWorker(Generic[T]):
         interval_s: float = 1.0,
         name: str = "hookwatch-capture",
         max_batch: int = 512,
-        min_gap_s: float = 0.0,
+        poll_s: float = 0.05,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"expected capacity >= 1, got {capacity}")
+        if not poll_s > 0:
+            raise ValueError(f"expected poll_s > 0, got {poll_s}")
         self.capacity = capacity
-        self._queue: queue.Queue[T] = queue.Queue(maxsize=capacity)
+        # deque append and popleft are atomic: one producer, one consumer, no lock needed.
+        self._items: collections.deque[T] = collections.deque()
         self._process = process
         self._tick = tick
         self._interval = interval_s
         self._max_batch = max_batch
-        self._min_gap = min_gap_s
+        self._poll = min(poll_s, interval_s)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._log = RateLimitedLog(log)
@@ -89,25 +97,22 @@ class CaptureWorker(Generic[T]):
         return self._thread.is_alive()
 
     def offer(self, item: T) -> bool:
-        try:
-            self._queue.put_nowait(item)
-        except queue.Full:
+        if len(self._items) >= self.capacity:
             self.dropped += 1
             return False
+        self._items.append(item)
         self.accepted += 1
         return True
 
     @property
     def depth(self) -> int:
-        return self._queue.qsize()
+        return len(self._items)
 
-    def _drain(self, first: T) -> list[T]:
-        batch = [first]
-        while len(batch) < self._max_batch:
-            try:
-                batch.append(self._queue.get_nowait())
-            except queue.Empty:
-                break
+    def _drain(self) -> list[T]:
+        batch: list[T] = []
+        items = self._items
+        while items and len(batch) < self._max_batch:
+            batch.append(items.popleft())
         return batch
 
     def _safe(self, fn: Callable[[], None], what: str) -> None:
@@ -119,38 +124,31 @@ class CaptureWorker(Generic[T]):
                 what, "hookwatch: %s failed; monitoring carries on", what, exc_info=True
             )
 
+    def _process_batch(self, batch: list[T]) -> None:
+        self._safe(partial(self._process, batch), "processing captures")
+        self.processed += len(batch)
+
     def _run(self) -> None:
         next_tick = time.monotonic() + self._interval
-        while not self._stop.is_set():
-            timeout = max(0.0, next_tick - time.monotonic())
-            try:
-                first = self._queue.get(timeout=timeout)
-            except queue.Empty:
-                pass
-            else:
-                batch = self._drain(first)
-                self._safe(partial(self._process, batch), "processing captures")
-                self.processed += len(batch)
-                backlog = len(batch) >= self._max_batch
-                del batch, first  # hold nothing between iterations
-                if self._min_gap > 0 and not backlog:
-                    # Waking per item would hand the GIL back and forth with the request thread
-                    # on every request; resting between drains batches the work instead.
-                    self._stop.wait(self._min_gap)
+        backlog = False
+        while True:
+            if not backlog and self._stop.wait(
+                max(0.0, min(self._poll, next_tick - time.monotonic()))
+            ):
+                break
+            batch = self._drain()
+            backlog = len(batch) >= self._max_batch
+            if batch:
+                self._process_batch(batch)
+            del batch  # hold nothing between iterations
             if time.monotonic() >= next_tick:
                 self._safe(self._tick, "publishing metrics")
                 next_tick = time.monotonic() + self._interval
         self._flush_remaining()
 
     def _flush_remaining(self) -> None:
-        while True:
-            try:
-                first = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            batch = self._drain(first)
-            self._safe(partial(self._process, batch), "processing captures")
-            self.processed += len(batch)
+        while batch := self._drain():
+            self._process_batch(batch)
         self._safe(self._tick, "publishing metrics")
 
     def stop(self, timeout: float = 5.0) -> None:

@@ -36,17 +36,22 @@ def test_quick_bench_writes_a_table_with_every_variant(tmp_path: Path) -> None:
         section = text.split(group, 1)[1].split("###", 1)[0]
         for variant in VARIANTS[1:]:
             row = next(line for line in section.splitlines() if line.startswith(f"| {variant} |"))
-            assert row.count("**") == 10, row  # five metrics, each min / **median** / max
+            # six metrics (throughput, p50, p99 closed; p50, p99 open; worker CPU), each
+            # min / **median** / max
+            assert row.count("**") == 12, row
         assert "Failed requests in this group: 0." in section
     for heading in ("## Targets (CPU)", "### Exporter scrape", "### Memory", "## GPU"):
         assert heading in text
     data = json.loads(out.with_suffix(".json").read_text())
     assert data["settings"]["mode"] == "quick"
     for group in data["groups"]:
-        assert len(group["closed"]) == len(group["opened"]) == data["settings"]["rounds"]
+        rounds = data["settings"]["rounds"][group["model"]]
+        assert len(group["closed"]) == len(group["opened"]) == rounds
         for segments in (*group["closed"], *group["opened"]):
             assert set(segments) == set(VARIANTS)
             assert all(s["requests"] > 0 and s["errors"] == 0 for s in segments.values())
+            # The worker's CPU time over the window, per request: read, positive, plausible.
+            assert all(0 < s["cpu_ms"] < 1000 for s in segments.values())
     assert {row["monitored"] for row in data["rss"]} == {True, False}
     assert [h["model"] for h in data["hook_costs"]] == ["digits"]
     assert data["scrape"]["scrapes"] > 0

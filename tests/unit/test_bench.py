@@ -62,6 +62,23 @@ def test_rounds_alternate_direction_and_verdicts_use_the_median() -> None:
     assert miss.miss == pytest.approx(0.08)
 
 
+def test_verdicts_say_when_the_rounds_cannot_tell() -> None:
+    # Tight rounds around a 1 % loss resolve; rounds scattered from -15 % to +15 % around the
+    # same median do not, whatever the median says.
+    tight = [{"plain": seg(100), "default": seg(99 + d)} for d in (-0.2, 0.0, 0.1, 0.2, -0.1)]
+    (loss, *_) = verdicts("default", tight, [])
+    assert loss.low <= loss.measured <= loss.high
+    assert loss.resolved and loss.holds and loss.text() == "holds"
+    wide = [{"plain": seg(100), "default": seg(99 + d)} for d in (-16, -9, -3, 0, 0, 2, 8, 14, 15)]
+    (loss, *_) = verdicts("default", wide, [])
+    assert loss.measured == pytest.approx(0.01)
+    assert not loss.resolved
+    assert loss.text() == "not resolved (median holds)"
+    far = [{"plain": seg(100), "default": seg(80 + d)} for d in (-1, 0, 1)]
+    (loss, *_) = verdicts("default", far, [])
+    assert loss.resolved and loss.text() == "**misses by 18.0 pp**"
+
+
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     delay_s = 0.0
@@ -189,8 +206,18 @@ def test_variant_configs_differ_only_where_the_variant_does() -> None:
     default = variant_config(base, "default", 1)
     assert full["batchSize"] == 8
     assert full["handler"]["monitoring"]["sample_rate"] == 1.0
-    assert default["handler"] == base["handler"]
+    # default: hookwatch's own sampling, the rest of the handler section as committed.
+    assert "sample_rate" not in default["handler"]["monitoring"]
+    assert MonitoringConfig.from_mapping(default["handler"]["monitoring"]).sample_rate == (
+        MonitoringConfig.from_mapping({"layers": []}).sample_rate
+    )
+    rest = {k: v for k, v in base["handler"]["monitoring"].items() if k != "sample_rate"}
+    assert default["handler"]["monitoring"] == rest
+    assert {k: v for k, v in default["handler"].items() if k != "monitoring"} == {
+        k: v for k, v in base["handler"].items() if k != "monitoring"
+    }
     assert base["batchSize"] == 1  # the base mapping is not changed
+    assert base["handler"]["monitoring"]["sample_rate"] == 0.1
     MonitoringConfig.from_mapping(full["handler"]["monitoring"])
     InputSpec.from_mapping(full["handler"]["input"])
 
@@ -215,6 +242,6 @@ def test_table_lists_every_variant_target_and_micro_figure() -> None:
         assert variant in text
     assert "| digits, batch 1 | full | throughput loss (closed loop) | +10.0 %" in text
     assert "**misses by 5.0 pp**" in text
-    assert "RSS growth over 1,000 requests | +1.0 MB | 20 MB | holds" in text
+    assert "RSS growth over 1,000 requests | +1.0 MB | - | 20 MB | holds" in text
     assert "| digits | 5 | 70.0 µs | 2.00 µs | 50.0 µs | 60.0 µs |" in text
     assert "Pending: no GPU machine" in text

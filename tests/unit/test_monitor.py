@@ -128,11 +128,11 @@ def test_a_full_queue_drops_and_counts(metrics: MetricSet) -> None:
     net = Net()
     config = MonitoringConfig.from_mapping({"layers": ["act"], "sample_rate": 1.0, "queue_size": 1})
     monitor = Monitor.attach(net, config, "m", metrics)
-    monitor.worker.stop()  # nothing drains: every capture past the first is dropped
+    monitor.worker.stop()  # nothing drains: every forward's record past the first is dropped
     run(monitor, net, batches=5)
     monitor._publish()
     dropped = value(metrics, "hookwatch_captures_dropped_total", model="m")
-    assert dropped == 5 * 3 - 1
+    assert dropped == (5 - 1) * 3  # counted in captures: three hook points per forward
     monitor.close()
 
 
@@ -221,3 +221,42 @@ def test_a_copied_capture_owns_its_storage() -> None:
     assert capture.raw is not None and capture.stats is None
     assert capture.raw.untyped_storage().data_ptr() != outputs[0].untyped_storage().data_ptr()
     assert torch.equal(capture.raw, outputs[0])
+
+
+def test_a_forward_that_raises_hands_off_nothing(metrics: MetricSet) -> None:
+    class Breaks(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.act = nn.ReLU()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.act(x)
+            raise RuntimeError("after the first layer")
+
+    net = Breaks()
+    config = MonitoringConfig.from_mapping({"layers": ["act"], "sample_rate": 1.0})
+    monitor = Monitor.attach(net, config, "m", metrics)
+    with pytest.raises(RuntimeError), torch.inference_mode(), monitor.request(1):
+        net(torch.randn(1, 4))
+    monitor.flush()
+    monitor.close()
+    # Sampled, but half a record (input and act, no output) is not handed off.
+    assert value(metrics, "hookwatch_requests_sampled_total", model="m") == 1
+    for layer in ("input", "act", "output"):
+        assert value(metrics, "hookwatch_captures_total", model="m", layer=layer) == 0
+    assert monitor.worker.accepted == 0
+
+
+def test_results_reach_the_metrics_on_publish_not_per_drain(metrics: MetricSet) -> None:
+    net = Net()
+    config = MonitoringConfig.from_mapping(
+        {"layers": ["act"], "sample_rate": 1.0, "flush_interval_s": 60}
+    )
+    monitor = Monitor.attach(net, config, "m", metrics)
+    run(monitor, net, batches=4)
+    assert monitor.worker.wait_idle(5)
+    # Processed, but not yet published: metric writes follow the publish interval.
+    assert value(metrics, "hookwatch_captures_total", model="m", layer="act") == 0
+    monitor.flush()
+    assert value(metrics, "hookwatch_captures_total", model="m", layer="act") == 4
+    monitor.close()

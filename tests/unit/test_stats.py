@@ -1,9 +1,16 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
-from hookwatch.stats import STATISTICS, feature_summary, reduce_activation
+from hookwatch.stats import (
+    STATISTICS,
+    feature_rows,
+    feature_summary,
+    reduce_activation,
+    reduce_rows,
+)
 
 
 def _numpy_reference(x: np.ndarray) -> np.ndarray:
@@ -59,3 +66,44 @@ def test_feature_summary_is_per_channel_for_maps_and_capped() -> None:
     got = feature_summary(x, max_features=2)
     assert got.shape == (2, 2)
     np.testing.assert_allclose(got.numpy(), x.numpy().reshape(2, 3, 4).mean(2)[:, :2])
+
+
+@pytest.mark.parametrize(
+    "shape", [(5, 16, 8, 8), (4, 64), (3, 10), (2, 5, 7), (6, 1, 8, 8), (4,), (3, 1)]
+)
+def test_numpy_forms_agree_with_the_torch_forms(shape: tuple[int, ...]) -> None:
+    # The capture thread reduces host copies with the numpy forms; hooks on large activations
+    # use the torch forms; a layer must export the same numbers whichever ran.
+    x = torch.relu(torch.randn(*shape, generator=torch.Generator().manual_seed(len(shape))))
+    np.testing.assert_allclose(
+        reduce_rows(x.numpy()), reduce_activation(x).numpy(), rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        reduce_rows(x.numpy()),
+        _numpy_reference(x.numpy().reshape(len(x) if x.dim() else 1, -1)),
+        rtol=1e-5,
+        atol=1e-6,
+    )
+    for flatten in (False, True):
+        for cap in (3, 256):
+            got = feature_rows(x.numpy(), cap, flatten)
+            want = feature_summary(x, cap, flatten).numpy()
+            assert got.dtype == np.float32 and got.shape == want.shape
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_numpy_forms_count_nonfinite_values_and_take_integers() -> None:
+    x = np.zeros((2, 10), dtype=np.float32)
+    x[0, 1] = x[0, 2] = np.nan
+    x[1, 3], x[1, 4] = np.inf, -np.inf
+    got = reduce_rows(x)
+    assert got[:, STATISTICS.index("nan_count")].tolist() == [2.0, 0.0]
+    assert got[:, STATISTICS.index("inf_count")].tolist() == [0.0, 2.0]
+    ints = np.arange(12).reshape(3, 4)
+    np.testing.assert_allclose(
+        reduce_rows(ints), reduce_activation(torch.from_numpy(ints)).numpy(), rtol=1e-6
+    )
+    assert reduce_rows(ints)[0, STATISTICS.index("zero_fraction")] == 0.25
+    features = feature_rows(x, 4)
+    x[:] = 5.0  # the features own their storage
+    assert features[0, 0] == 0.0

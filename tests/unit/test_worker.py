@@ -3,6 +3,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from hookwatch.worker import CaptureWorker
 
 
@@ -76,3 +78,31 @@ def test_stop_processes_the_queue_and_publishes_once_more() -> None:
     assert seen == list(range(5))
     assert ticks == [5]  # no periodic tick within 60 s; exactly the final one, after the items
     assert not worker.running
+
+
+def test_offer_never_waits_for_a_busy_worker_and_the_bound_holds() -> None:
+    # The worker is stuck in process(): offers still return at once, and at most `capacity`
+    # items wait; the rest are dropped and counted.
+    busy = threading.Event()
+    release = threading.Event()
+
+    def process(batch: list[int]) -> None:
+        busy.set()
+        release.wait(5)
+
+    worker: CaptureWorker[int] = CaptureWorker(3, process, lambda: None, poll_s=0.01)
+    worker.start()
+    worker.offer(0)
+    assert busy.wait(5)
+    results = [worker.offer(i) for i in range(1, 11)]
+    assert results == [True] * 3 + [False] * 7
+    assert worker.depth == 3 and worker.dropped == 7
+    release.set()
+    assert worker.wait_idle(5)
+    worker.stop()
+    assert worker.processed == 4
+
+
+def test_poll_period_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="expected poll_s > 0, got 0"):
+        CaptureWorker(3, lambda b: None, lambda: None, poll_s=0)

@@ -11,7 +11,7 @@ import http.client
 import itertools
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +43,9 @@ class Segment:
     offered_rps: float | None = None
     #: Open-loop sends that started more than LATE_S after schedule.
     late: int = 0
+    #: CPU time the serving worker process spent per request in the measured window (all its
+    #: threads, the capture thread included), in ms; None when not measured.
+    cpu_ms: float | None = None
 
     @property
     def throughput_rps(self) -> float:
@@ -56,6 +59,7 @@ class Segment:
         duration_s: float,
         offered_rps: float | None = None,
         late: int = 0,
+        cpu_s: float | None = None,
     ) -> Segment:
         if not latencies_s:
             raise RuntimeError(
@@ -72,7 +76,23 @@ class Segment:
             mean_ms=float(ms.mean()),
             offered_rps=offered_rps,
             late=late,
+            cpu_ms=None if cpu_s is None else cpu_s * 1e3 / len(ms),
         )
+
+
+#: Reads the CPU seconds (user + system) the measured server process has used so far.
+CpuClock = Callable[[], float]
+
+
+def _cpu_over(window: tuple[float, float], clock: CpuClock | None) -> float | None:
+    """CPU seconds ``clock`` advances between the window's two ``perf_counter`` instants."""
+    if clock is None:
+        return None
+    start, end = window
+    time.sleep(max(0.0, start - time.perf_counter()))
+    before = clock()
+    time.sleep(max(0.0, end - time.perf_counter()))
+    return clock() - before
 
 
 class _Client:
@@ -103,12 +123,18 @@ class _Client:
 
 
 def closed_loop(
-    target: Target, clients: int, duration_s: float, warmup_s: float = 0.0, timeout_s: float = 60.0
+    target: Target,
+    clients: int,
+    duration_s: float,
+    warmup_s: float = 0.0,
+    timeout_s: float = 60.0,
+    cpu_clock: CpuClock | None = None,
 ) -> Segment:
     """``clients`` threads each send the next request as soon as the last one is answered.
 
     Requests that start in the warm-up are not recorded; throughput counts the requests that
-    started in the measured window.
+    started in the measured window. With ``cpu_clock``, the server's CPU time over the window
+    is divided by those requests.
     """
     if clients < 1 or duration_s <= 0:
         raise ValueError(f"expected clients >= 1 and duration > 0, got {clients}, {duration_s}")
@@ -150,9 +176,10 @@ def closed_loop(
     now = time.perf_counter()
     window.extend((now + warmup_s, now + warmup_s + duration_s))
     start_barrier.wait()
+    cpu_s = _cpu_over((window[0], window[1]), cpu_clock)
     for thread in threads:
         thread.join()
-    return Segment.of(latencies, errors[0], duration_s)
+    return Segment.of(latencies, errors[0], duration_s, cpu_s=cpu_s)
 
 
 def open_loop(
@@ -162,6 +189,7 @@ def open_loop(
     warmup_s: float = 0.0,
     senders: int = 32,
     timeout_s: float = 60.0,
+    cpu_clock: CpuClock | None = None,
 ) -> Segment:
     """Send at ``rate_rps`` on a fixed schedule; latency counts from the scheduled send time."""
     if rate_rps <= 0 or duration_s <= 0 or senders < 1:
@@ -216,6 +244,9 @@ def open_loop(
         thread.start()
     origin.append(time.perf_counter() + 0.05)
     start_barrier.wait()
+    cpu_s = _cpu_over((origin[0] + warmup_s, origin[0] + total_s), cpu_clock)
     for thread in threads:
         thread.join()
-    return Segment.of(latencies, counts[0], duration_s, offered_rps=rate_rps, late=counts[1])
+    return Segment.of(
+        latencies, counts[0], duration_s, offered_rps=rate_rps, late=counts[1], cpu_s=cpu_s
+    )

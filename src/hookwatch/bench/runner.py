@@ -26,7 +26,7 @@ from typing import Any
 import psutil
 
 from hookwatch.bench import micro
-from hookwatch.bench.loadgen import Segment, Target, closed_loop, open_loop
+from hookwatch.bench.loadgen import CpuClock, Segment, Target, closed_loop, open_loop
 from hookwatch.bench.stats import PLAIN, VARIANTS, round_order
 from hookwatch.bench.variants import MODELS, Group, build_group
 from hookwatch.devstack import Ports, Stack, http_get, http_post
@@ -37,7 +37,8 @@ class Settings:
     mode: str
     models: tuple[str, ...]
     batches: tuple[int, ...]
-    rounds: int
+    #: Rounds per model; every round runs each variant once, in alternating order.
+    rounds: Mapping[str, int]
     #: Measured seconds per segment, per model (a 40 ms model needs longer for a stable p99).
     seconds: Mapping[str, float]
     warmup_s: float
@@ -57,9 +58,12 @@ class Settings:
             mode="full",
             models=("digits", "resnet18"),
             batches=(1, 8),
-            rounds=3,
-            seconds={"digits": 4.0, "resnet18": 8.0},
-            warmup_s=1.0,
+            # Many short rounds rather than a few long ones: this machine's speed wanders by
+            # +-20 % over seconds, so variants measured close together in time, many times
+            # over, are what makes a median ratio resolve a few percent.
+            rounds={"digits": 24, "resnet18": 10},
+            seconds={"digits": 0.75, "resnet18": 3.0},
+            warmup_s=0.25,
             clients_per_batch=2,
             min_clients=4,
             open_load=0.6,
@@ -75,7 +79,7 @@ class Settings:
             mode="quick",
             models=("digits",),
             batches=(1, 8),
-            rounds=2,
+            rounds={"digits": 2, "resnet18": 2},
             seconds={"digits": 1.5, "resnet18": 3.0},
             warmup_s=0.5,
             clients_per_batch=2,
@@ -205,6 +209,20 @@ def _progress(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
+def _cpu_clock(pids: Sequence[int]) -> CpuClock:
+    processes = [psutil.Process(pid) for pid in pids]
+
+    def clock() -> float:
+        total = 0.0
+        for process in processes:
+            with contextlib.suppress(psutil.Error):
+                times = process.cpu_times()
+                total += times.user + times.system
+        return total
+
+    return clock
+
+
 def run_group(server: BenchServer, group: Group, settings: Settings) -> GroupResult:
     bodies, content_type = MODELS[group.model].payloads()
     seconds = settings.seconds[group.model]
@@ -215,27 +233,39 @@ def run_group(server: BenchServer, group: Group, settings: Settings) -> GroupRes
         path = f"/predictions/{group.names[variant]}"
         return Target("127.0.0.1", server.ports.inference, path, bodies, content_type)
 
+    clocks = {v: _cpu_clock(server.worker_pids(group.names[v])) for v in VARIANTS}
     for variant in VARIANTS:
         closed_loop(target(variant), clients, max(1.0, seconds / 2), warmup_s=settings.warmup_s)
         result.rss_start_mb[variant] = _rss_mb(server.worker_pids(group.names[variant]))
-    for index in range(settings.rounds):
+    for index in range(settings.rounds[group.model]):
         segments = {}
         for variant in round_order(index):
             segments[variant] = closed_loop(
-                target(variant), clients, seconds, warmup_s=settings.warmup_s
+                target(variant),
+                clients,
+                seconds,
+                warmup_s=settings.warmup_s,
+                cpu_clock=clocks[variant],
             )
         result.closed.append(segments)
         _progress(
             f"{group.model} b{group.batch} closed round {index + 1}: "
-            + ", ".join(f"{v} {s.throughput_rps:.1f}/s" for v, s in segments.items())
+            + ", ".join(
+                f"{v} {s.throughput_rps:.1f}/s ({s.cpu_ms or 0:.2f} ms CPU)"
+                for v, s in segments.items()
+            )
         )
     plain = statistics.median(r[PLAIN].throughput_rps for r in result.closed)
     result.open_rate_rps = settings.open_load * plain
-    for index in range(settings.rounds):
+    for index in range(settings.rounds[group.model]):
         segments = {}
         for variant in round_order(index):
             segments[variant] = open_loop(
-                target(variant), result.open_rate_rps, seconds, warmup_s=settings.warmup_s
+                target(variant),
+                result.open_rate_rps,
+                seconds,
+                warmup_s=settings.warmup_s,
+                cpu_clock=clocks[variant],
             )
         result.opened.append(segments)
         _progress(

@@ -2,7 +2,8 @@
 
 Every variant is a TorchServe model directory (``--archive-format no-archive``) built from the
 model's committed model-config.yaml, changed only where the variant differs: the handler
-file, ``monitoring.sample_rate`` and ``batchSize``.
+file, ``monitoring.sample_rate`` (unset for ``default``, so hookwatch's default applies; 1.0
+for ``full``) and ``batchSize``.
 """
 
 from __future__ import annotations
@@ -118,7 +119,10 @@ def variant_config(base: Mapping[str, Any], variant: str, batch: int) -> dict[st
     config: dict[str, Any] = copy.deepcopy(dict(base))
     config["batchSize"] = batch
     monitoring = config.setdefault("handler", {}).setdefault("monitoring", {})
-    if variant == "full":
+    if variant == "default":
+        # hookwatch's own default, whatever the committed config tunes for its demo traffic.
+        monitoring.pop("sample_rate", None)
+    elif variant == "full":
         monitoring["sample_rate"] = 1.0
     return config
 
