@@ -67,7 +67,7 @@ integration: deps $(MAR) ## integration tests against real TorchServe, Prometheu
 test: deps $(MAR) check ## install into .venv and run every test
 	$(BIN)/pytest -m "not gpu" $(PYTEST_ARGS)
 
-bench: $(MAR) ## overhead bench, full (~15 min): writes docs/bench/results.md (QUICK=1: bench-quick)
+bench: $(MAR) ## overhead bench, full (~20 min): writes docs/bench/results.md (QUICK=1: bench-quick)
 	$(BIN)/hookwatch bench $(if $(QUICK),--quick,)
 
 bench-quick: $(MAR) ## overhead bench, quick CI mode (~2 min): writes build/bench-quick/results-quick.md
