@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from hookwatch.bench import resnet
-from hookwatch.bench.loadgen import Segment, Target, closed_loop, open_loop
+from hookwatch.bench.loadgen import Segment, Target, closed_loop, cycle_rate, open_loop
 from hookwatch.bench.micro import HookCost, RssTrace, ScrapeTime
 from hookwatch.bench.naive import NaiveCapture
 from hookwatch.bench.report import render
@@ -119,6 +119,34 @@ def test_closed_loop_counts_answers_and_errors(server: http.server.ThreadingHTTP
     assert ok.p50_ms <= ok.p99_ms
     with pytest.raises(RuntimeError, match="expected completed requests"):
         closed_loop(_target(server, "/fail"), clients=1, duration_s=0.2)
+
+
+def test_cycle_rate_follows_the_batch_period_not_the_window() -> None:
+    # Eight clients answered together every 0.5 s: 2 cycles/s each, 16 requests/s in all.
+    # Counting the 24 starts of a 1.2 s window would say 20/s; the cycle rate says 16.
+    burst = [[0.0, 0.5, 1.0]] * 8
+    assert cycle_rate(burst) == pytest.approx(16.0)
+    # A slower batch period moves the rate continuously, with the same starts per window.
+    assert cycle_rate([[0.0, 0.55, 1.1]] * 8) == pytest.approx(16.0 / 1.1)
+    # Clients out of phase add up the same way.
+    assert cycle_rate([[0.0, 1.0, 2.0], [0.5, 1.5, 2.5]]) == pytest.approx(2.0)
+    # A client without a whole cycle leaves the caller to count.
+    assert cycle_rate([[0.0, 1.0], [0.3]]) is None
+    assert cycle_rate([]) is None
+
+
+def test_closed_loop_rate_and_cpu_come_from_the_cycles(
+    server: http.server.ThreadingHTTPServer,
+) -> None:
+    got = closed_loop(_target(server), clients=2, duration_s=0.3)
+    assert got.rate_rps is not None
+    assert got.throughput_rps == got.rate_rps
+    # On a steady server the two estimators agree; the cycle rate only drops the quantisation.
+    assert 0.5 < got.rate_rps / (got.requests / got.duration_s) < 2.0
+    # CPU is per request served at the measured rate: 0.5 s over 4/s x 2 s = 62.5 ms.
+    seg = Segment.of([0.01] * 10, 0, duration_s=2.0, cpu_s=0.5, rate_rps=4.0)
+    assert seg.cpu_ms == pytest.approx(62.5)
+    assert Segment.of([0.01] * 10, 0, duration_s=2.0, cpu_s=0.5).cpu_ms == pytest.approx(50.0)
 
 
 def test_open_loop_charges_stalls_to_the_requests_that_waited(

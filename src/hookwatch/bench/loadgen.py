@@ -46,9 +46,14 @@ class Segment:
     #: CPU time the serving worker process spent per request in the measured window (all its
     #: threads, the capture thread included), in ms; None when not measured.
     cpu_ms: float | None = None
+    #: Closed loop: the clients' summed request rates (see :func:`cycle_rate`); None where the
+    #: count over the window is used instead.
+    rate_rps: float | None = None
 
     @property
     def throughput_rps(self) -> float:
+        if self.rate_rps is not None:
+            return self.rate_rps
         return self.requests / self.duration_s if self.duration_s > 0 else 0.0
 
     @classmethod
@@ -60,6 +65,7 @@ class Segment:
         offered_rps: float | None = None,
         late: int = 0,
         cpu_s: float | None = None,
+        rate_rps: float | None = None,
     ) -> Segment:
         if not latencies_s:
             raise RuntimeError(
@@ -67,6 +73,7 @@ class Segment:
                 f"({errors} errors)"
             )
         ms = np.asarray(latencies_s, dtype=np.float64) * 1e3
+        served = rate_rps * duration_s if rate_rps is not None else 0.0
         return cls(
             requests=len(ms),
             errors=errors,
@@ -76,8 +83,29 @@ class Segment:
             mean_ms=float(ms.mean()),
             offered_rps=offered_rps,
             late=late,
-            cpu_ms=None if cpu_s is None else cpu_s * 1e3 / len(ms),
+            # Per request served at the measured rate: the count of requests in the window
+            # would carry the same quantisation the rate avoids.
+            cpu_ms=None if cpu_s is None else cpu_s * 1e3 / (served or len(ms)),
+            rate_rps=rate_rps,
         )
+
+
+def cycle_rate(starts: Sequence[Sequence[float]]) -> float | None:
+    """Requests per second of closed-loop clients, from each client's request start times.
+
+    A client that started ``k`` requests at ``t_1 .. t_k`` completed ``k - 1`` cycles in
+    ``t_k - t_1``; the clients' rates add up. Counting the requests that started in a fixed
+    window instead is quantised by whatever the server completes together: a batching server
+    that answers 8 requests every 0.5 s gives a 3 s window 48 or 56 requests, a 17 % step,
+    whereas the cycle rate moves with the batch period itself. None when a client completed
+    no whole cycle (the caller then counts).
+    """
+    total = 0.0
+    for times in starts:
+        if len(times) < 2 or times[-1] <= times[0]:
+            return None
+        total += (len(times) - 1) / (times[-1] - times[0])
+    return total if starts else None
 
 
 #: Reads the CPU seconds (user + system) the measured server process has used so far.
@@ -132,21 +160,24 @@ def closed_loop(
 ) -> Segment:
     """``clients`` threads each send the next request as soon as the last one is answered.
 
-    Requests that start in the warm-up are not recorded; throughput counts the requests that
-    started in the measured window. With ``cpu_clock``, the server's CPU time over the window
-    is divided by those requests.
+    Requests that start in the warm-up are not recorded. Throughput is the clients' summed
+    cycle rates over the measured window (:func:`cycle_rate`), falling back to the count of
+    requests started in it. With ``cpu_clock``, the server's CPU time over the window is
+    divided by the requests served at that rate.
     """
     if clients < 1 or duration_s <= 0:
         raise ValueError(f"expected clients >= 1 and duration > 0, got {clients}, {duration_s}")
     start_barrier = threading.Barrier(clients + 1)
     lock = threading.Lock()
     latencies: list[float] = []
+    starts: list[list[float]] = []
     errors = [0]
     window: list[float] = []
 
     def run(index: int) -> None:
         client = _Client(target, timeout_s)
         mine: list[float] = []
+        started: list[float] = []
         failed = 0
         payloads = target.payloads
         start_barrier.wait()
@@ -160,6 +191,7 @@ def closed_loop(
                 ok = client.post(payloads[n % len(payloads)])
                 n += clients
                 if t0 >= measure_from:
+                    started.append(t0)
                     if ok:
                         mine.append(time.perf_counter() - t0)
                     else:
@@ -168,6 +200,7 @@ def closed_loop(
             client.close()
             with lock:
                 latencies.extend(mine)
+                starts.append(started)
                 errors[0] += failed
 
     threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(clients)]
@@ -179,7 +212,16 @@ def closed_loop(
     cpu_s = _cpu_over((window[0], window[1]), cpu_clock)
     for thread in threads:
         thread.join()
-    return Segment.of(latencies, errors[0], duration_s, cpu_s=cpu_s)
+    # A failed request's cycle is not a served one: the rate is scaled to the answered share.
+    rate = cycle_rate(starts)
+    answered = len(latencies) / (len(latencies) + errors[0]) if latencies else 0.0
+    return Segment.of(
+        latencies,
+        errors[0],
+        duration_s,
+        cpu_s=cpu_s,
+        rate_rps=None if rate is None else rate * answered,
+    )
 
 
 def open_loop(

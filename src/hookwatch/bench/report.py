@@ -129,7 +129,8 @@ def render(result: BenchResult) -> str:
         if has_cpu:
             closed_plain += f", worker CPU {_median(group.closed, PLAIN, 'cpu_ms'):.3f} ms/request"
         add(
-            f"Closed loop: {group.clients} clients, {s.seconds[group.model]:.0f} s per segment; "
+            f"Closed loop: {group.clients} clients, {s.seconds[group.model]:.0f} s per segment, "
+            "throughput from the clients' request cycles; "
             f"plain handler {closed_plain}."
         )
         if group.opened:
