@@ -7,13 +7,15 @@ happens on the worker thread.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from functools import partial
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -42,6 +44,22 @@ class RateLimitedLog:
         suffix = f" ({held} similar messages held back)" if held else ""
         self._logger.warning(message + suffix, *args, exc_info=exc_info)
         return True
+
+
+#: Workers whose thread is running, stopped at interpreter exit (weakly held: a worker that is
+#: garbage collected needs no stopping).
+_RUNNING: weakref.WeakSet[CaptureWorker[Any]] = weakref.WeakSet()
+#: How long interpreter exit waits for each capture thread to finish its current batch.
+EXIT_TIMEOUT_S = 2.0
+
+
+@atexit.register
+def _stop_at_exit() -> None:
+    # A daemon thread still inside a torch operation when the interpreter finalises aborts the
+    # whole process ("terminate called without an active exception", exit status 134). A
+    # script that never calls close() must still exit cleanly, so the threads stop first.
+    for worker in list(_RUNNING):
+        worker.stop(EXIT_TIMEOUT_S, process_remaining=False)
 
 
 class CaptureWorker(Generic[T]):
@@ -80,6 +98,7 @@ class CaptureWorker(Generic[T]):
         self._max_batch = max_batch
         self._poll = min(poll_s, interval_s)
         self._stop = threading.Event()
+        self._process_remaining = True
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._log = RateLimitedLog(log)
         #: Written only by the request thread; read by the worker thread at each tick.
@@ -91,6 +110,7 @@ class CaptureWorker(Generic[T]):
 
     def start(self) -> None:
         self._thread.start()
+        _RUNNING.add(self)
 
     @property
     def running(self) -> bool:
@@ -132,9 +152,10 @@ class CaptureWorker(Generic[T]):
         next_tick = time.monotonic() + self._interval
         backlog = False
         while True:
-            if not backlog and self._stop.wait(
-                max(0.0, min(self._poll, next_tick - time.monotonic()))
-            ):
+            if backlog:
+                if self._stop.is_set():
+                    break
+            elif self._stop.wait(max(0.0, min(self._poll, next_tick - time.monotonic()))):
                 break
             batch = self._drain()
             backlog = len(batch) >= self._max_batch
@@ -147,15 +168,22 @@ class CaptureWorker(Generic[T]):
         self._flush_remaining()
 
     def _flush_remaining(self) -> None:
-        while batch := self._drain():
-            self._process_batch(batch)
+        if self._process_remaining:
+            while batch := self._drain():
+                self._process_batch(batch)
         self._safe(self._tick, "publishing metrics")
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Process what is queued, publish once more and join the thread."""
+    def stop(self, timeout: float = 5.0, process_remaining: bool = True) -> None:
+        """Publish once more and join the thread, processing what is queued first by default.
+
+        ``process_remaining=False`` (interpreter exit) ends after the batch in hand, so the
+        join does not wait on a backlog.
+        """
+        self._process_remaining = process_remaining
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
+        _RUNNING.discard(self)
 
     def wait_idle(self, timeout: float = 5.0) -> bool:
         """Block until everything accepted so far is processed (tests and shutdown only)."""

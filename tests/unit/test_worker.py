@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -106,3 +108,59 @@ def test_offer_never_waits_for_a_busy_worker_and_the_bound_holds() -> None:
 def test_poll_period_must_be_positive() -> None:
     with pytest.raises(ValueError, match="expected poll_s > 0, got 0"):
         CaptureWorker(3, lambda b: None, lambda: None, poll_s=0)
+
+
+def test_stop_without_processing_ends_after_the_batch_in_hand() -> None:
+    started = threading.Event()
+    release = threading.Event()
+    seen: list[int] = []
+
+    def process(batch: list[int]) -> None:
+        started.set()
+        release.wait(5)
+        seen.extend(batch)
+
+    ticks: list[int] = []
+    worker: CaptureWorker[int] = CaptureWorker(
+        1000, process, lambda: ticks.append(1), interval_s=10, max_batch=1, poll_s=0.01
+    )
+    worker.start()
+    for i in range(100):
+        worker.offer(i)
+    assert started.wait(5)
+    stopper = threading.Thread(target=worker.stop, kwargs={"process_remaining": False})
+    stopper.start()
+    release.set()
+    stopper.join(5)
+    # The backlog flag did not keep the thread draining: one batch, then the final publish.
+    assert not worker.running
+    assert seen == [0]
+    assert ticks == [1]
+
+
+EXIT_SCRIPT = """
+import torch
+from hookwatch.worker import CaptureWorker
+torch.set_num_threads(1)
+xs = [torch.randn(1, 64) for _ in range(40)]
+def process(batch):
+    for _ in range(len(batch) * 50):
+        torch.cat(xs).sum()
+worker = CaptureWorker(10_000, process, lambda: None, poll_s=0.001)
+worker.start()
+for i in range(2000):
+    worker.offer(i)
+import time
+time.sleep(0.05)
+# exits with the capture thread inside torch operations, never calling stop()
+"""
+
+
+def test_a_process_that_never_stops_its_worker_still_exits_cleanly() -> None:
+    # Without the exit hook this aborts every time: a daemon thread inside a torch operation at
+    # interpreter finalisation gets "terminate called without an active exception" (status 134).
+    done = subprocess.run(
+        [sys.executable, "-c", EXIT_SCRIPT], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "terminate called" not in done.stderr
