@@ -58,22 +58,19 @@ class CaptureSink(Protocol):
         """Called once when a layer's hook fails and is switched off."""
 
 
-class Gate:
+class Gate(threading.local):
     """The per-request sampling decision that every hook reads.
 
     TorchServe runs one request batch at a time per worker, but a thread-local keeps the gate
-    correct if a model is ever driven from several threads.
+    correct if a model is ever driven from several threads. ``open`` is a plain attribute of
+    the thread-local (the class value is the default on a new thread): every hook call of every
+    request reads it, and a property would double the cost of a closed gate.
     """
 
-    def __init__(self) -> None:
-        self._local = threading.local()
-
-    @property
-    def open(self) -> bool:
-        return getattr(self._local, "open", False)
+    open: bool = False
 
     def set(self, value: bool) -> None:
-        self._local.open = value
+        self.open = value
 
 
 def resolve_layer(model: nn.Module, path: str) -> nn.Module:
@@ -119,12 +116,13 @@ class LayerHook:
         else:
             self._handle = module.register_forward_hook(self._hook)
 
+    # The gate first: it is closed on most calls, and reading it is the cheaper test.
     def _pre_hook(self, module: nn.Module, args: tuple[Any, ...]) -> None:
-        if self.state is HookState.ATTACHED and self._gate.open:
+        if self._gate.open and self.state is HookState.ATTACHED:
             self._capture(args[0] if args else None)
 
     def _hook(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        if self.state is HookState.ATTACHED and self._gate.open:
+        if self._gate.open and self.state is HookState.ATTACHED:
             self._capture(output)
 
     def _capture(self, value: Any) -> None:

@@ -67,9 +67,13 @@ class CaptureWorker(Generic[T]):
 
     ``offer`` is the request path: a length check and an append, no lock and no wake-up (a
     ``queue.Queue`` put takes a mutex and signals a condition, which costs the request thread
-    more than everything else it does for a capture). The thread polls every ``poll_s`` instead,
-    and drains at once again while a drain fills ``max_batch``. ``tick`` runs at least every
-    ``interval_s`` on the same thread; it is where accumulated results get published.
+    more than everything else it does for a capture). The thread polls every ``poll_s`` instead
+    and drains once ``min_batch`` items wait, or when ``tick`` is due, so that what a tick
+    publishes includes everything offered before it; it drains at once again while a drain
+    fills ``max_batch``. ``tick`` runs at least every ``interval_s`` on the same thread; it is
+    where accumulated results get published. Waiting for ``min_batch`` matters when items
+    arrive slowly: processing has a fixed cost per batch (a numpy call per statistic and
+    layer) that a batch of one pays in full.
 
     One thread offering (TorchServe runs one batch at a time per worker) keeps the bound exact;
     several offering threads can overshoot ``capacity`` by at most one item each.
@@ -84,11 +88,14 @@ class CaptureWorker(Generic[T]):
         name: str = "hookwatch-capture",
         max_batch: int = 512,
         poll_s: float = 0.05,
+        min_batch: int = 1,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"expected capacity >= 1, got {capacity}")
         if not poll_s > 0:
             raise ValueError(f"expected poll_s > 0, got {poll_s}")
+        if not 1 <= min_batch <= max_batch:
+            raise ValueError(f"expected 1 <= min_batch <= max_batch ({max_batch}), got {min_batch}")
         self.capacity = capacity
         # deque append and popleft are atomic: one producer, one consumer, no lock needed.
         self._items: collections.deque[T] = collections.deque()
@@ -96,6 +103,10 @@ class CaptureWorker(Generic[T]):
         self._tick = tick
         self._interval = interval_s
         self._max_batch = max_batch
+        # Wait for at most half the buffer: one that fills while the thread waits drops.
+        self._min_batch = max(1, min(min_batch, capacity // 2))
+        #: Set by wait_idle so a short buffer is drained without waiting for the tick.
+        self._drain_requested = False
         self._poll = min(poll_s, interval_s)
         self._stop = threading.Event()
         self._process_remaining = True
@@ -157,12 +168,15 @@ class CaptureWorker(Generic[T]):
                     break
             elif self._stop.wait(max(0.0, min(self._poll, next_tick - time.monotonic()))):
                 break
-            batch = self._drain()
-            backlog = len(batch) >= self._max_batch
-            if batch:
-                self._process_batch(batch)
-            del batch  # hold nothing between iterations
-            if time.monotonic() >= next_tick:
+            tick_due = time.monotonic() >= next_tick
+            if backlog or tick_due or self._drain_requested or self.depth >= self._min_batch:
+                self._drain_requested = False
+                batch = self._drain()
+                backlog = len(batch) >= self._max_batch
+                if batch:
+                    self._process_batch(batch)
+                del batch  # hold nothing between iterations
+            if tick_due:
                 self._safe(self._tick, "publishing metrics")
                 next_tick = time.monotonic() + self._interval
         self._flush_remaining()
@@ -191,5 +205,6 @@ class CaptureWorker(Generic[T]):
         while time.monotonic() < deadline:
             if self.processed >= self.accepted:
                 return True
+            self._drain_requested = True
             time.sleep(0.005)
         return False

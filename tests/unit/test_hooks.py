@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import gc
+import threading
 import weakref
 
 import pytest
@@ -122,3 +123,15 @@ def test_tuple_outputs_use_the_first_tensor() -> None:
     gate.set(True)
     net(torch.ones(1, 3))
     assert sink.captures[0].stats[0, 0].item() == 2.0
+
+
+def test_the_gate_is_per_thread() -> None:
+    net, sink, gate = Net(), ListSink(), Gate()
+    HookSet(gate, sink).attach(net, ["head"], capture_input=False, capture_output=False)
+    gate.set(True)
+    other = threading.Thread(target=net, args=(torch.randn(2, 4),))
+    other.start()
+    other.join()
+    assert sink.captures == []  # opened on this thread only
+    net(torch.randn(2, 4))
+    assert [c.layer for c in sink.captures] == ["head"]

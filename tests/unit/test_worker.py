@@ -164,3 +164,62 @@ def test_a_process_that_never_stops_its_worker_still_exits_cleanly() -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "terminate called" not in done.stderr
+
+
+def test_waits_for_min_batch_between_ticks() -> None:
+    batches: list[list[int]] = []
+    worker: CaptureWorker[int] = CaptureWorker(
+        100, batches.append, lambda: None, interval_s=60, poll_s=0.005, min_batch=8
+    )
+    worker.start()
+    for i in range(7):
+        worker.offer(i)
+    time.sleep(0.1)  # twenty polls: a worker that drained every poll would have taken them
+    assert batches == [] and worker.depth == 7
+    worker.offer(7)
+    deadline = time.monotonic() + 5
+    while worker.processed < 8 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    worker.stop()
+    assert batches == [list(range(8))]
+
+
+def test_a_due_tick_publishes_what_waits_below_min_batch() -> None:
+    seen: list[int] = []
+    published: list[list[int]] = []
+    worker: CaptureWorker[int] = CaptureWorker(
+        100,
+        seen.extend,
+        lambda: published.append(list(seen)),
+        interval_s=0.05,
+        poll_s=0.005,
+        min_batch=50,
+    )
+    for i in range(3):
+        worker.offer(i)
+    worker.start()
+    deadline = time.monotonic() + 5
+    while not published and time.monotonic() < deadline:
+        time.sleep(0.005)
+    worker.stop(process_remaining=False)
+    assert published[0] == [0, 1, 2]
+
+
+def test_wait_idle_drains_a_short_buffer_at_once() -> None:
+    seen: list[int] = []
+    worker: CaptureWorker[int] = CaptureWorker(
+        100, seen.extend, lambda: None, interval_s=60, poll_s=0.005, min_batch=50
+    )
+    worker.start()
+    worker.offer(1)
+    assert worker.wait_idle(5)
+    worker.stop()
+    assert seen == [1]
+
+
+def test_min_batch_is_bounded() -> None:
+    with pytest.raises(ValueError, match=r"expected 1 <= min_batch <= max_batch \(4\), got 5"):
+        CaptureWorker(100, lambda b: None, lambda: None, max_batch=4, min_batch=5)
+    # Never more than half the buffer, or the buffer would fill and drop while the thread waits.
+    small: CaptureWorker[int] = CaptureWorker(6, lambda b: None, lambda: None, min_batch=64)
+    assert small._min_batch == 3
