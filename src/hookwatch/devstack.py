@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -27,6 +28,10 @@ import yaml
 
 MODEL_NAME = "digits"
 
+#: Where ``Ports.free`` looks: above the registered services people run on a workstation,
+#: below Linux's default ephemeral range (the upper bound follows the kernel's setting).
+_FREE_PORT_RANGE = (20000, 32767)
+
 
 #: Environment variable that overrides each port, by Ports field name.
 PORT_ENV: Mapping[str, str] = {
@@ -38,6 +43,22 @@ PORT_ENV: Mapping[str, str] = {
     "grpc_inference": "TS_GRPC_INFERENCE_PORT",
     "grpc_management": "TS_GRPC_MANAGEMENT_PORT",
 }
+
+
+def _ephemeral_low(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> int:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -56,26 +77,31 @@ class Ports:
         lines = []
         for f in fields(self):
             port = getattr(self, f.name)
-            with socket.socket() as sock:
-                try:
-                    sock.bind(("127.0.0.1", port))
-                except OSError:
-                    lines.append(f"port {port} ({f.name}) is in use: set {PORT_ENV[f.name]}")
+            if not _bindable(port):
+                lines.append(f"port {port} ({f.name}) is in use: set {PORT_ENV[f.name]}")
         return lines
 
     @classmethod
-    def free(cls) -> Ports:
-        """Loopback ports the kernel says are free now, bound together so they are distinct."""
-        sockets: list[socket.socket] = []
-        try:
-            for _ in fields(cls):
-                sock = socket.socket()
-                sock.bind(("127.0.0.1", 0))
-                sockets.append(sock)
-            return cls(*(int(sock.getsockname()[1]) for sock in sockets))
-        finally:
-            for sock in sockets:
-                sock.close()
+    def free(cls, rng: random.Random | None = None) -> Ports:
+        """Distinct loopback ports that nothing listens on, chosen outside the ephemeral range.
+
+        A port the kernel hands out for ``bind(0)`` comes from the range it also uses for the
+        source port of every outgoing connection, so between choosing it and TorchServe binding
+        it, any client socket (the load generator's, a test's) may take it. Ports below that
+        range are never handed out implicitly.
+        """
+        rng = rng or random.Random()
+        low, high = _FREE_PORT_RANGE[0], min(_FREE_PORT_RANGE[1], _ephemeral_low() - 1)
+        if high - low < 1000:  # a kernel tuned to an unusual range: best effort, whole span
+            high = _FREE_PORT_RANGE[1]
+        chosen: list[int] = []
+        for _ in range(200 * len(fields(cls))):
+            port = rng.randint(low, high)
+            if port not in chosen and _bindable(port):
+                chosen.append(port)
+                if len(chosen) == len(fields(cls)):
+                    return cls(*chosen)
+        raise RuntimeError(f"expected {len(fields(cls))} free ports in {low}-{high}, got {chosen}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Ports:

@@ -1,11 +1,11 @@
 """The monitor one model gets: sampling gate, hooks, capture worker and metric publishing.
 
-Request path (``request()`` and the hooks): one in-place counter increment per batch and one
-random draw; on a sampled forward, per hook an owned copy (small activations) or the cheap
-reduction (large ones) appended to the forward's record, and at the end one non-blocking hand-off
-of that record. Capture path (the worker thread): batched reductions in numpy, drift windows,
-and tallies that are published to prometheus-client once per ``flush_interval_s``, so the cost
-of metric writes follows the number of series, not the traffic.
+Request path (``request()`` and the hooks): one random draw and an integer tally per batch; on
+a sampled forward, per hook an owned copy (small activations) or the cheap reduction (large ones)
+appended to the forward's record, and at the end one non-blocking hand-off of that record.
+Capture path (the worker thread): batched reductions in numpy, drift windows, and tallies that
+are published to prometheus-client once per ``flush_interval_s`` (request counts included), so
+the cost of metric writes follows the number of series, not the traffic.
 """
 
 from __future__ import annotations
@@ -122,8 +122,9 @@ class Monitor:
         self._local = threading.local()
         self._rng = random.Random(config.seed)
         self._log = RateLimitedLog(log)
-        # Request-thread tallies (single writer), kept for tests and the bench; the exported
-        # counters below are incremented directly and bound once to skip label lookups.
+        # Request tallies: the request path adds, every publish exports the difference to the
+        # counters below (bound once to skip label lookups).
+        self._count_lock = threading.Lock()
         self.requests = 0
         self.sampled = 0
         self.rejected = 0
@@ -177,20 +178,20 @@ class Monitor:
 
     def request(self, batch_size: int = 1) -> _RequestScope:
         """Count ``batch_size`` requests and decide whether this forward pass is captured."""
-        self.requests += batch_size
-        # Request counters go straight to the (memory-mapped) value: a worker killed with
-        # SIGKILL then loses none of the requests it served. One locked write per batch.
-        self._requests_total.inc(batch_size)
         rate = self.config.sample_rate
         sampled = self.config.enabled and rate > 0.0 and (rate >= 1.0 or self._rng.random() < rate)
-        if sampled:
-            self.sampled += batch_size
-            self._sampled_total.inc(batch_size)
+        # Plain integers under an uncontended lock: the capture thread publishes them. An
+        # exported counter's increment here (a lock, a struct pack into a memory-mapped file,
+        # three Python frames) measured ~13 µs per request between the layers of a real forward.
+        with self._count_lock:
+            self.requests += batch_size
+            if sampled:
+                self.sampled += batch_size
         return _RequestScope(self, sampled)
 
     def reject(self, count: int = 1) -> None:
-        self.rejected += count
-        self._rejected_total.inc(count)
+        with self._count_lock:
+            self.rejected += count
 
     def _begin_record(self) -> None:
         self._local.record = []
@@ -450,6 +451,16 @@ class Monitor:
             layers, self._pending_layers = self._pending_layers, defaultdict(_LayerTally)
             drift, self._pending_drift = self._pending_drift, {}
             bins, self._pending_bins = self._pending_bins, {}
+        with self._count_lock:
+            counts = (
+                (self._requests_total, "requests", self.requests),
+                (self._sampled_total, "sampled", self.sampled),
+                (self._rejected_total, "rejected", self.rejected),
+            )
+        for counter, key, current in counts:
+            delta = self._delta(key, current)
+            if delta:
+                counter.inc(delta)
         for layer, tally in layers.items():
             self._publish_layer(layer, tally)
         for detector in sorted(drift):

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import random
 import socket
+from pathlib import Path
 
 import pytest
 
+from hookwatch import devstack
 from hookwatch.devstack import PORT_ENV, Ports
 
 
@@ -31,3 +34,28 @@ def test_free_ports_are_distinct_and_busy_names_the_variable() -> None:
         assert ports.busy() == [
             f"port {ports.exporter} (exporter) is in use: set HOOKWATCH_EXPORTER_PORT"
         ]
+
+
+def test_free_ports_stay_below_the_ephemeral_range() -> None:
+    # Outgoing connections take source ports from the ephemeral range; a port chosen there can
+    # be taken by any client socket before the server binds it.
+    low = devstack._ephemeral_low()
+    for seed in range(20):
+        ports = Ports.free(random.Random(seed))
+        assert all(devstack._FREE_PORT_RANGE[0] <= p < low for p in ports.__dict__.values())
+
+
+def test_free_ports_skip_a_port_in_use() -> None:
+    first = Ports.free(random.Random(7))
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", first.inference))
+        holder.listen()
+        again = Ports.free(random.Random(7))
+    assert first.inference not in again.__dict__.values()
+    assert again.inference == first.management  # the same draws, the busy one passed over
+
+
+def test_ephemeral_low_falls_back_when_unreadable(tmp_path: Path) -> None:
+    assert devstack._ephemeral_low(tmp_path / "missing") == 32768
+    (tmp_path / "range").write_text("40000\t60999\n")
+    assert devstack._ephemeral_low(tmp_path / "range") == 40000

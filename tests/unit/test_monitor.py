@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 
 import pytest
 import torch
@@ -260,3 +261,30 @@ def test_results_reach_the_metrics_on_publish_not_per_drain(metrics: MetricSet) 
     monitor.flush()
     assert value(metrics, "hookwatch_captures_total", model="m", layer="act") == 4
     monitor.close()
+
+
+def test_request_counts_are_exported_on_publish_and_exact_across_threads(
+    metrics: MetricSet,
+) -> None:
+    net = Net()
+    config = MonitoringConfig.from_mapping(
+        {"layers": ["act"], "sample_rate": 0.5, "flush_interval_s": 60, "seed": 3}
+    )
+    monitor = Monitor.attach(net, config, "m", metrics)
+    threads = [threading.Thread(target=run, args=(monitor, net, 200, 2)) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    monitor.reject(3)
+    # The request path keeps tallies; nothing is written to the exported counters per request.
+    assert value(metrics, "hookwatch_requests_total", model="m") == 0
+    monitor.flush()
+    assert value(metrics, "hookwatch_requests_total", model="m") == 1600
+    assert value(metrics, "hookwatch_requests_sampled_total", model="m") == monitor.sampled
+    assert 0 < monitor.sampled < 1600
+    assert value(metrics, "hookwatch_requests_rejected_total", model="m") == 3
+    # A second publish adds only what came since.
+    run(monitor, net, batches=5)
+    monitor.close()
+    assert value(metrics, "hookwatch_requests_total", model="m") == 1605
