@@ -246,8 +246,8 @@ LABELS: dict[str, str] = {
     + ", ".join(f"`{v}`" for v in OUTPUT_DRIFT_DETECTORS)
     + " (drift metrics).",
     "feature": "index of the feature in the detector's input (0 up to `max_features - 1`; for "
-    "`output` the class), as fixed by the drift profile; only `monitoring.drift."
-    "fleet_detectors`.",
+    "`output` the class; for a projected layer the principal component, the residual distance "
+    "last), as fixed by the drift profile; only `monitoring.drift.fleet_detectors`.",
     "bin": "index of the reference-quantile bin, `0` up to `drift.bins - 1` (for `class_mix` "
     "the predicted class); only bins the profile has.",
 }

@@ -233,6 +233,12 @@ def _profile(args: argparse.Namespace) -> int:
         f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB): {len(profile.references)} "
         f"detectors over layers {', '.join(profile.layers)}, {profile.n_seen} reference samples"
     )
+    for p in profile.projections.values():
+        print(
+            f"  {p.layer}: {p.input_width} features projected to {p.width} "
+            f"({100 * p.explained:.1f} % of the reference variance in the components"
+            f"{', plus the residual distance' if p.residual else ''})"
+        )
     return 0
 
 

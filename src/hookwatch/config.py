@@ -17,6 +17,8 @@ OUTPUT_LAYER = "output"
 INPUT_ENCODINGS = ("json", "float32")
 #: Default ``drift.fleet_detectors``: the detectors derived from the output's logits.
 FLEET_DETECTORS = ("output", "confidence", "entropy", "class_mix")
+#: How wide layers are reduced for drift (``monitoring.drift.projection``).
+PROJECTIONS = ("pca", "none")
 
 
 def _expect(cond: bool, key: str, expected: str, got: object) -> None:
@@ -78,6 +80,13 @@ class DriftConfig:
     #: every worker and replica). Each costs two series per bin, so the default keeps the
     #: output-derived ones only: the demo then stays far below its series target.
     fleet_detectors: tuple[str, ...] = FLEET_DETECTORS
+    #: How a layer with more features than ``max_features`` is reduced for drift when a profile
+    #: is built: "pca" keeps its principal components on the reference, "none" its first
+    #: ``max_features`` features. The profile records the result; serving follows the profile.
+    projection: str = "pca"
+    #: With "pca", the most features per sample captured from a wide layer and projected: it
+    #: bounds the copy a sampled forward makes and the size of the projection in the profile.
+    projection_width: int = 4096
 
     @property
     def effective_step(self) -> int:
@@ -104,6 +113,8 @@ class DriftConfig:
             "a list of distinct detector names",
             fleet,
         )
+        projection = raw.get("projection", cls.projection)
+        _expect(projection in PROJECTIONS, "drift.projection", f"one of {PROJECTIONS}", projection)
         # Prefixed keys so errors name the full path, e.g. monitoring.drift.window.
         keyed = {f"drift.{k}": v for k, v in raw.items()}
         rate = _number(keyed, "drift.false_alarm_rate", cls.false_alarm_rate, 0.0, 0.5)
@@ -118,6 +129,10 @@ class DriftConfig:
             bins=_integer(keyed, "drift.bins", cls.bins, 2, 64),
             calibration_windows=_integer(keyed, "drift.calibration_windows", 4000, 500, 1_000_000),
             fleet_detectors=tuple(fleet),
+            projection=projection,
+            projection_width=_integer(
+                keyed, "drift.projection_width", cls.projection_width, 1, 65_536
+            ),
         )
 
 
@@ -173,6 +188,14 @@ class MonitoringConfig:
             "an integer or null",
             seed,
         )
+        max_features = _integer(raw, "max_features", 256, 1, 65_536)
+        drift = DriftConfig.from_mapping(raw.get("drift"))
+        _expect(
+            drift.projection == "none" or drift.projection_width >= max_features,
+            "drift.projection_width",
+            f"at least max_features ({max_features}) with projection 'pca'",
+            drift.projection_width,
+        )
         return cls(
             layers=tuple(layers),
             sample_rate=_number(raw, "sample_rate", 0.1, 0.0, 1.0),
@@ -180,11 +203,11 @@ class MonitoringConfig:
             capture_output=flags["capture_output"],
             queue_size=_integer(raw, "queue_size", 1024, 1, 1_000_000),
             flush_interval_s=_number(raw, "flush_interval_s", 1.0, 0.05, 60.0),
-            max_features=_integer(raw, "max_features", 256, 1, 65_536),
+            max_features=max_features,
             copy_limit=_integer(raw, "copy_limit", 4096, 0, 1 << 20),
             enabled=flags["enabled"],
             seed=seed,
-            drift=DriftConfig.from_mapping(raw.get("drift")),
+            drift=drift,
         )
 
 

@@ -34,6 +34,8 @@ OUTPUT_DETECTORS = ("output", "confidence", "entropy", "class_mix")
 #: Aggregations of per-feature statistics into one detector score.
 AGGREGATIONS = ("mean", "max")
 MAX_BINS = 64
+#: Principal directions with less variance than this share of the largest are not kept.
+_RELATIVE_RANK_TOL = 1e-10
 
 
 def _expect(cond: bool, expected: str, got: object) -> None:
@@ -313,6 +315,95 @@ def derive(
     }
 
 
+@dataclass(frozen=True)
+class Projection:
+    """A layer's principal components on the reference: ``[B, W]`` features to ``[B, <= k]``.
+
+    A layer wider than the detector's feature budget keeps the directions in which the
+    reference varies most instead of its first units, so a shift confined to units past the
+    budget still reaches the test. What the components leave out is kept as one more feature,
+    the distance from their subspace: a shift in directions the reference never varied in
+    (noise in pixels that were always dark) shows there. Each is then binned like any feature.
+    """
+
+    layer: str
+    #: Reference mean of the layer's features, ``[W]``.
+    mean: NDArray[np.float32]
+    #: Unit-length principal directions as columns, ``[W, c]``, largest variance first.
+    components: NDArray[np.float32]
+    #: Share of the reference's total variance the components keep.
+    explained: float
+    #: Whether the distance from the components' subspace is the last feature (it is left out
+    #: when the components keep all the reference variance: it would be binned on rounding).
+    residual: bool = True
+
+    def __post_init__(self) -> None:
+        w = self.mean.shape[0] if self.mean.ndim == 1 else -1
+        _expect(
+            self.components.ndim == 2 and self.components.shape[0] == w,
+            f"components [{w}, c] for a mean of shape {self.mean.shape}",
+            self.components.shape,
+        )
+        _expect(0.0 <= self.explained <= 1.0, "an explained share in [0, 1]", self.explained)
+
+    @property
+    def input_width(self) -> int:
+        return int(self.mean.shape[0])
+
+    @property
+    def width(self) -> int:
+        """Features out: the components, and the residual distance when kept."""
+        return int(self.components.shape[1]) + int(self.residual)
+
+    @classmethod
+    def fit(cls, layer: str, x: NDArray[Any], k: int) -> Projection:
+        """At most ``k`` features from reference features ``x`` ``[N, W]``: the top ``k - 1``
+        principal directions and the residual distance, or fewer directions when the reference
+        varies in fewer (directions without variance would be binned on rounding noise)."""
+        x = np.asarray(x, dtype=np.float64)
+        _expect(x.ndim == 2 and x.shape[0] >= 2, "reference features [N >= 2, W]", x.shape)
+        _expect(k >= 1, "k >= 1", k)
+        mean = x.mean(axis=0)
+        centred = x - mean
+        n, w = centred.shape
+        # The smaller of the two Gram matrices: W x W for many samples, N x N for wide layers.
+        if w <= n:
+            values, vectors = np.linalg.eigh(centred.T @ centred)
+        else:
+            values, small = np.linalg.eigh(centred @ centred.T)
+            vectors = centred.T @ small
+        order = np.argsort(values)[::-1]
+        values, vectors = values[order], vectors[:, order]
+        total = float(np.einsum("ij,ij->", centred, centred))
+        keep = values > max(float(values[0]), 0.0) * _RELATIVE_RANK_TOL
+        residual = int(keep.sum()) > k - 1
+        keep[k - 1 if residual else k :] = False
+        values, vectors = values[keep], vectors[:, keep]
+        vectors = vectors / np.linalg.norm(vectors, axis=0, keepdims=True)
+        # A fixed sign per direction (largest entry positive): refits give the same features.
+        flip = np.sign(vectors[np.abs(vectors).argmax(axis=0), np.arange(vectors.shape[1])])
+        vectors = vectors * np.where(flip == 0, 1.0, flip)
+        explained = min(float(values.sum() / total), 1.0) if total > 0 else 0.0
+        return cls(layer, mean.astype(np.float32), vectors.astype(np.float32), explained, residual)
+
+    def apply(self, x: NDArray[Any]) -> FloatArray:
+        """Component scores, then the residual distance, ``[B, width]`` of features ``[B, W]``."""
+        x = np.asarray(x, dtype=np.float32)
+        _expect(
+            x.ndim == 2 and x.shape[1] == self.input_width,
+            f"features [B, {self.input_width}] for the projection of {self.layer!r}",
+            x.shape,
+        )
+        centred = x - self.mean
+        scores = centred @ self.components
+        if not self.residual:
+            return scores.astype(np.float64)
+        rest = centred - scores @ self.components.T
+        distance = np.sqrt(np.einsum("ij,ij->i", rest, rest))
+        result: FloatArray = np.concatenate([scores, distance[:, None]], axis=1, dtype=np.float64)
+        return result
+
+
 # -- calibration -------------------------------------------------------------------------------
 
 
@@ -474,6 +565,8 @@ class DriftTracker:
     #: Detectors whose bin counts are also tallied for :meth:`take_counts` (the fleet-wide
     #: counters); the others pay nothing for it.
     tallied: frozenset[str] = frozenset()
+    #: Per layer, the projection its features go through before binning (wide layers only).
+    projections: Mapping[str, Projection] = field(default_factory=dict)
     _windows: dict[str, SlidingWindow] = field(default_factory=dict)
     _tally: dict[str, IntArray] = field(default_factory=dict)
     _since: dict[str, int] = field(default_factory=dict)
@@ -491,6 +584,9 @@ class DriftTracker:
 
     def update(self, layer: str, features: NDArray[Any]) -> list[DriftResult]:
         results: list[DriftResult] = []
+        projection = self.projections.get(layer)
+        if projection is not None:
+            features = projection.apply(features)
         for name, x in derive(layer, features, self.output_layer).items():
             ref = self.references.get(name)
             if ref is None:
@@ -515,6 +611,10 @@ class DriftTracker:
                     self._since[name] = 0
                     results.append(self.evaluate(name))
         return results
+
+    def feature_widths(self) -> dict[str, int]:
+        """Features each projected layer must capture: its projection's input width."""
+        return {layer: p.input_width for layer, p in self.projections.items()}
 
     def take_counts(self) -> dict[str, IntArray]:
         """Bin counts ``[F, K]`` per tallied detector since the last call, then forget them."""

@@ -14,7 +14,7 @@ import difflib
 import enum
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, NamedTuple, Protocol
 
@@ -101,6 +101,7 @@ class LayerHook:
         max_features: int,
         on_input: bool = False,
         copy_limit: int = 0,
+        width: int | None = None,
     ) -> None:
         self.name = name
         self._copy_limit = copy_limit
@@ -108,6 +109,7 @@ class LayerHook:
         self._gate = gate
         self._sink = sink
         self._max_features = max_features
+        self._width = width
         self._flatten = on_input
         self._handle: RemovableHandle | None
         self.state = HookState.ATTACHED
@@ -141,7 +143,9 @@ class LayerHook:
                 capture = Capture(
                     layer=self.name,
                     stats=reduce_activation(tensor),
-                    features=feature_summary(tensor, self._max_features, self._flatten),
+                    features=feature_summary(
+                        tensor, self._max_features, self._flatten, self._width
+                    ),
                 )
             self._sink.offer(capture)
         except Exception as error:  # a monitor must never fail the request
@@ -197,7 +201,9 @@ class HookSet:
         layers: Sequence[str],
         capture_input: bool = True,
         capture_output: bool = True,
+        widths: Mapping[str, int] | None = None,
     ) -> HookSet:
+        """Register the hooks; ``widths`` overrides ``max_features`` per layer (projected ones)."""
         if self.state is not HookState.DETACHED:
             raise RuntimeError(f"expected a detached HookSet, got state {self.state.value}")
         # Resolve every path before registering anything, so a typo leaves the model untouched.
@@ -217,6 +223,7 @@ class HookSet:
                 self._max_features,
                 on_input=on_input,
                 copy_limit=self._copy_limit,
+                width=None if widths is None else widths.get(name),
             )
         self.state = HookState.ATTACHED
         return self

@@ -141,6 +141,8 @@ class Monitor:
         self._process_faults: dict[str, int] = defaultdict(int)
         #: Sliding-window drift tests (capture thread only); None without a profile.
         self.drift: DriftTracker | None = None
+        #: Features kept per layer where the profile projects it (its input width).
+        self._widths: dict[str, int] = {}
         self._drift_off: set[str] = set()
         #: Fleet-wide drift counters per (detector, kept feature, bin), bound once at load.
         self._bin_counters: dict[str, dict[tuple[int, int], Any]] = {}
@@ -168,8 +170,16 @@ class Monitor:
             monitor.drift.tallied = frozenset(config.drift.fleet_detectors) & set(
                 monitor.drift.references
             )
+        if monitor.drift is not None:
+            monitor._widths = monitor.drift.feature_widths()
         if config.enabled:
-            monitor.hooks.attach(model, config.layers, config.capture_input, config.capture_output)
+            monitor.hooks.attach(
+                model,
+                config.layers,
+                config.capture_input,
+                config.capture_output,
+                widths=monitor._widths,
+            )
         monitor._declare_series()
         monitor.worker.start()
         return monitor
@@ -342,7 +352,14 @@ class Monitor:
                 batch = batch.float()  # half precision has no numpy twin on every build
             x = batch.cpu().numpy()
             stats.append(reduce_rows(x))
-            features.append(feature_rows(x, self.config.max_features, flatten=layer == INPUT_LAYER))
+            features.append(
+                feature_rows(
+                    x,
+                    self.config.max_features,
+                    flatten=layer == INPUT_LAYER,
+                    width=self._widths.get(layer),
+                )
+            )
         feats = (
             None if not features else np.concatenate(features) if len(features) > 1 else features[0]
         )

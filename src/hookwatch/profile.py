@@ -2,9 +2,11 @@
 
 The file is a numpy ``.npz`` (no pickle) holding a JSON header and, per detector, bin edges
 ``[F, K-1]``, reference bin counts ``[F, K]`` and the bin codes ``[S, F]`` (uint8) of at most
-``max_codes`` reference samples for calibration. Its size is bounded by the number of features,
-bins and ``max_codes``, whatever the amount of reference data: the builder keeps a uniform
-reservoir of at most ``max_reference`` samples and forgets everything else.
+``max_codes`` reference samples for calibration; per layer wider than ``max_features`` (with
+``drift.projection: pca``), its projection: a mean ``[W]`` and principal directions ``[W, k]``.
+Its size is bounded by the number of features, bins, ``max_codes`` and the projection widths,
+whatever the amount of reference data: the builder keeps a uniform reservoir of at most
+``max_reference`` samples and forgets everything else.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import logging
 import time
 import zipfile
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ from hookwatch.drift import (
     BinnedReference,
     Calibration,
     DriftTracker,
+    Projection,
     calibrate,
     derive,
 )
@@ -38,7 +41,9 @@ from hookwatch.hooks import Capture, Gate, HookSet
 log = logging.getLogger("hookwatch")
 
 FORMAT = "hookwatch-drift-profile"
-VERSION = 1
+VERSION = 2
+#: Versions this code reads: version 1 predates projections and has none.
+READABLE = (1, 2)
 _FIELDS = ("edges", "counts", "codes")
 
 
@@ -67,6 +72,8 @@ class DriftProfile:
     bins: int
     max_features: int
     created: float
+    #: Per projected layer, what its features go through before binning.
+    projections: Mapping[str, Projection] = field(default_factory=dict)
 
     def header(self) -> dict[str, Any]:
         return {
@@ -89,6 +96,16 @@ class DriftProfile:
                 }
                 for r in self.references.values()
             ],
+            "projections": [
+                {
+                    "layer": p.layer,
+                    "input_width": p.input_width,
+                    "width": p.width,
+                    "explained": p.explained,
+                    "residual": p.residual,
+                }
+                for p in self.projections.values()
+            ],
         }
 
     def save(self, path: Path) -> Path:
@@ -99,6 +116,9 @@ class DriftProfile:
             arrays[f"d{i}.edges"] = ref.edges.astype(np.float32)
             arrays[f"d{i}.counts"] = ref.counts.astype(np.int64)
             arrays[f"d{i}.codes"] = ref.codes
+        for i, projection in enumerate(self.projections.values()):
+            arrays[f"p{i}.mean"] = projection.mean
+            arrays[f"p{i}.components"] = projection.components
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("wb") as handle:
             np.savez_compressed(handle, **arrays)  # type: ignore[arg-type]
@@ -116,10 +136,10 @@ class DriftProfile:
         header = json.loads(arrays["header"].tobytes().decode())
         if header.get("format") != FORMAT:
             raise ProfileError(f"expected format {FORMAT!r}, got {header.get('format')!r}")
-        if header.get("version") != VERSION:
+        if header.get("version") not in READABLE:
             raise ProfileError(
-                f"expected profile version {VERSION}, got {header.get('version')!r} "
-                "(rebuild it with `hookwatch profile`)"
+                f"expected profile version {' or '.join(map(str, READABLE))}, got "
+                f"{header.get('version')!r} (rebuild it with `hookwatch profile`)"
             )
         references: dict[str, BinnedReference] = {}
         for i, meta in enumerate(header["detectors"]):
@@ -134,9 +154,19 @@ class DriftProfile:
                 dropped=tuple(meta["dropped"]),
                 kept=tuple(meta["kept"]),
             )
+        projections: dict[str, Projection] = {}
+        for i, meta in enumerate(header.get("projections", [])):
+            projections[meta["layer"]] = Projection(
+                layer=meta["layer"],
+                mean=arrays[f"p{i}.mean"].astype(np.float32),
+                components=arrays[f"p{i}.components"].astype(np.float32),
+                explained=float(meta["explained"]),
+                residual=bool(meta["residual"]),
+            )
         return cls(
             model=header["model"],
             references=references,
+            projections=projections,
             layers=tuple(header["layers"]),
             n_seen=int(header["n_seen"]),
             bins=int(header["bins"]),
@@ -170,11 +200,16 @@ class DriftProfile:
         seed: int = 0,
     ) -> DriftTracker:
         calibration = self.calibrate(window, false_alarm_rate, windows, seed)
-        return DriftTracker(self.references, calibration, step, OUTPUT_LAYER)
+        return DriftTracker(
+            self.references, calibration, step, OUTPUT_LAYER, projections=self.projections
+        )
 
     def size_bytes(self) -> int:
         buffer = io.BytesIO()
         arrays = {f"{r.name}.{f}": getattr(r, f) for r in self.references.values() for f in _FIELDS}
+        for p in self.projections.values():
+            arrays[f"{p.layer}.mean"] = p.mean
+            arrays[f"{p.layer}.components"] = p.components
         np.savez_compressed(buffer, **arrays)
         return buffer.tell()
 
@@ -229,12 +264,23 @@ def capture_features(
     config: MonitoringConfig,
     batches: Iterable[torch.Tensor],
 ) -> Iterable[dict[str, NDArray[np.float32]]]:
-    """Yield, per batch, the features the serving hooks capture for every watched layer."""
+    """Yield, per batch, the features the serving hooks capture for every watched layer.
+
+    With ``drift.projection: pca`` every layer but the output is captured up to
+    ``drift.projection_width`` features, so a wide one can be projected.
+    """
     collector = _Collector()
     gate = Gate()
     hooks = HookSet(gate, collector, config.max_features)
+    widths = (
+        {layer: config.drift.projection_width for layer in config.watched if layer != OUTPUT_LAYER}
+        if config.drift.projection == "pca"
+        else None
+    )
     model.eval()
-    with hooks.attach(model, config.layers, config.capture_input, config.capture_output):
+    with hooks.attach(
+        model, config.layers, config.capture_input, config.capture_output, widths=widths
+    ):
         for batch in batches:
             gate.set(True)
             try:
@@ -278,8 +324,23 @@ def build_profile(
     if n < 2:
         raise ValueError(f"expected at least 2 reference samples, got {n}")
     pick = np.sort(codes_rng.choice(n, size=min(n, max_codes), replace=False))
+    projections: dict[str, Projection] = {}
     for layer in config.watched:
-        for name, x in derive(layer, sample[layer], OUTPUT_LAYER).items():
+        values: NDArray[Any] = sample[layer]
+        # The output stays per class: its softmax and the predictions need every logit.
+        if layer != OUTPUT_LAYER and values.shape[1] > config.max_features:
+            projection = projections[layer] = Projection.fit(layer, values, config.max_features)
+            values = projection.apply(values)
+            log.info(
+                "hookwatch: layer %r has %d features; drift tests %d principal components "
+                "(%.1f %% of the reference variance)%s",
+                layer,
+                projection.input_width,
+                projection.components.shape[1],
+                100 * projection.explained,
+                " and the residual distance" if projection.residual else "",
+            )
+        for name, x in derive(layer, values, OUTPUT_LAYER).items():
             if name != layer and name in config.watched:
                 raise ValueError(f"expected no watched layer named like detector {name!r}")
             if name == "class_mix":
@@ -308,6 +369,7 @@ def build_profile(
         bins=bins,
         max_features=config.max_features,
         created=time.time(),
+        projections=projections,
     )
 
 

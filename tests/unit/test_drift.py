@@ -11,6 +11,7 @@ from scipy import stats
 from hookwatch.drift import (
     BinnedReference,
     DriftTracker,
+    Projection,
     SlidingWindow,
     bin_counts,
     calibrate,
@@ -183,3 +184,43 @@ def test_invalid_arguments_fail_with_expected_and_got() -> None:
     _, ref = _reference()
     with pytest.raises(ValueError, match="expected a false alarm rate"):
         calibrate([ref], 10, 0.0)
+
+
+@pytest.mark.parametrize(("n", "width"), [(500, 40), (30, 80)])
+def test_projection_matches_sklearn_pca_and_keeps_the_residual(n: int, width: int) -> None:
+    from sklearn.decomposition import PCA
+
+    rng = np.random.default_rng(3)
+    # Low rank plus a little noise, scaled unevenly: the shape of a real layer's activations.
+    x = rng.normal(size=(n, 6)) @ rng.normal(size=(6, width)) * rng.uniform(0.5, 3, width)
+    x += 0.01 * rng.normal(size=(n, width)) + 5.0
+    projection = Projection.fit("layer", x, 5)
+    reference = PCA(n_components=4, svd_solver="full").fit(x)
+    assert projection.width == 5 and projection.residual and projection.input_width == width
+    assert projection.explained == pytest.approx(reference.explained_variance_ratio_.sum(), 1e-5)
+    # The same scores up to each component's sign (which the projection fixes itself) ...
+    ours, theirs = projection.apply(x), reference.transform(x)
+    signs = np.sign((ours[:, :4] * theirs).sum(axis=0))
+    scale = np.abs(theirs).max()
+    np.testing.assert_allclose(ours[:, :4], theirs * signs, rtol=1e-3, atol=1e-3 * scale)
+    # ... and last, the distance from the reconstruction through those four components.
+    distance = np.linalg.norm(x - reference.inverse_transform(theirs), axis=1)
+    np.testing.assert_allclose(ours[:, 4], distance, rtol=1e-3, atol=1e-3 * distance.max())
+
+
+def test_projection_leaves_out_directions_without_reference_variance() -> None:
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(300, 3)) @ rng.normal(size=(3, 50))
+    projection = Projection.fit("layer", x, 10)
+    # Three directions hold everything: no empty components, no residual binned on rounding.
+    assert projection.width == 3 and not projection.residual
+    assert projection.explained == pytest.approx(1.0)
+    refit = Projection.fit("layer", x[::-1].copy(), 10)
+    np.testing.assert_allclose(np.abs(refit.components - projection.components).max(), 0, atol=1e-5)
+    with pytest.raises(ValueError, match=r"expected features \[B, 50\]"):
+        projection.apply(x[:, :49])
+    # A shift off the reference's subspace moves the residual when one is kept.
+    full = Projection.fit("layer", x + 0.01 * rng.normal(size=x.shape), 4)
+    assert full.residual and full.width == 4
+    moved = x + 0.5 * rng.normal(size=x.shape)
+    assert full.apply(moved)[:, 3].mean() > 20 * full.apply(x)[:, 3].mean()

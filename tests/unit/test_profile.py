@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from hookwatch.config import MonitoringConfig
 from hookwatch.demo.digits_cnn import DigitsCNN
@@ -93,7 +94,7 @@ def test_save_load_round_trip_and_version_check(tmp_path: Path) -> None:
     header["version"] = VERSION + 1
     arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
     np.savez(tmp_path / "future.npz", **arrays)
-    with pytest.raises(ProfileError, match=f"expected profile version {VERSION}"):
+    with pytest.raises(ProfileError, match="expected profile version 1 or 2, got 3"):
         DriftProfile.load(tmp_path / "future.npz")
     (tmp_path / "junk.npz").write_bytes(b"not a profile")
     with pytest.raises(ProfileError, match="expected a hookwatch-drift-profile"):
@@ -198,6 +199,120 @@ def test_drift_knobs_are_typed_and_checked() -> None:
         ({"profile": "../x.npz"}, "monitoring.drift.profile: expected a file name"),
         ({"windwo": 5}, "monitoring.drift: expected only the keys"),
         ({"step": 500}, "monitoring.drift.step: expected an integer in \\[0, 200\\]"),
+        ({"projection": "pcaa"}, "monitoring.drift.projection: expected one of"),
+        ({"projection_width": 100}, "projection_width: expected at least max_features \\(256\\)"),
     ):
         with pytest.raises(ConfigError, match=message):
             MonitoringConfig.from_mapping({"layers": [], "drift": bad})
+
+
+class _TwoHalves(nn.Module):
+    """A 128-unit layer whose first 64 units see inputs 0-7 only and the rest inputs 8-15 only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.left = nn.Linear(8, 64)
+        self.right = nn.Linear(8, 64)
+        self.act = nn.Tanh()
+        self.head = nn.Linear(128, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.act(torch.cat([self.left(x[:, :8]), self.right(x[:, 8:])], dim=1))
+        out: torch.Tensor = self.head(hidden)
+        return out
+
+
+def _wide_config(projection: str) -> MonitoringConfig:
+    return MonitoringConfig.from_mapping(
+        {
+            "layers": ["act"],
+            "capture_input": False,
+            "capture_output": False,
+            "max_features": 16,
+            "sample_rate": 1.0,
+            "seed": 0,
+            "drift": {"window": 100, "step": 25, "projection": projection},
+        }
+    )
+
+
+def _gaussian(n: int, seed: int, shift: float = 0.0) -> torch.Tensor:
+    x = torch.randn(n, 16, generator=torch.Generator().manual_seed(seed))
+    x[:, 8:] += shift  # only the inputs behind units 64-127 move
+    return x
+
+
+def _alarm_share(projection: str, shift: float) -> float:
+    model, config = _TwoHalves().eval(), _wide_config(projection)
+    profile = build_profile(model, config, [_gaussian(2000, 0)], "wide")
+    tracker = profile.tracker(100, 25, 0.01, windows=1000)
+    verdicts = [
+        result.is_drift
+        for batch in capture_features(model, config, [_gaussian(1000, 1, shift)])
+        for result in tracker.update("act", batch["act"])
+    ]
+    assert len(verdicts) == 37  # a verdict at 100, 125, ..., 1000
+    return float(np.mean(verdicts))
+
+
+def test_a_wide_layer_is_tested_on_its_principal_components() -> None:
+    model = _TwoHalves().eval()
+    profile = build_profile(model, _wide_config("pca"), [_gaussian(2000, 0)], "wide")
+    projection = profile.projections["act"]
+    assert projection.input_width == 128 and projection.width == 16 and projection.residual
+    # The features binned: 15 components of everything the layer does and the distance from
+    # them, not units 0-15.
+    assert profile.references["act"].n_features == 16
+    assert 0.5 < projection.explained < 1.0
+    truncated = build_profile(model, _wide_config("none"), [_gaussian(2000, 0)], "wide")
+    assert truncated.projections == {} and truncated.references["act"].n_features == 16
+
+
+def test_a_shift_behind_units_past_the_budget_is_seen_only_with_the_projection() -> None:
+    # Truncation keeps units 0-15, which never see inputs 8-15: that shift is invisible to it.
+    assert _alarm_share("none", 1.0) <= 0.1
+    assert _alarm_share("pca", 1.0) >= 0.9
+    assert _alarm_share("pca", 0.0) <= 0.1
+
+
+def test_a_projected_profile_round_trips_and_the_monitor_captures_its_width(
+    tmp_path: Path, metrics: MetricSet
+) -> None:
+    model, config = _TwoHalves().eval(), _wide_config("pca")
+    profile = build_profile(model, config, [_gaussian(2000, 0)], "wide")
+    loaded = DriftProfile.load(profile.save(tmp_path / config.drift.profile))
+    original, restored = profile.projections["act"], loaded.projections["act"]
+    np.testing.assert_array_equal(restored.components, original.components)
+    np.testing.assert_array_equal(restored.mean, original.mean)
+    assert restored.explained == original.explained and restored.residual == original.residual
+    # Both hand-off paths: copies reduced on the capture thread, and reductions in the hook.
+    for copy_limit in (4096, 0):
+        config = MonitoringConfig.from_mapping(
+            {
+                "layers": ["act"],
+                "capture_input": False,
+                "capture_output": False,
+                "max_features": 16,
+                "sample_rate": 1.0,
+                "copy_limit": copy_limit,
+                "drift": {"window": 100, "step": 25},
+            }
+        )
+        tracker = load_tracker(config, tmp_path, "wide")
+        assert tracker is not None and tracker.feature_widths() == {"act": 128}
+        monitor = Monitor.attach(model, config, "wide", metrics, drift=tracker)
+        try:
+            for x in _gaussian(200, 5 + copy_limit, shift=2.0).split(8):
+                with torch.inference_mode(), monitor.request(len(x)):
+                    model(x)
+            assert monitor.flush()
+            key = (
+                "hookwatch_drift_detected",
+                (("detector", "act"), ("level", "activation"), ("model", "wide")),
+            )
+            assert metrics.sample_values()[key] == 1
+            faults = ("hookwatch_monitor_faults_total", (("layer", "act"), ("model", "wide")))
+            assert metrics.sample_values()[faults] == 0
+        finally:
+            monitor.close()

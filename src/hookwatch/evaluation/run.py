@@ -15,6 +15,7 @@ traffic. All detectors see exactly the same windows.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import platform
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +36,7 @@ from numpy.typing import NDArray
 from hookwatch.config import MonitoringConfig
 from hookwatch.demo.build import reference_split, train
 from hookwatch.demo.data import load_split
-from hookwatch.drift import Calibration, DriftTracker, bin_counts, derive
+from hookwatch.drift import Calibration, DriftTracker, Projection, bin_counts, derive
 from hookwatch.evaluation.scenarios import Scenario, build_scenarios
 from hookwatch.profile import DriftProfile, build_profile, capture_features
 
@@ -42,6 +44,11 @@ ROOT = Path(__file__).resolve().parents[3]
 WINDOWS = (20, 50, 100, 200, 500)
 EVALS_PER_STREAM = 8  # every W/4 requests over 2W shifted requests
 PENULTIMATE = "act3"
+#: The wide-layer comparison: a feature budget below the widths of the input and act2/act3.
+WIDE_BUDGET = 16
+WIDE_WINDOWS = (50, 100, 200)
+#: Levels whose features a projection can change (the output's detectors stay per class).
+WIDE_LEVELS = ("input", "activation")
 IntArray = NDArray[np.int64]
 
 
@@ -73,11 +80,15 @@ def _captured(
 
 
 def _derived(
-    config: MonitoringConfig, raw: dict[str, NDArray[np.float32]]
+    config: MonitoringConfig,
+    raw: dict[str, NDArray[np.float32]],
+    projections: Mapping[str, Projection] | None = None,
 ) -> dict[str, NDArray[np.float64]]:
     derived: dict[str, NDArray[np.float64]] = {}
     for layer in config.watched:
-        derived.update(derive(layer, raw[layer]))
+        projection = None if projections is None else projections.get(layer)
+        features = raw[layer] if projection is None else projection.apply(raw[layer])
+        derived.update(derive(layer, features))
     return derived
 
 
@@ -102,7 +113,7 @@ def _pools(
         captured = _captured(model, config, scenario.images)
         for layer in config.watched:
             raw[layer].append(captured[layer])
-        derived = _derived(config, captured)
+        derived = _derived(config, captured, profile.projections)
         for name, ref in profile.references.items():
             codes[name].append(ref.encode(derived[name]))
         softmax.append(derived["output"].astype(np.float32))
@@ -211,7 +222,9 @@ def _streaming_check(
         if name == "clean":
             continue
         stream = windows[name][2][0]
-        tracker = DriftTracker(profile.references, calibration, step)
+        tracker = DriftTracker(
+            profile.references, calibration, step, projections=profile.projections
+        )
         verdicts: dict[str, list[bool]] = {}
         for layer, features in pools.raw.items():
             for result in tracker.update(layer, features[stream]):
@@ -259,6 +272,120 @@ def _fmt_delay(x: float, w: int) -> str:
     return f"> {2 * w}" if math.isinf(x) else f"{x:.0f}"
 
 
+@dataclass
+class WideRun:
+    """Input and hidden-layer verdicts at a small feature budget, truncated and projected."""
+
+    profiles: dict[str, DriftProfile]
+    #: Per variant and W: whether any input or hidden-layer detector fired, per judged window.
+    fired: dict[tuple[str, int], NDArray[np.bool_]]
+    #: Per variant and W: share of clean reference-drawn windows where one of them fired.
+    clean: dict[tuple[str, int], float]
+
+
+def _any_level(
+    profile: DriftProfile, fired: dict[str, NDArray[np.bool_]], levels: tuple[str, ...]
+) -> NDArray[np.bool_]:
+    """Per window, whether any detector of the given levels fired."""
+    chosen = [f for name, f in fired.items() if profile.references[name].level in levels]
+    result: NDArray[np.bool_] = np.any(np.stack(chosen), axis=0)
+    return result
+
+
+def _wide_layers(
+    model: torch.nn.Module,
+    config: MonitoringConfig,
+    x_ref: NDArray[np.float32],
+    scenarios: list[Scenario],
+    payload: dict[str, Any],
+    args: argparse.Namespace,
+) -> WideRun:
+    """Rerun hookwatch's own detectors with ``max_features`` at :data:`WIDE_BUDGET`, once
+    keeping the first features of each layer and once its principal components."""
+    run = WideRun({}, {}, {})
+    started = time.perf_counter()
+    for variant in ("none", "pca"):
+        drift = dataclasses.replace(config.drift, projection=variant)
+        cfg = dataclasses.replace(config, max_features=WIDE_BUDGET, drift=drift)
+        profile = build_profile(model, cfg, _batches(x_ref), "digits", bins=drift.bins)
+        pools = _pools(model, cfg, profile, scenarios)
+        run.profiles[variant] = profile
+        for w in (w for w in WIDE_WINDOWS if w in args.windows):
+            calibration = profile.calibrate(w, config.drift.false_alarm_rate, 4000, args.seed)
+            _, fired = _hookwatch(profile, pools, payload[f"windows_{w}"], calibration.thresholds)
+            run.fired[variant, w] = _any_level(profile, fired, WIDE_LEVELS)
+            rng = np.random.default_rng(args.seed + 20_000 + w)
+            clean = np.stack(
+                [
+                    pools.offsets["clean"] + rng.choice(pools.sizes["clean"], w, replace=False)
+                    for _ in range(args.hookwatch_clean_windows)
+                ]
+            )
+            _, clean_fired = _hookwatch(profile, pools, clean, calibration.thresholds)
+            run.clean[variant, w] = float(_any_level(profile, clean_fired, WIDE_LEVELS).mean())
+        print(
+            f"wide layers, projection {variant}: done at {time.perf_counter() - started:.0f} s",
+            flush=True,
+        )
+    return run
+
+
+def _wide_table(run: Run) -> list[str]:
+    wide = run.wide
+    if wide is None or not wide.fired:
+        return []
+    pca = wide.profiles["pca"]
+    kept = []
+    for layer, ref in wide.profiles["none"].references.items():
+        if ref.level not in WIDE_LEVELS:
+            continue
+        projection = pca.projections.get(layer)
+        width = ref.n_features + len(ref.dropped)
+        if projection is None:
+            kept.append(f"`{layer}` {width} features either way")
+        else:
+            rest = " and the residual distance" if projection.residual else ""
+            kept.append(
+                f"`{layer}` its first {width} of {projection.input_width} features, or "
+                f"{projection.components.shape[1]} principal components keeping "
+                f"{100 * projection.explained:.1f} % of the reference variance{rest}"
+            )
+    windows = sorted({w for _, w in wide.fired})
+    lines = [
+        "## Wide layers: principal components against the first features",
+        "",
+        f"The same model, reference and windows with `max_features: {WIDE_BUDGET}`, below the "
+        "widths of the input (64 pixels), act2 (32 channels) and act3 (64 units), once with "
+        "`drift.projection: none` and once with `pca` (the default). Each profile is calibrated "
+        "on all its detectors as above; the cells count a window as detected when an input or "
+        "hidden-layer detector fires (the output's detectors are the same in both). Kept: "
+        + "; ".join(kept)
+        + " (with `none`, an input too large to keep whole is reduced to its channel mean).",
+        "",
+        "| scenario | " + " | ".join(f"W={w} first features | W={w} PCA" for w in windows) + " |",
+        "|---|" + "---|---|" * len(windows),
+        "| clean (false alarms, "
+        f"{run.args.hookwatch_clean_windows} windows) | "
+        + " | ".join(
+            f"{100 * wide.clean['none', w]:.1f} % | {100 * wide.clean['pca', w]:.1f} %"
+            for w in windows
+        )
+        + " |",
+    ]
+    for scenario in run.scenarios:
+        if not scenario.drifted:
+            continue
+        cells = []
+        for w in windows:
+            a, b = next((lo, hi) for name, lo, hi in run.layout[w] if name == scenario.name)
+            positions = run.per_w[w][scenario.name][1]
+            for variant in ("none", "pca"):
+                rate = _summarise(wide.fired[variant, w][a:b], positions, w)[0]
+                cells.append(_fmt_rate(rate))
+        lines.append(f"| {scenario.name} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "eval-drift.md")
@@ -269,6 +396,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calibration-windows", type=int, default=4000)
     parser.add_argument("--windows", type=int, nargs="+", default=list(WINDOWS))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--no-wide", action="store_true", help="skip the truncation/projection comparison"
+    )
     args = parser.parse_args(argv)
     started = time.perf_counter()
     torch.set_num_threads(1)
@@ -337,6 +467,11 @@ def main(argv: list[str] | None = None) -> int:
                 "level": calibration.per_detector_rate,
             }
             print(f"hookwatch W={w}: calibrated in {cal_s:.1f} s", flush=True)
+        wide = (
+            _wide_layers(model, config, x_ref, scenarios, payload, args)
+            if not args.no_wide
+            else None
+        )
         if proc.wait() != 0:
             raise RuntimeError(f"baselines exited with {proc.returncode}")
         baseline = dict(np.load(Path(tmp) / "baselines-out.npz"))
@@ -344,7 +479,18 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - started
 
     run = Run(
-        args, scenarios, per_w, layout, results, baseline, impl, profile, accuracy, far, elapsed
+        args,
+        scenarios,
+        per_w,
+        layout,
+        results,
+        baseline,
+        impl,
+        profile,
+        accuracy,
+        far,
+        elapsed,
+        wide,
     )
     lines = _table(run)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -368,6 +514,7 @@ class Run:
     accuracy: float
     far: float
     elapsed: float
+    wide: WideRun | None = None
 
 
 DETECTORS = ("hookwatch", "ks", "mmd")
@@ -516,6 +663,7 @@ def _table(run: Run) -> list[str]:
         "held-out images, so they overlap heavily and the estimate is close to a single draw.",
         "",
     ]
+    lines += _wide_table(run)
     lines += [
         "## Scenarios",
         "",
