@@ -95,7 +95,7 @@ $(EVAL_VENV)/.installed: $(BIN)/.installed
 	  > "$$($(EVAL_VENV)/bin/python -c 'import site; print(site.getsitepackages()[0])')/zz_hookwatch_torch.pth"
 	@touch $@
 
-eval-drift: $(BIN)/.installed $(EVAL_VENV)/.installed ## drift detectors vs alibi-detect baselines: writes docs/eval-drift.md (~7 min)
+eval-drift: $(BIN)/.installed $(EVAL_VENV)/.installed ## drift detectors vs alibi-detect baselines: writes docs/eval-drift.md (~8 min)
 	$(BIN)/python -m hookwatch.evaluation.run --out docs/eval-drift.md
 
 clean: stop ## remove build outputs (keeps .venv)

@@ -253,15 +253,33 @@ def _summarise(alarms: NDArray[Any], positions: NDArray[Any], w: int) -> tuple[f
     return rate, float(np.median(firsts))
 
 
-def _baselines(payload: dict[str, Any], python: str, workdir: Path) -> subprocess.Popen[bytes]:
+def _shards(sizes: list[int], n_ref: int, shards: int) -> list[list[int]]:
+    """Window sizes split over ``shards`` processes by their MMD cost, ~(n_ref + W)^2 each."""
+    loads = [0] * shards
+    out: list[list[int]] = [[] for _ in range(shards)]
+    for w in sorted(sizes, key=lambda w: -((n_ref + w) ** 2)):
+        i = loads.index(min(loads))
+        out[i].append(w)
+        loads[i] += (n_ref + w) ** 2
+    return [shard for shard in out if shard]
+
+
+def _baselines(
+    payload: dict[str, Any], python: str, workdir: Path, sizes: list[int]
+) -> list[tuple[subprocess.Popen[bytes], Path]]:
+    """Start the baseline script, one process per shard of window sizes (each one thread)."""
     source = workdir / "baselines-in.npz"
     np.savez(source, **payload)
     script = Path(__file__).with_name("baselines.py")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    return subprocess.Popen(
-        [python, str(script), str(source), str(workdir / "baselines-out.npz")], env=env
-    )
+    shards = _shards(sizes, len(payload["ref_penultimate"]), max(1, min(2, os.cpu_count() or 1)))
+    started = []
+    for i, shard in enumerate(shards):
+        out = workdir / f"baselines-out-{i}.npz"
+        cmd = [python, str(script), str(source), str(out), ",".join(map(str, shard))]
+        started.append((subprocess.Popen(cmd, env=env), out))
+    return started
 
 
 def _fmt_rate(x: float) -> str:
@@ -441,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         layout[w] = rows
     python = args.baseline_python if Path(args.baseline_python).exists() else sys.executable
     with tempfile.TemporaryDirectory() as tmp:
-        proc = _baselines(payload, python, Path(tmp))
+        procs = _baselines(payload, python, Path(tmp), list(args.windows))
         results: dict[int, dict[str, Any]] = {}
         for w in args.windows:
             t0 = time.perf_counter()
@@ -472,9 +490,11 @@ def main(argv: list[str] | None = None) -> int:
             if not args.no_wide
             else None
         )
-        if proc.wait() != 0:
-            raise RuntimeError(f"baselines exited with {proc.returncode}")
-        baseline = dict(np.load(Path(tmp) / "baselines-out.npz"))
+        baseline: dict[str, Any] = {}
+        for proc, out in procs:
+            if proc.wait() != 0:
+                raise RuntimeError(f"baselines exited with {proc.returncode}")
+            baseline.update(np.load(out))
     impl = baseline.pop("impl").tobytes().decode()
     elapsed = time.perf_counter() - started
 
