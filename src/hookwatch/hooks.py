@@ -108,8 +108,8 @@ class LayerHook:
         self._module_ref: weakref.ReferenceType[nn.Module] = weakref.ref(module)
         self._gate = gate
         self._sink = sink
-        self._max_features = max_features
-        self._width = width
+        # A projected layer keeps its projection's input width instead of the budget.
+        self._max_features = max_features if width is None else width
         self._flatten = on_input
         self._handle: RemovableHandle | None
         self.state = HookState.ATTACHED
@@ -143,9 +143,7 @@ class LayerHook:
                 capture = Capture(
                     layer=self.name,
                     stats=reduce_activation(tensor),
-                    features=feature_summary(
-                        tensor, self._max_features, self._flatten, self._width
-                    ),
+                    features=feature_summary(tensor, self._max_features, self._flatten),
                 )
             self._sink.offer(capture)
         except Exception as error:  # a monitor must never fail the request

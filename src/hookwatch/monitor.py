@@ -352,14 +352,8 @@ class Monitor:
                 batch = batch.float()  # half precision has no numpy twin on every build
             x = batch.cpu().numpy()
             stats.append(reduce_rows(x))
-            features.append(
-                feature_rows(
-                    x,
-                    self.config.max_features,
-                    flatten=layer == INPUT_LAYER,
-                    width=self._widths.get(layer),
-                )
-            )
+            width = self._widths.get(layer, self.config.max_features)
+            features.append(feature_rows(x, width, flatten=layer == INPUT_LAYER))
         feats = (
             None if not features else np.concatenate(features) if len(features) > 1 else features[0]
         )

@@ -70,28 +70,27 @@ def reduce_activation(activation: torch.Tensor) -> torch.Tensor:
 
 
 def feature_summary(
-    activation: torch.Tensor, max_features: int, flatten: bool = False, width: int | None = None
+    activation: torch.Tensor, max_features: int, flatten: bool = False
 ) -> torch.Tensor:
-    """One value per feature and sample, ``[B, F]`` with ``F <= width``, for drift tests.
+    """One value per feature and sample, ``[B, F]`` with ``F <= max_features``, for drift tests.
 
     Convolutional maps ``[B, C, ...]`` become per-channel spatial means, so drift is judged per
     feature; flat layers keep their units. With ``flatten`` (the model input), a map small enough
-    to fit in ``width`` keeps every value instead: a 1x8x8 image's channel mean would hide a
-    rotation. The first ``width`` features are kept, ``max_features`` unless given: a layer with a
-    projection in the profile hands its projection's input width to the capture thread, which
-    reduces it to ``max_features`` principal components there.
+    to fit in ``max_features`` keeps every value instead: a 1x8x8 image's channel mean would hide
+    a rotation. Wider layers keep their first ``max_features`` features: for a layer the profile
+    projects, the hook passes the projection's input width here, and the capture thread reduces
+    those features to the principal components.
     """
     x = activation.detach()
     if x.dim() == 0:
         x = x.reshape(1, 1)
     if x.dim() == 1:
         x = x.reshape(-1, 1)
-    limit = max_features if width is None else width
-    if flatten and x.dim() > 2 and x[0].numel() <= limit:
+    if flatten and x.dim() > 2 and x[0].numel() <= max_features:
         x = x.flatten(1)
     if x.dim() > 2:
         x = x.flatten(2).mean(dim=2) if x.is_floating_point() else x.flatten(2).float().mean(dim=2)
-    x = x[:, :limit]
+    x = x[:, :max_features]
     return x.float().clone() if x.dtype == torch.float32 else x.float()
 
 
@@ -126,17 +125,16 @@ def reduce_rows(activation: NDArray[Any]) -> NDArray[np.float32]:
 
 
 def feature_rows(
-    activation: NDArray[Any], max_features: int, flatten: bool = False, width: int | None = None
+    activation: NDArray[Any], max_features: int, flatten: bool = False
 ) -> NDArray[np.float32]:
-    """:func:`feature_summary` for a host array: float32 ``[B, F]``, ``F <= width``."""
+    """:func:`feature_summary` for a host array: float32 ``[B, F]``, ``F <= max_features``."""
     x = np.asarray(activation)
     if x.ndim == 0:
         x = x.reshape(1, 1)
     if x.ndim == 1:
         x = x.reshape(-1, 1)
-    limit = max_features if width is None else width
-    if flatten and x.ndim > 2 and math.prod(x.shape[1:]) <= limit:
+    if flatten and x.ndim > 2 and math.prod(x.shape[1:]) <= max_features:
         x = x.reshape(x.shape[0], -1)
     if x.ndim > 2:
         x = x.reshape(x.shape[0], x.shape[1], -1).mean(axis=2, dtype=np.float32)
-    return np.array(x[:, :limit], dtype=np.float32)
+    return np.array(x[:, :max_features], dtype=np.float32)

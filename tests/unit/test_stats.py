@@ -66,10 +66,11 @@ def test_feature_summary_is_per_channel_for_maps_and_capped() -> None:
     got = feature_summary(x, max_features=2)
     assert got.shape == (2, 2)
     np.testing.assert_allclose(got.numpy(), x.numpy().reshape(2, 3, 4).mean(2)[:, :2])
-    # A projected layer keeps ``width`` features, and an input that fits them is flattened.
-    wide = feature_summary(x, max_features=2, width=3)
+    # A projected layer's hook passes its input width: more features kept, and an input that
+    # fits them is flattened.
+    wide = feature_summary(x, max_features=3)
     np.testing.assert_allclose(wide.numpy(), x.numpy().reshape(2, 3, 4).mean(2))
-    flat = feature_summary(x, max_features=2, flatten=True, width=12)
+    flat = feature_summary(x, max_features=12, flatten=True)
     np.testing.assert_allclose(flat.numpy(), x.numpy().reshape(2, 12))
 
 
@@ -90,9 +91,9 @@ def test_numpy_forms_agree_with_the_torch_forms(shape: tuple[int, ...]) -> None:
         atol=1e-6,
     )
     for flatten in (False, True):
-        for cap, width in ((3, None), (256, None), (3, 40)):
-            got = feature_rows(x.numpy(), cap, flatten, width)
-            want = feature_summary(x, cap, flatten, width).numpy()
+        for cap in (3, 40, 256):
+            got = feature_rows(x.numpy(), cap, flatten)
+            want = feature_summary(x, cap, flatten).numpy()
             assert got.dtype == np.float32 and got.shape == want.shape
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 

@@ -156,6 +156,12 @@ def _sequence(
     return out
 
 
+def _clean_windows(pools: Pools, w: int, count: int, rng: np.random.Generator) -> IntArray:
+    """``count`` windows of ``w`` distinct clean held-out samples, as pool indices."""
+    off, size = pools.offsets["clean"], pools.sizes["clean"]
+    return np.stack([off + rng.choice(size, w, replace=False) for _ in range(count)])
+
+
 def _windows(
     scenarios: list[Scenario],
     pools: Pools,
@@ -167,11 +173,7 @@ def _windows(
 ) -> dict[str, Any]:
     rng = np.random.default_rng(seed + w)
     clean_off, clean_size = pools.offsets["clean"], pools.sizes["clean"]
-    out: dict[str, Any] = {
-        "clean": np.stack(
-            [clean_off + rng.choice(clean_size, w, replace=False) for _ in range(clean_windows)]
-        )
-    }
+    out: dict[str, Any] = {"clean": _clean_windows(pools, w, clean_windows, rng)}
     step = max(1, w // 4)
     for scenario in scenarios:
         if not scenario.drifted:
@@ -329,16 +331,13 @@ def _wide_layers(
         pools = _pools(model, cfg, profile, scenarios)
         run.profiles[variant] = profile
         for w in (w for w in WIDE_WINDOWS if w in args.windows):
-            calibration = profile.calibrate(w, config.drift.false_alarm_rate, 4000, args.seed)
+            calibration = profile.calibrate(
+                w, config.drift.false_alarm_rate, args.calibration_windows, args.seed
+            )
             _, fired = _hookwatch(profile, pools, payload[f"windows_{w}"], calibration.thresholds)
             run.fired[variant, w] = _any_level(profile, fired, WIDE_LEVELS)
             rng = np.random.default_rng(args.seed + 20_000 + w)
-            clean = np.stack(
-                [
-                    pools.offsets["clean"] + rng.choice(pools.sizes["clean"], w, replace=False)
-                    for _ in range(args.hookwatch_clean_windows)
-                ]
-            )
+            clean = _clean_windows(pools, w, args.hookwatch_clean_windows, rng)
             _, clean_fired = _hookwatch(profile, pools, clean, calibration.thresholds)
             run.clean[variant, w] = float(_any_level(profile, clean_fired, WIDE_LEVELS).mean())
         print(
@@ -468,12 +467,7 @@ def main(argv: list[str] | None = None) -> int:
             idx = payload[f"windows_{w}"]
             alarms, fired = _hookwatch(profile, pools, idx, calibration.thresholds)
             rng = np.random.default_rng(args.seed + 10_000 + w)
-            many = np.stack(
-                [
-                    pools.offsets["clean"] + rng.choice(pools.sizes["clean"], w, replace=False)
-                    for _ in range(args.hookwatch_clean_windows)
-                ]
-            )
+            many = _clean_windows(pools, w, args.hookwatch_clean_windows, rng)
             many_alarms, _ = _hookwatch(profile, pools, many, calibration.thresholds)
             check = _streaming_check(profile, pools, per_w[w], calibration, alarms, layout[w], w)
             results[w] = {
