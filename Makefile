@@ -29,14 +29,17 @@ deps: ## install the system parts if missing: Prometheus/promtool, docker-compos
 $(BIN)/.installed: pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	@# torch first, pinned: the core asks only torch>=2.1, which this build satisfies, so the
+	@# install below adds nothing and never pulls a multi-GB build from the index.
+	$(BIN)/python -m pip install -q 'torch==2.13.0'
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	@touch $@
 
 venv: $(BIN)/.installed ## create .venv and install hookwatch with its dev tools
 
 # The profile is built with the serving hooks, so their feature code is part of the .mar too.
-DRIFT_SRC := src/hookwatch/drift.py src/hookwatch/profile.py src/hookwatch/stats.py src/hookwatch/hooks.py src/hookwatch/config.py
-$(MAR): $(BIN)/.installed $(wildcard src/hookwatch/demo/*.py) $(DRIFT_SRC) handlers/hookwatch_handler.py models/digits/model-config.yaml
+DRIFT_SRC := $(wildcard src/hookwatch/_drift/*.py src/hookwatch/_profile/*.py) src/hookwatch/_stats.py src/hookwatch/_hooks.py src/hookwatch/_config.py
+$(MAR): $(BIN)/.installed $(wildcard src/hookwatch/tools/demo/*.py) $(DRIFT_SRC) handlers/hookwatch_handler.py models/digits/model-config.yaml
 	$(BIN)/hookwatch build-demo
 
 mar: $(MAR) ## train the demo CNN and archive it into model_store/
@@ -77,11 +80,11 @@ rules: deps ## promtool: check and unit-test the alerting rules in monitoring/pr
 	promtool check config monitoring/prometheus/prometheus.yml
 	cd monitoring/prometheus/tests && promtool test rules *.yml
 
-docs: $(BIN)/.installed ## regenerate docs/metrics.md from src/hookwatch/catalogue.py
+docs: $(BIN)/.installed ## regenerate docs/metrics.md from src/hookwatch/_catalogue.py
 	$(BIN)/hookwatch catalogue > docs/metrics.md
 
 bench-scrape: $(MAR) ## exporter scrape time after 100 worker restarts: writes docs/bench/scrape.md
-	$(BIN)/python -m hookwatch.bench.scrape --out docs/bench/scrape.md
+	$(BIN)/python -m hookwatch.tools.bench.scrape --out docs/bench/scrape.md
 
 # Benchmark-only environment: alibi-detect 0.13 pins numpy<2 (BSL 1.1 licence, never a runtime
 # dependency). torch is not installed again: a .pth file lends it the one from .venv.
@@ -96,7 +99,7 @@ $(EVAL_VENV)/.installed: $(BIN)/.installed
 	@touch $@
 
 eval-drift: $(BIN)/.installed $(EVAL_VENV)/.installed ## drift detectors vs alibi-detect baselines: writes docs/eval-drift.md (~8 min)
-	$(BIN)/python -m hookwatch.evaluation.run --out docs/eval-drift.md
+	$(BIN)/python -m hookwatch.tools.evaluation.run --out docs/eval-drift.md
 
 clean: stop ## remove build outputs (keeps .venv)
 	rm -rf build .run model_store/*.mar .pytest_cache .mypy_cache .ruff_cache

@@ -1,23 +1,9 @@
-"""TorchServe adapter: maps the handler contract onto hookwatch.service. No logic lives here."""
+"""TorchServe handler file for a monitored model: all logic lives in ``hookwatch.torchserve``."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from ts.torch_handler.base_handler import BaseHandler
-
-from hookwatch.service import ClassifierService, HandlerContract, configure_torch
+from hookwatch.torchserve import HookwatchHandler as _HookwatchHandler
 
 
-class HookwatchHandler(HandlerContract, BaseHandler):  # type: ignore[misc]
-    def initialize(self, context: Any) -> None:
-        handler_config = (context.model_yaml_config or {}).get("handler", {})
-        configure_torch(handler_config)
-        super().initialize(context)
-        self.service = ClassifierService.from_handler_config(
-            self.model,
-            handler_config,
-            context.model_name,
-            device=self.device,
-            model_dir=(context.system_properties or {}).get("model_dir"),
-        )
+class HookwatchHandler(_HookwatchHandler):
+    """The class TorchServe loads from this file (it takes the one class the file defines)."""

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from hookwatch.devstack import Ports, Stack
-from hookwatch.metrics import MetricSet
+from hookwatch._metrics import MetricSet
+from hookwatch.tools.devstack import Ports, Stack
 
 ROOT = Path(__file__).resolve().parents[1]
 MAR = ROOT / "model_store" / "digits.mar"

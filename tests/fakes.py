@@ -2,8 +2,24 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any
+
+HANDLERS = Path(__file__).resolve().parents[1] / "handlers"
+
+
+def load_handler(name: str) -> Any:
+    """The handler class TorchServe would load from ``handlers/<name>.py``."""
+    spec = importlib.util.spec_from_file_location(name, HANDLERS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    classes = [
+        c for c in vars(module).values() if isinstance(c, type) and c.__module__ == module.__name__
+    ]
+    assert len(classes) == 1, f"TorchServe takes the one class a handler file defines: {classes}"
+    return classes[0]
 
 
 class FakeMetrics:

@@ -13,12 +13,12 @@ import pytest
 import torch
 from prometheus_client import CollectorRegistry
 
-from hookwatch.bench.resnet import ResNet18
-from hookwatch.config import MonitoringConfig
-from hookwatch.demo.digits_cnn import DigitsCNN
-from hookwatch.hooks import HookState
-from hookwatch.metrics import MetricSet
-from hookwatch.monitor import Monitor
+from hookwatch._config import MonitoringConfig
+from hookwatch._hooks import HookState
+from hookwatch._metrics import MetricSet
+from hookwatch._monitor import Monitor
+from hookwatch.tools.bench.resnet import ResNet18
+from hookwatch.tools.demo.digits_cnn import DigitsCNN
 
 pytestmark = pytest.mark.gpu
 
@@ -43,11 +43,13 @@ def test_sampled_forward_is_free_of_host_syncs(
     cuda: torch.device, factory: type[torch.nn.Module], shape: tuple[int, ...], layers: list[str]
 ) -> None:
     model = factory().to(cuda).eval()
-    config = MonitoringConfig.from_mapping({"layers": layers, "sample_rate": 1.0})
-    # The worker thread is started only after the checked window: its .cpu() copies are
-    # supposed to synchronise, and the debug mode is process-wide.
-    monitor = Monitor(config, "gpu", MetricSet(CollectorRegistry()))
-    monitor.hooks.attach(model, config.layers, config.capture_input, config.capture_output)
+    # The capture thread must not drain inside the checked window: its .cpu() copies are
+    # supposed to synchronise, and the debug mode is process-wide. It drains once 64 records
+    # wait or a publish is due; three records and a 60 s interval keep it idle until flush().
+    config = MonitoringConfig.from_mapping(
+        {"layers": layers, "sample_rate": 1.0, "flush_interval_s": 60.0}
+    )
+    monitor = Monitor(model, config, "gpu", MetricSet(CollectorRegistry()))
     x = torch.rand(*shape, device=cuda)
     with torch.inference_mode():
         model(x)  # warm-up: cuDNN autotuning and allocator growth may synchronise
@@ -61,8 +63,9 @@ def test_sampled_forward_is_free_of_host_syncs(
             torch.cuda.set_sync_debug_mode("default")
     states = monitor.hooks.layer_states()
     assert all(state is HookState.ATTACHED for state in states.values()), states
-    assert monitor.worker.accepted == 3 * len(config.watched)
-    monitor.worker.start()
+    # One record per sampled forward, holding every watched layer's capture.
+    assert monitor.worker.accepted == 3
+    assert monitor.worker.processed == 0
     try:
         assert monitor.flush(timeout=30.0)
         samples = monitor.metrics.sample_values()

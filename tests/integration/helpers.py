@@ -14,9 +14,9 @@ import torch
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from hookwatch.demo.build import archive
-from hookwatch.demo.digits_cnn import DigitsCNN
-from hookwatch.devstack import http_get
+from hookwatch.tools.demo.build import archive
+from hookwatch.tools.demo.digits_cnn import DigitsCNN
+from hookwatch.tools.devstack import http_get
 
 ROOT = Path(__file__).resolve().parents[2]
 MAR = ROOT / "model_store" / "digits.mar"

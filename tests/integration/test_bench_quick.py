@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hookwatch.bench.stats import VARIANTS
+from hookwatch.tools.bench.stats import VARIANTS
 from tests.conftest import MAR, ROOT, require, require_binary
 
 pytestmark = pytest.mark.integration
@@ -22,7 +22,7 @@ def test_quick_bench_writes_a_table_with_every_variant(tmp_path: Path) -> None:
     require(MAR.exists(), f"{MAR} (make mar builds it)")
     require_binary("java")
     out = tmp_path / "results.md"
-    cmd = [sys.executable, "-m", "hookwatch.cli", "bench", "--quick", "--root", str(ROOT)]
+    cmd = [sys.executable, "-m", "hookwatch.tools.cli", "bench", "--quick", "--root", str(ROOT)]
     cmd += ["--out", str(out), "--work", str(tmp_path / "work")]
     done = subprocess.run(
         cmd,

@@ -12,10 +12,10 @@ import pytest
 import torch
 import yaml
 
-from hookwatch.demo.build import archive, build_reference_profile, reference_split
-from hookwatch.demo.data import load_split
-from hookwatch.demo.digits_cnn import DigitsCNN
-from hookwatch.devstack import Stack
+from hookwatch.tools.demo.build import archive, build_reference_profile, reference_split
+from hookwatch.tools.demo.data import load_split
+from hookwatch.tools.demo.digits_cnn import DigitsCNN
+from hookwatch.tools.devstack import Stack
 from tests.conftest import require_binary
 from tests.integration.helpers import MAR, ROOT, demo_config, eventually, scrape, total
 

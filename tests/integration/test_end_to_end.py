@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from hookwatch.demo.data import load_split
-from hookwatch.demo.digits_cnn import DigitsCNN
-from hookwatch.devstack import Stack
-from hookwatch.traffic import LiveView
+from hookwatch.tools.demo.data import load_split
+from hookwatch.tools.demo.digits_cnn import DigitsCNN
+from hookwatch.tools.devstack import Stack
+from hookwatch.tools.traffic import LiveView
 from tests.conftest import require_binary
 from tests.integration.helpers import build_variant, demo_config, eventually, scrape, total
 

@@ -14,13 +14,14 @@ import pytest
 import torch
 from numpy.typing import NDArray
 
-from hookwatch.catalogue import CATALOGUE, FLEET_METRICS, series_per_model
-from hookwatch.cli import DEMO_MODEL_CONFIG, demo_fleet_bins, demo_watched_layers
-from hookwatch.config import OUTPUT_LAYER, MonitoringConfig
-from hookwatch.demo.data import load_split
-from hookwatch.devstack import Stack, http_get
-from hookwatch.drift import bin_counts, derive
-from hookwatch.profile import DriftProfile, capture_features
+from hookwatch._catalogue import CATALOGUE, FLEET_METRICS, series_per_model
+from hookwatch._config import MonitoringConfig
+from hookwatch._drift import bin_counts, derive
+from hookwatch._names import OUTPUT_LAYER
+from hookwatch._profile import DriftProfile, capture_features
+from hookwatch.tools.cli import DEMO_MODEL_CONFIG, demo_fleet_bins, demo_watched_layers
+from hookwatch.tools.demo.data import load_split
+from hookwatch.tools.devstack import Stack, http_get
 from tests.conftest import require_binary
 from tests.integration.helpers import (
     ROOT,

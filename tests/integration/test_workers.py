@@ -18,14 +18,14 @@ import pytest
 import yaml
 from prometheus_client.mmap_dict import MmapedDict
 
-import hookwatch.metrics as metrics_module
-from hookwatch.bench import scrape as scrape_bench
-from hookwatch.bench.scrape import compare
-from hookwatch.catalogue import CATALOGUE, SERIES_PER_MODEL_TARGET, series_per_model
-from hookwatch.cli import DEMO_MODEL_CONFIG, demo_fleet_bins, demo_watched_layers
-from hookwatch.demo.data import load_split
-from hookwatch.devstack import Stack, http_get
-from hookwatch.metrics import ARCHIVE_MANIFEST, compact_dead_workers, exporter_registry, render
+import hookwatch._metrics as metrics_module
+from hookwatch._catalogue import CATALOGUE, SERIES_PER_MODEL_TARGET, series_per_model
+from hookwatch._metrics import ARCHIVE_MANIFEST, compact_dead_workers, exporter_registry, render
+from hookwatch.tools.bench import scrape as scrape_bench
+from hookwatch.tools.bench.scrape import compare
+from hookwatch.tools.cli import DEMO_MODEL_CONFIG, demo_fleet_bins, demo_watched_layers
+from hookwatch.tools.demo.data import load_split
+from hookwatch.tools.devstack import Stack, http_get
 from tests.conftest import require_binary
 from tests.integration.helpers import ROOT, eventually, scrape, total
 
@@ -225,7 +225,14 @@ def dead_workers(tmp_path_factory: pytest.TempPathFactory) -> Path:
     env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
     subprocess.run(
         [
-            *(sys.executable, "-m", "hookwatch.bench.scrape", "simulate", "--dir", str(directory)),
+            *(
+                sys.executable,
+                "-m",
+                "hookwatch.tools.bench.scrape",
+                "simulate",
+                "--dir",
+                str(directory),
+            ),
             *("--config", str(ROOT / DEMO_MODEL_CONFIG), "--dead", "6", "--live", "0"),
             *("--requests", "3"),
         ],

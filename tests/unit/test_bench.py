@@ -13,19 +13,19 @@ import numpy as np
 import pytest
 import torch
 
-from hookwatch.bench import resnet
-from hookwatch.bench.loadgen import Segment, Target, closed_loop, cycle_rate, open_loop
-from hookwatch.bench.micro import HookCost, RssTrace, ScrapeTime
-from hookwatch.bench.naive import NaiveCapture
-from hookwatch.bench.report import render
-from hookwatch.bench.runner import BenchResult, GroupResult, Settings
-from hookwatch.bench.stats import VARIANTS, Spread, ratios, round_order, verdicts
-from hookwatch.bench.variants import variant_config
-from hookwatch.config import InputSpec, MonitoringConfig
-from hookwatch.demo.digits_cnn import DigitsCNN
-from hookwatch.errors import BadInputError, ConfigError
-from hookwatch.metrics import MetricSet
-from hookwatch.service import ClassifierService, decode_payload
+from hookwatch._config import HandlerConfig, InputSpec, MonitoringConfig
+from hookwatch._errors import BadInputError, ConfigError
+from hookwatch._metrics import MetricSet
+from hookwatch._service import ClassifierService, decode_payload
+from hookwatch.tools.bench import resnet
+from hookwatch.tools.bench.loadgen import Segment, Target, closed_loop, cycle_rate, open_loop
+from hookwatch.tools.bench.micro import HookCost, RssTrace, ScrapeTime
+from hookwatch.tools.bench.naive import NaiveCapture
+from hookwatch.tools.bench.report import render
+from hookwatch.tools.bench.runner import BenchResult, GroupResult, Settings
+from hookwatch.tools.bench.stats import VARIANTS, Spread, ratios, round_order, verdicts
+from hookwatch.tools.bench.variants import variant_config
+from hookwatch.tools.demo.digits_cnn import DigitsCNN
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -183,7 +183,9 @@ def test_float32_bodies_are_decoded_and_checked_against_the_spec() -> None:
 def test_unmonitored_service_answers_like_the_monitored_one() -> None:
     torch.manual_seed(0)
     model = DigitsCNN().eval()
-    section = {"input": {"shape": [1, 8, 8]}, "monitoring": {"layers": ["act1"]}}
+    section = HandlerConfig.from_mapping(
+        {"input": {"shape": [1, 8, 8]}, "monitoring": {"layers": ["act1"]}}
+    )
     body = {"data": [1.0] * 64}
     plain = ClassifierService.from_handler_config(model, section, "p", monitored=False)
     watched = ClassifierService.from_handler_config(model, section, "w", MetricSet())

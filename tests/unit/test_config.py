@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from hookwatch.config import InputSpec, MonitoringConfig
-from hookwatch.errors import ConfigError
+from hookwatch._config import InputSpec, MonitoringConfig
+from hookwatch._errors import ConfigError
 
 
 def test_defaults_and_watched_order() -> None:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from hookwatch import devstack
-from hookwatch.devstack import PORT_ENV, Ports
+from hookwatch.tools import devstack
+from hookwatch.tools.devstack import PORT_ENV, Ports
 
 
 def test_ports_from_env_override_each_default() -> None:

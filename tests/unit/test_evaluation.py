@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hookwatch.evaluation.run import _shards
+from hookwatch.tools.evaluation.run import _shards
 
 
 def test_every_window_size_runs_once_and_the_costliest_runs_alone() -> None:

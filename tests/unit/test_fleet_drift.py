@@ -9,14 +9,14 @@ import pytest
 import torch
 import yaml
 
-from hookwatch.config import FLEET_DETECTORS, MonitoringConfig
-from hookwatch.demo.digits_cnn import DigitsCNN
-from hookwatch.devstack import Ports, Stack
-from hookwatch.drift import BinnedReference, DriftTracker, bin_counts, calibrate, derive
-from hookwatch.errors import ConfigError
-from hookwatch.metrics import MetricSet
-from hookwatch.monitor import Monitor
-from hookwatch.profile import build_profile, capture_features, load_tracker
+from hookwatch._config import FLEET_DETECTORS, MonitoringConfig
+from hookwatch._drift import BinnedReference, DriftTracker, bin_counts, calibrate, derive
+from hookwatch._errors import ConfigError
+from hookwatch._metrics import MetricSet
+from hookwatch._monitor import Monitor
+from hookwatch._profile import build_profile, capture_features, load_tracker
+from hookwatch.tools.demo.digits_cnn import DigitsCNN
+from hookwatch.tools.devstack import Ports, Stack
 
 ROOT = Path(__file__).resolve().parents[2]
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -79,7 +79,7 @@ def test_monitor_exports_bin_counts_equal_to_an_offline_recount(
     profile.save(tmp_path / config.drift.profile)
     tracker = load_tracker(config, tmp_path, "digits")
     assert tracker is not None
-    monitor = Monitor.attach(model, config, "digits", metrics, drift=tracker)
+    monitor = Monitor(model, config, "digits", metrics, drift=tracker)
     try:
         declared = _by_name(dict(metrics.sample_values()), "hookwatch_drift_bin_samples_total")
         assert declared and set(declared.values()) == {0.0}

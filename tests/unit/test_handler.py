@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import shutil
 from collections.abc import Iterator
@@ -14,23 +13,17 @@ import pytest
 import torch
 import yaml
 
-from hookwatch.demo import digits_cnn
-from hookwatch.demo.data import load_split
-from hookwatch.errors import ConfigError
-from tests.fakes import FakeContext
+from hookwatch._errors import ConfigError
+from hookwatch.tools.demo import digits_cnn
+from hookwatch.tools.demo.data import load_split
+from tests.fakes import FakeContext, load_handler
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = yaml.safe_load((ROOT / "models/digits/model-config.yaml").read_text())
 
 
 def load_handler_class() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "hookwatch_handler", ROOT / "handlers/hookwatch_handler.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.HookwatchHandler
+    return load_handler("hookwatch_handler")
 
 
 @pytest.fixture
@@ -102,14 +95,15 @@ def test_bad_items_get_a_clear_4xx_and_the_rest_of_the_batch_is_served(
     assert out[0]["class"] == out[2]["class"]
     monitor = instance.service.monitor
     monitor.flush()
-    assert monitor.rejected == 1 and monitor.requests == 2
+    counts = monitor.counts()
+    assert counts.rejected == 1 and counts.requests == 2
 
 
 def test_a_batch_of_only_bad_items_runs_no_forward(handler: tuple[Any, FakeContext]) -> None:
     instance, context = handler
     out = instance.handle([{"body": b""}, {"data": None}], context)
     assert [a["code"] for a in out] == [400, 400]
-    assert instance.service.monitor.requests == 0
+    assert instance.service.monitor.counts().requests == 0
 
 
 def test_an_unknown_layer_fails_the_load_with_close_matches(model_dir: Path) -> None:

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from hookwatch.errors import ConfigError
-from hookwatch.hooks import Capture, Gate, HookSet, HookState
+from hookwatch._errors import ConfigError
+from hookwatch._hooks import Capture, Gate, HookSet, HookState
 
 
 class Net(nn.Module):

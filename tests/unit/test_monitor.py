@@ -8,9 +8,9 @@ import torch
 from prometheus_client import CollectorRegistry
 from torch import nn
 
-from hookwatch.config import MonitoringConfig
-from hookwatch.metrics import MetricSet
-from hookwatch.monitor import Monitor
+from hookwatch._config import MonitoringConfig
+from hookwatch._metrics import MetricSet
+from hookwatch._monitor import Monitor
 
 
 class Net(nn.Module):
@@ -41,7 +41,7 @@ def run(monitor: Monitor, net: nn.Module, batches: int, batch_size: int = 1) -> 
 def test_full_sampling_counts_every_sample_on_every_layer(metrics: MetricSet) -> None:
     net = Net()
     config = MonitoringConfig.from_mapping({"layers": ["act"], "sample_rate": 1.0})
-    monitor = Monitor.attach(net, config, "m", metrics)
+    monitor = Monitor(net, config, "m", metrics)
     run(monitor, net, batches=7, batch_size=3)
     monitor.flush()
     monitor.close()
@@ -64,7 +64,7 @@ def test_full_sampling_counts_every_sample_on_every_layer(metrics: MetricSet) ->
 
 def test_zero_sampling_counts_requests_and_captures_nothing(metrics: MetricSet) -> None:
     net = Net()
-    monitor = Monitor.attach(
+    monitor = Monitor(
         net, MonitoringConfig.from_mapping({"layers": ["act"], "sample_rate": 0.0}), "m", metrics
     )
     run(monitor, net, batches=10)
@@ -79,7 +79,7 @@ def test_partial_sampling_rate_is_honoured(metrics: MetricSet) -> None:
     config = MonitoringConfig.from_mapping(
         {"layers": [], "sample_rate": 0.25, "seed": 7, "queue_size": 100_000}
     )
-    monitor = Monitor.attach(net, config, "m", metrics)
+    monitor = Monitor(net, config, "m", metrics)
     run(monitor, net, batches=2000)
     monitor.flush()
     monitor.close()
@@ -94,7 +94,7 @@ def test_nonfinite_activations_are_counted_and_kept_out_of_the_summaries(
 ) -> None:
     net = Net()
     config = MonitoringConfig.from_mapping({"layers": [], "sample_rate": 1.0})
-    monitor = Monitor.attach(net, config, "m", metrics)
+    monitor = Monitor(net, config, "m", metrics)
     with torch.inference_mode(), monitor.request(2):
         net(torch.tensor([[float("nan"), 1.0, 2.0, 3.0], [1.0, 1.0, 1.0, 1.0]]))
     monitor.flush()
@@ -128,7 +128,7 @@ def test_nonfinite_activations_are_counted_and_kept_out_of_the_summaries(
 def test_a_full_queue_drops_and_counts(metrics: MetricSet) -> None:
     net = Net()
     config = MonitoringConfig.from_mapping({"layers": ["act"], "sample_rate": 1.0, "queue_size": 1})
-    monitor = Monitor.attach(net, config, "m", metrics)
+    monitor = Monitor(net, config, "m", metrics)
     monitor.worker.stop()  # nothing drains: every forward's record past the first is dropped
     run(monitor, net, batches=5)
     monitor._publish()
@@ -142,15 +142,15 @@ def test_a_processing_fault_switches_one_layer_off_visibly(
 ) -> None:
     net = Net()
     config = MonitoringConfig.from_mapping({"layers": ["act"], "sample_rate": 1.0})
-    monitor = Monitor.attach(net, config, "m", metrics)
-    original = monitor._process_layer
+    monitor = Monitor(net, config, "m", metrics)
+    original = monitor.processor._process_layer
 
     def flaky(layer: str, items: list) -> None:  # type: ignore[type-arg]
         if layer == "act":
             raise ValueError("broken statistic")
         original(layer, items)
 
-    monkeypatch.setattr(monitor, "_process_layer", flaky)
+    monkeypatch.setattr(monitor.processor, "_process_layer", flaky)
     with caplog.at_level(logging.WARNING, logger="hookwatch"):
         run(monitor, net, batches=20)
         monitor.flush()
@@ -165,7 +165,7 @@ def test_a_processing_fault_switches_one_layer_off_visibly(
 def test_every_series_exists_at_zero_before_the_first_request(metrics: MetricSet) -> None:
     # Prometheus windows (delta, increase) need the zero before the first event.
     config = MonitoringConfig.from_mapping({"layers": ["fc", "act"], "sample_rate": 1.0})
-    monitor = Monitor.attach(Net(), config, "m", metrics)
+    monitor = Monitor(Net(), config, "m", metrics)
     monitor.close()
     for layer in config.watched:
         assert value(metrics, "hookwatch_captures_total", model="m", layer=layer) == 0
@@ -185,7 +185,7 @@ def test_copied_and_in_hook_reductions_export_the_same_numbers() -> None:
         config = MonitoringConfig.from_mapping(
             {"layers": ["fc", "act"], "sample_rate": 1.0, "copy_limit": copy_limit}
         )
-        monitor = Monitor.attach(net, config, "m", metrics)
+        monitor = Monitor(net, config, "m", metrics)
         for x in inputs:
             with torch.inference_mode(), monitor.request(2):
                 net(x)
@@ -200,7 +200,7 @@ def test_copied_and_in_hook_reductions_export_the_same_numbers() -> None:
 
 
 def test_a_copied_capture_owns_its_storage() -> None:
-    from hookwatch.hooks import Capture, Gate, HookSet
+    from hookwatch._hooks import Capture, Gate, HookSet
 
     seen: list[Capture] = []
 
@@ -236,7 +236,7 @@ def test_a_forward_that_raises_hands_off_nothing(metrics: MetricSet) -> None:
 
     net = Breaks()
     config = MonitoringConfig.from_mapping({"layers": ["act"], "sample_rate": 1.0})
-    monitor = Monitor.attach(net, config, "m", metrics)
+    monitor = Monitor(net, config, "m", metrics)
     with pytest.raises(RuntimeError), torch.inference_mode(), monitor.request(1):
         net(torch.randn(1, 4))
     monitor.flush()
@@ -253,7 +253,7 @@ def test_results_reach_the_metrics_on_publish_not_per_drain(metrics: MetricSet) 
     config = MonitoringConfig.from_mapping(
         {"layers": ["act"], "sample_rate": 1.0, "flush_interval_s": 60}
     )
-    monitor = Monitor.attach(net, config, "m", metrics)
+    monitor = Monitor(net, config, "m", metrics)
     run(monitor, net, batches=4)
     assert monitor.worker.wait_idle(5)
     # Processed, but not yet published: metric writes follow the publish interval.
@@ -270,7 +270,7 @@ def test_request_counts_are_exported_on_publish_and_exact_across_threads(
     config = MonitoringConfig.from_mapping(
         {"layers": ["act"], "sample_rate": 0.5, "flush_interval_s": 60, "seed": 3}
     )
-    monitor = Monitor.attach(net, config, "m", metrics)
+    monitor = Monitor(net, config, "m", metrics)
     threads = [threading.Thread(target=run, args=(monitor, net, 200, 2)) for _ in range(4)]
     for thread in threads:
         thread.start()
@@ -281,8 +281,8 @@ def test_request_counts_are_exported_on_publish_and_exact_across_threads(
     assert value(metrics, "hookwatch_requests_total", model="m") == 0
     monitor.flush()
     assert value(metrics, "hookwatch_requests_total", model="m") == 1600
-    assert value(metrics, "hookwatch_requests_sampled_total", model="m") == monitor.sampled
-    assert 0 < monitor.sampled < 1600
+    assert value(metrics, "hookwatch_requests_sampled_total", model="m") == monitor.counts().sampled
+    assert 0 < monitor.counts().sampled < 1600
     assert value(metrics, "hookwatch_requests_rejected_total", model="m") == 3
     # A second publish adds only what came since.
     run(monitor, net, batches=5)

@@ -11,19 +11,19 @@ import pytest
 import torch
 from torch import nn
 
-from hookwatch.config import MonitoringConfig
-from hookwatch.demo.digits_cnn import DigitsCNN
-from hookwatch.drift import derive
-from hookwatch.metrics import MetricSet
-from hookwatch.monitor import Monitor
-from hookwatch.profile import (
+from hookwatch._config import MonitoringConfig
+from hookwatch._drift import derive
+from hookwatch._errors import ProfileError
+from hookwatch._metrics import MetricSet
+from hookwatch._monitor import Monitor
+from hookwatch._profile import (
     VERSION,
     DriftProfile,
-    ProfileError,
     build_profile,
     capture_features,
     load_tracker,
 )
+from hookwatch.tools.demo.digits_cnn import DigitsCNN
 
 LAYERS = ["act1", "act2", "act3"]
 
@@ -126,7 +126,7 @@ def test_no_profile_serves_without_drift_and_says_so_once(
         tracker = load_tracker(config, tmp_path, "digits")
     assert tracker is None
     assert [r.message for r in caplog.records if "no drift profile" in r.message]
-    monitor = Monitor.attach(_model(), config, "digits", metrics, drift=tracker)
+    monitor = Monitor(_model(), config, "digits", metrics, drift=tracker)
     try:
         values = metrics.sample_values()
         assert values[("hookwatch_drift_profile_loaded", (("model", "digits"),))] == 0
@@ -142,7 +142,7 @@ def test_monitor_publishes_drift_from_the_capture_thread(
     tracker = load_tracker(config, tmp_path, "digits")
     assert tracker is not None
     model = _model()
-    monitor = Monitor.attach(model, config, "digits", metrics, drift=tracker)
+    monitor = Monitor(model, config, "digits", metrics, drift=tracker)
 
     def send(x: torch.Tensor) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         for row in x:
@@ -172,8 +172,8 @@ def test_monitor_publishes_drift_from_the_capture_thread(
 
 
 def test_profile_command_builds_from_a_mar_and_an_array(tmp_path: Path) -> None:
-    from hookwatch.cli import main
-    from hookwatch.demo.build import archive
+    from hookwatch.tools.cli import main
+    from hookwatch.tools.demo.build import archive
 
     root = Path(__file__).resolve().parents[2]
     mar = archive(_model(), root, tmp_path / "build", tmp_path / "store")
@@ -187,7 +187,7 @@ def test_profile_command_builds_from_a_mar_and_an_array(tmp_path: Path) -> None:
 
 
 def test_drift_knobs_are_typed_and_checked() -> None:
-    from hookwatch.errors import ConfigError
+    from hookwatch._errors import ConfigError
 
     config = MonitoringConfig.from_mapping(
         {"layers": [], "drift": {"window": 64, "false_alarm_rate": 0.05}}
@@ -301,7 +301,7 @@ def test_a_projected_profile_round_trips_and_the_monitor_captures_its_width(
         )
         tracker = load_tracker(config, tmp_path, "wide")
         assert tracker is not None and tracker.feature_widths() == {"act": 128}
-        monitor = Monitor.attach(model, config, "wide", metrics, drift=tracker)
+        monitor = Monitor(model, config, "wide", metrics, drift=tracker)
         try:
             for x in _gaussian(200, 5 + copy_limit, shift=2.0).split(8):
                 with torch.inference_mode(), monitor.request(len(x)):

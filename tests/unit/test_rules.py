@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from hookwatch.catalogue import exposed_names
+from hookwatch._catalogue import exposed_names
 from tests.conftest import require_binary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -176,7 +176,7 @@ def test_every_metric_in_rules_and_dashboards_is_catalogued() -> None:
             if ":" in name:
                 assert name in recorded, f"{where}: {name} is recorded by no rule"
             else:
-                assert name in known, f"{where}: {name} is not in hookwatch.catalogue"
+                assert name in known, f"{where}: {name} is not in hookwatch._catalogue"
     # The check ran on real expressions: the alerts read these catalogued metrics.
     assert {
         "hookwatch_activation_nonfinite_total",

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from hookwatch.stats import (
+from hookwatch._stats import (
     STATISTICS,
     feature_rows,
     feature_summary,

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from hookwatch.worker import CaptureWorker
+from hookwatch._capture import CaptureWorker
 
 
 def test_processes_everything_offered() -> None:
@@ -140,7 +140,7 @@ def test_stop_without_processing_ends_after_the_batch_in_hand() -> None:
 
 EXIT_SCRIPT = """
 import torch
-from hookwatch.worker import CaptureWorker
+from hookwatch._capture import CaptureWorker
 torch.set_num_threads(1)
 xs = [torch.randn(1, 64) for _ in range(40)]
 def process(batch):

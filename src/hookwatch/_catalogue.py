@@ -1,0 +1,397 @@
+"""Every metric hookwatch exports, as plain data: one typed constant per metric.
+
+``hookwatch._metrics`` builds the prometheus-client objects from this table and takes these
+constants as handles, so writing a gauge as if it were a counter is a type error, not a string
+typo found at run time. Tests check rules, dashboards and ``docs/metrics.md`` against it
+without importing prometheus-client.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from hookwatch._names import (
+    ALL_LAYERS,
+    LEVELS,
+    NONFINITE_KINDS,
+    OUTPUT_DETECTORS,
+    SUMMARY_STATISTICS,
+    drift_detectors,
+)
+
+__all__ = [
+    "ACTIVATION_NONFINITE",
+    "ACTIVATION_STATISTIC",
+    "BY_NAME",
+    "CAPTURES",
+    "CAPTURES_DROPPED",
+    "CAPTURE_QUEUE_CAPACITY",
+    "CAPTURE_QUEUE_DEPTH",
+    "CATALOGUE",
+    "DRIFT_ALARMS",
+    "DRIFT_BIN_SAMPLES",
+    "DRIFT_DETECTED",
+    "DRIFT_PROFILE_LOADED",
+    "DRIFT_REFERENCE_BIN_SAMPLES",
+    "DRIFT_SCORE",
+    "DRIFT_THRESHOLD",
+    "DRIFT_WINDOWS",
+    "DRIFT_WINDOW_SAMPLES",
+    "EXTRA_LABEL_VALUES",
+    "FLEET_METRICS",
+    "LABELS",
+    "LAYER_ENABLED",
+    "MONITOR_FAULTS",
+    "MULTIPROCESS_MEANING",
+    "REQUESTS",
+    "REQUESTS_REJECTED",
+    "REQUESTS_SAMPLED",
+    "SAMPLES_PER_LABEL_SET",
+    "SERIES_PER_MODEL_TARGET",
+    "CounterSpec",
+    "FleetBins",
+    "GaugeSpec",
+    "MetricSpec",
+    "SummarySpec",
+    "exposed_names",
+    "label_domains",
+    "series_per_model",
+]
+
+Kind = Literal["counter", "gauge", "summary"]
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str
+    labels: tuple[str, ...]
+    unit: str
+    help: str
+    kind: ClassVar[Kind]
+
+    @property
+    def exposed_names(self) -> tuple[str, ...]:
+        """Every sample name this metric puts on a scrape."""
+        return (self.name,)
+
+
+@dataclass(frozen=True)
+class CounterSpec(MetricSpec):
+    kind: ClassVar[Kind] = "counter"
+
+    def __post_init__(self) -> None:
+        if not self.name.endswith("_total"):
+            raise ValueError(f"expected a counter name ending in _total, got {self.name!r}")
+
+    @property
+    def exposed_names(self) -> tuple[str, ...]:
+        return (self.name, self.name.removesuffix("_total") + "_created")
+
+
+@dataclass(frozen=True)
+class GaugeSpec(MetricSpec):
+    kind: ClassVar[Kind] = "gauge"
+    #: How prometheus-client merges the gauge over worker processes (multiprocess mode).
+    multiprocess_mode: str
+
+
+@dataclass(frozen=True)
+class SummarySpec(MetricSpec):
+    kind: ClassVar[Kind] = "summary"
+
+    @property
+    def exposed_names(self) -> tuple[str, ...]:
+        return (f"{self.name}_count", f"{self.name}_sum", f"{self.name}_created")
+
+
+REQUESTS = CounterSpec(
+    "hookwatch_requests_total",
+    ("model",),
+    "requests",
+    "Requests the monitored handler received (each item of a batch counts once).",
+)
+REQUESTS_SAMPLED = CounterSpec(
+    "hookwatch_requests_sampled_total",
+    ("model",),
+    "requests",
+    "Requests whose forward pass had the capture gate open.",
+)
+REQUESTS_REJECTED = CounterSpec(
+    "hookwatch_requests_rejected_total",
+    ("model",),
+    "requests",
+    "Requests answered with a 4xx because their payload did not match the model's input.",
+)
+CAPTURES = CounterSpec(
+    "hookwatch_captures_total",
+    ("model", "layer"),
+    "samples",
+    "Per-sample captures the background thread processed, per watched layer.",
+)
+CAPTURES_DROPPED = CounterSpec(
+    "hookwatch_captures_dropped_total",
+    ("model",),
+    "captures",
+    "Captures dropped on the request path because the capture queue was full.",
+)
+CAPTURE_QUEUE_DEPTH = GaugeSpec(
+    "hookwatch_capture_queue_depth",
+    ("model",),
+    "captures",
+    "Captures waiting in the queue, summed over live worker processes.",
+    multiprocess_mode="livesum",
+)
+CAPTURE_QUEUE_CAPACITY = GaugeSpec(
+    "hookwatch_capture_queue_capacity",
+    ("model",),
+    "captures",
+    "Capacity of the capture queue, summed over live worker processes.",
+    multiprocess_mode="livesum",
+)
+ACTIVATION_STATISTIC = SummarySpec(
+    "hookwatch_activation_statistic",
+    ("model", "layer", "statistic"),
+    "",
+    "Per-sample activation statistic (mean, std, min, max, zero_fraction) of finite "
+    "samples. delta(_sum)/delta(_count) over a window is its fleet-wide average; _sum "
+    "goes down for negative values (mean/min/max of logits), so never rate() it.",
+)
+ACTIVATION_NONFINITE = CounterSpec(
+    "hookwatch_activation_nonfinite_total",
+    ("model", "layer", "kind"),
+    "values",
+    "NaN or Inf values seen in captured activations (kind=nan|inf).",
+)
+LAYER_ENABLED = GaugeSpec(
+    "hookwatch_layer_enabled",
+    ("model", "layer"),
+    "",
+    "1 while a layer's hook is capturing, 0 once a fault switched it off; the minimum over "
+    "live worker processes.",
+    multiprocess_mode="livemin",
+)
+MONITOR_FAULTS = CounterSpec(
+    "hookwatch_monitor_faults_total",
+    ("model", "layer"),
+    "faults",
+    "Faults inside monitoring code; each switches monitoring off for that layer "
+    "(layer=all for faults outside any one layer).",
+)
+DRIFT_PROFILE_LOADED = GaugeSpec(
+    "hookwatch_drift_profile_loaded",
+    ("model",),
+    "",
+    "1 while drift detection runs against a loaded reference profile, 0 when the model has "
+    "no profile (or drift is switched off): it serves, without drift signals.",
+    multiprocess_mode="livemin",
+)
+DRIFT_SCORE = GaugeSpec(
+    "hookwatch_drift_score",
+    ("model", "level", "detector"),
+    "",
+    "Latest sliding-window drift score: chi-square per degree of freedom against the "
+    "reference-quantile bins, averaged over the detector's features; about 1 on clean "
+    "traffic. The maximum over live worker processes.",
+    multiprocess_mode="livemax",
+)
+DRIFT_THRESHOLD = GaugeSpec(
+    "hookwatch_drift_threshold",
+    ("model", "level", "detector"),
+    "",
+    "Score above which the detector alarms, calibrated at load so that clean windows alarm "
+    "on any detector at most drift.false_alarm_rate of the time.",
+    multiprocess_mode="livemax",
+)
+DRIFT_DETECTED = GaugeSpec(
+    "hookwatch_drift_detected",
+    ("model", "level", "detector"),
+    "",
+    "1 while the detector's latest window is over its threshold; "
+    "max by (model) (...) is the calibrated any-detector alarm of one worker.",
+    multiprocess_mode="livemax",
+)
+DRIFT_WINDOWS = CounterSpec(
+    "hookwatch_drift_windows_total",
+    ("model", "level", "detector"),
+    "windows",
+    "Sliding-window verdicts (one every drift.step new samples once the window is full).",
+)
+DRIFT_ALARMS = CounterSpec(
+    "hookwatch_drift_alarms_total",
+    ("model", "level", "detector"),
+    "windows",
+    "Verdicts over threshold; rate(alarms) / rate(windows) is the alarm share actually seen.",
+)
+DRIFT_WINDOW_SAMPLES = GaugeSpec(
+    "hookwatch_drift_window_samples",
+    ("model",),
+    "samples",
+    "Samples per sliding window (monitoring.drift.window): the window size the thresholds "
+    "are calibrated for. The maximum over live worker processes.",
+    multiprocess_mode="livemax",
+)
+DRIFT_BIN_SAMPLES = CounterSpec(
+    "hookwatch_drift_bin_samples_total",
+    ("model", "detector", "feature", "bin"),
+    "samples",
+    "Sampled requests whose feature fell into this reference-quantile bin, for the "
+    "detectors of monitoring.drift.fleet_detectors. Summed over workers and replicas it is "
+    "the fleet's window; the fleet-drift recording rules test it against the reference.",
+)
+DRIFT_REFERENCE_BIN_SAMPLES = GaugeSpec(
+    "hookwatch_drift_reference_bin_samples",
+    ("model", "detector", "feature", "bin"),
+    "samples",
+    "Reference samples in this bin of the drift profile (the expected share of the bin is "
+    "known from them); the same on every worker, so the maximum over live workers is it.",
+    multiprocess_mode="livemax",
+)
+
+CATALOGUE: tuple[MetricSpec, ...] = (
+    REQUESTS,
+    REQUESTS_SAMPLED,
+    REQUESTS_REJECTED,
+    CAPTURES,
+    CAPTURES_DROPPED,
+    CAPTURE_QUEUE_DEPTH,
+    CAPTURE_QUEUE_CAPACITY,
+    ACTIVATION_STATISTIC,
+    ACTIVATION_NONFINITE,
+    LAYER_ENABLED,
+    MONITOR_FAULTS,
+    DRIFT_PROFILE_LOADED,
+    DRIFT_SCORE,
+    DRIFT_THRESHOLD,
+    DRIFT_DETECTED,
+    DRIFT_WINDOWS,
+    DRIFT_ALARMS,
+    DRIFT_WINDOW_SAMPLES,
+    DRIFT_BIN_SAMPLES,
+    DRIFT_REFERENCE_BIN_SAMPLES,
+)
+
+BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in CATALOGUE}
+
+
+def exposed_names() -> frozenset[str]:
+    """Every sample name any catalogued metric can put on a scrape."""
+    return frozenset(n for spec in CATALOGUE for n in spec.exposed_names)
+
+
+# -- documentation and cardinality --------------------------------------------------------------
+
+#: Metrics with one series per (fleet detector, feature, bin) of the profile.
+FLEET_METRICS: tuple[str, ...] = (DRIFT_BIN_SAMPLES.name, DRIFT_REFERENCE_BIN_SAMPLES.name)
+
+
+#: Where each label's values come from. None comes from request content.
+LABELS: dict[str, str] = {
+    "model": "TorchServe model name: one value per loaded model.",
+    "layer": "`input`, each entry of `monitoring.layers`, `output` (as configured); "
+    "`hookwatch_monitor_faults_total` adds `all`.",
+    "statistic": ", ".join(f"`{v}`" for v in SUMMARY_STATISTICS) + ".",
+    "kind": ", ".join(f"`{v}`" for v in NONFINITE_KINDS) + ".",
+    "level": ", ".join(f"`{v}`" for v in LEVELS) + " (drift metrics).",
+    "detector": "each watched layer but `output`, and for `output`: "
+    + ", ".join(f"`{v}`" for v in OUTPUT_DETECTORS)
+    + " (drift metrics).",
+    "feature": "index of the feature in the detector's input (0 up to `max_features - 1`; for "
+    "`output` the class; for a projected layer the principal component, the residual distance "
+    "last), as fixed by the drift profile; only `monitoring.drift.fleet_detectors`.",
+    "bin": "index of the reference-quantile bin, `0` up to `drift.bins - 1` (for `class_mix` "
+    "the predicted class); only bins the profile has.",
+}
+
+#: Label values some metrics add to the configured ones.
+EXTRA_LABEL_VALUES: dict[tuple[str, str], tuple[str, ...]] = {
+    (MONITOR_FAULTS.name, "layer"): (ALL_LAYERS,),
+}
+
+#: Samples one label set puts on the exporter's scrape. prometheus-client's multiprocess
+#: collector writes no ``_created`` samples and no summary quantiles.
+SAMPLES_PER_LABEL_SET: dict[str, int] = {"counter": 1, "gauge": 1, "summary": 2}
+
+#: What a gauge's value means once the exporter merges the worker processes' files.
+MULTIPROCESS_MEANING: dict[str, str] = {
+    "livesum": "sum over live worker processes; a dead worker's share leaves the sum when the "
+    "exporter reaps its pid",
+    "livemin": "minimum over live worker processes; a dead worker's value stops counting when "
+    "the exporter reaps its pid",
+    "livemax": "maximum over live worker processes; a dead worker's value stops counting when "
+    "the exporter reaps its pid",
+}
+
+#: Documented bound on hookwatch series per model for the demo's default layers.
+SERIES_PER_MODEL_TARGET = 2000
+
+
+@dataclass(frozen=True)
+class FleetBins:
+    """What bounds the (detector, feature, bin) series of the fleet-wide drift metrics."""
+
+    detectors: tuple[str, ...]
+    classes: int
+    bins: int
+    max_features: int
+
+    def bound(self, detector: str) -> int:
+        """Most (feature, bin) pairs a detector's profile can have."""
+        if detector == "output":
+            return min(self.classes, self.max_features) * self.bins
+        if detector in ("confidence", "entropy"):
+            return self.bins
+        if detector == "class_mix":
+            return self.classes
+        return self.max_features * self.bins
+
+    @property
+    def total(self) -> int:
+        return sum(self.bound(d) for d in self.detectors)
+
+
+def label_domains(watched: tuple[str, ...] | list[str]) -> dict[str, tuple[str, ...]]:
+    """Label values per label (``model`` excluded) for a model watching ``watched``."""
+    return {
+        "layer": tuple(watched),
+        "statistic": SUMMARY_STATISTICS,
+        "kind": NONFINITE_KINDS,
+        # One level per detector: the (level, detector) pairs number len(detectors), but the
+        # product is the documented upper bound.
+        "level": LEVELS,
+        "detector": drift_detectors(watched),
+    }
+
+
+def series_per_model(
+    watched: tuple[str, ...] | list[str],
+    domains: dict[str, tuple[str, ...]] | None = None,
+    fleet: FleetBins | None = None,
+) -> dict[str, int]:
+    """Upper bound of each metric's series for one model on the exporter's scrape.
+
+    ``fleet`` bounds the per-bin drift series (None: no fleet detectors). Only detectors the
+    model has count: a fleet detector of the output needs the output watched.
+    """
+    values = label_domains(watched) if domains is None else domains
+    present = set(drift_detectors(watched))
+    fleet_total = (
+        sum(fleet.bound(d) for d in fleet.detectors if d in present) if fleet is not None else 0
+    )
+    out: dict[str, int] = {}
+    for spec in CATALOGUE:
+        count = SAMPLES_PER_LABEL_SET[spec.kind]
+        if spec.name in FLEET_METRICS:
+            out[spec.name] = count * fleet_total
+            continue
+        for label in spec.labels:
+            if label == "model":
+                continue
+            if label not in values:
+                raise ValueError(
+                    f"{spec.name}: expected a bounded value set for label {label!r}, got none "
+                    f"(known: {sorted(values)})"
+                )
+            count *= len(values[label]) + len(EXTRA_LABEL_VALUES.get((spec.name, label), ()))
+        out[spec.name] = count
+    return out

@@ -1,0 +1,349 @@
+"""The ``handler:`` section of model-config.yaml, parsed once into frozen dataclasses.
+
+:func:`read_model_config` is the one place a model-config file is read: the TorchServe
+adapter, the tools and the tests all go through it (or through :meth:`HandlerConfig.from_mapping`
+when TorchServe has parsed the file already).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from hookwatch._errors import ConfigError
+from hookwatch._names import INPUT_LAYER, OUTPUT_LAYER
+
+__all__ = [
+    "DriftConfig",
+    "HandlerConfig",
+    "InputSpec",
+    "ModelConfig",
+    "MonitoringConfig",
+    "as_monitoring_config",
+    "read_model_config",
+]
+#: ``input.encoding`` values. "float32": a body that TorchServe did not parse as JSON (any
+#: Content-Type but application/json) is read as raw little-endian float32 values, which keeps
+#: large inputs (3x224x224 images) from spending the request in a JSON parser.
+INPUT_ENCODINGS = ("json", "float32")
+#: Default ``drift.fleet_detectors``: the detectors derived from the output's logits.
+FLEET_DETECTORS = ("output", "confidence", "entropy", "class_mix")
+#: How wide layers are reduced for drift (``monitoring.drift.projection``).
+PROJECTIONS = ("pca", "none")
+
+
+def _expect(cond: bool, key: str, expected: str, got: object) -> None:
+    if not cond:
+        where = f"monitoring.{key}" if key else "monitoring"
+        raise ConfigError(f"{where}: expected {expected}, got {got!r}")
+
+
+def _number(raw: Mapping[str, Any], key: str, default: float, lo: float, hi: float) -> float:
+    value = raw.get(key, default)
+    _expect(
+        isinstance(value, int | float) and not isinstance(value, bool) and lo <= value <= hi,
+        key,
+        f"a number in [{lo}, {hi}]",
+        value,
+    )
+    return float(value)
+
+
+def _integer(raw: Mapping[str, Any], key: str, default: int, lo: int, hi: int) -> int:
+    value = raw.get(key, default)
+    _expect(
+        isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi,
+        key,
+        f"an integer in [{lo}, {hi}]",
+        value,
+    )
+    return int(value)
+
+
+def _section(cls: type, raw: Mapping[str, Any] | None, key: str) -> Mapping[str, Any]:
+    """``raw`` as a mapping whose keys are all fields of ``cls`` (a typo fails the load)."""
+    if raw is None:
+        raw = {}
+    _expect(isinstance(raw, Mapping), key, "a mapping", raw)
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(raw) - known)
+    _expect(not unknown, key, f"only the keys {sorted(known)}", unknown)
+    return raw
+
+
+@dataclass(frozen=True)
+class DriftConfig:
+    """``monitoring.drift``: sliding-window drift tests against the model's reference profile."""
+
+    enabled: bool = True
+    #: Samples per sliding window (sampled requests, not all requests).
+    window: int = 200
+    #: A verdict every ``step`` new samples once the window is full; 0 means window // 4.
+    step: int = 0
+    #: Share of clean windows allowed to alarm, over all detectors together.
+    false_alarm_rate: float = 0.01
+    #: Profile file name inside the model directory (``make mar`` puts it into the .mar).
+    profile: str = "drift-profile.npz"
+    #: Reference-quantile bins per feature when a profile is built.
+    bins: int = 10
+    #: Resampled reference windows the thresholds are calibrated on at load.
+    calibration_windows: int = 4000
+    #: Detectors whose per-bin sample counts are exported for fleet-wide drift (PromQL over
+    #: every worker and replica). Each costs two series per bin, so the default keeps the
+    #: output-derived ones only: the demo then stays far below its series target.
+    fleet_detectors: tuple[str, ...] = FLEET_DETECTORS
+    #: How a layer with more features than ``max_features`` is reduced for drift when a profile
+    #: is built: "pca" keeps its principal components on the reference, "none" its first
+    #: ``max_features`` features. The profile records the result; serving follows the profile.
+    projection: str = "pca"
+    #: With "pca", the most features per sample captured from a wide layer and projected: it
+    #: bounds the copy a sampled forward makes and the size of the projection in the profile.
+    projection_width: int = 4096
+
+    @property
+    def effective_step(self) -> int:
+        return self.step or max(1, self.window // 4)
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any] | None) -> DriftConfig:
+        raw = _section(cls, raw, "drift")
+        enabled = raw.get("enabled", True)
+        _expect(isinstance(enabled, bool), "drift.enabled", "true or false", enabled)
+        profile = raw.get("profile", cls.profile)
+        _expect(
+            isinstance(profile, str) and bool(profile) and "/" not in profile,
+            "drift.profile",
+            "a file name in the model directory",
+            profile,
+        )
+        fleet = raw.get("fleet_detectors", list(FLEET_DETECTORS))
+        _expect(
+            isinstance(fleet, list | tuple)
+            and all(isinstance(x, str) and x for x in fleet)
+            and len(set(fleet)) == len(fleet),
+            "drift.fleet_detectors",
+            "a list of distinct detector names",
+            fleet,
+        )
+        projection = raw.get("projection", cls.projection)
+        _expect(projection in PROJECTIONS, "drift.projection", f"one of {PROJECTIONS}", projection)
+        # Prefixed keys so errors name the full path, e.g. monitoring.drift.window.
+        keyed = {f"drift.{k}": v for k, v in raw.items()}
+        rate = _number(keyed, "drift.false_alarm_rate", cls.false_alarm_rate, 0.0, 0.5)
+        _expect(rate > 0.0, "drift.false_alarm_rate", "a number in (0, 0.5]", rate)
+        window = _integer(keyed, "drift.window", cls.window, 2, 100_000)
+        return cls(
+            enabled=enabled,
+            window=window,
+            step=_integer(keyed, "drift.step", cls.step, 0, window),
+            false_alarm_rate=rate,
+            profile=profile,
+            bins=_integer(keyed, "drift.bins", cls.bins, 2, 64),
+            calibration_windows=_integer(keyed, "drift.calibration_windows", 4000, 500, 1_000_000),
+            fleet_detectors=tuple(fleet),
+            projection=projection,
+            projection_width=_integer(
+                keyed, "drift.projection_width", cls.projection_width, 1, 65_536
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class MonitoringConfig:
+    """Validated monitoring knobs. Build with :meth:`from_mapping`; never mutated afterwards."""
+
+    layers: tuple[str, ...]
+    sample_rate: float = 0.1
+    capture_input: bool = True
+    capture_output: bool = True
+    queue_size: int = 1024
+    flush_interval_s: float = 1.0
+    max_features: int = 256
+    copy_limit: int = 4096
+    enabled: bool = True
+    seed: int | None = None
+    drift: DriftConfig = DriftConfig()
+
+    @property
+    def watched(self) -> tuple[str, ...]:
+        """Every label value the ``layer`` label can take, in a stable order."""
+        names: list[str] = []
+        if self.capture_input:
+            names.append(INPUT_LAYER)
+        names.extend(self.layers)
+        if self.capture_output:
+            names.append(OUTPUT_LAYER)
+        return tuple(names)
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any] | None) -> MonitoringConfig:
+        raw = _section(cls, raw, "")
+        layers = raw.get("layers", [])
+        _expect(
+            isinstance(layers, list | tuple) and all(isinstance(x, str) and x for x in layers),
+            "layers",
+            "a list of dotted module paths",
+            layers,
+        )
+        _expect(len(set(layers)) == len(layers), "layers", "no duplicates", layers)
+        for reserved in (INPUT_LAYER, OUTPUT_LAYER):
+            _expect(reserved not in layers, "layers", f"no layer named {reserved!r}", layers)
+        flags: dict[str, bool] = {}
+        for key in ("capture_input", "capture_output", "enabled"):
+            value = raw.get(key, True)
+            _expect(isinstance(value, bool), key, "true or false", value)
+            flags[key] = value
+        seed = raw.get("seed")
+        _expect(
+            seed is None or (isinstance(seed, int) and not isinstance(seed, bool)),
+            "seed",
+            "an integer or null",
+            seed,
+        )
+        max_features = _integer(raw, "max_features", 256, 1, 65_536)
+        drift = DriftConfig.from_mapping(raw.get("drift"))
+        _expect(
+            drift.projection == "none" or drift.projection_width >= max_features,
+            "drift.projection_width",
+            f"at least max_features ({max_features}) with projection 'pca'",
+            drift.projection_width,
+        )
+        return cls(
+            layers=tuple(layers),
+            sample_rate=_number(raw, "sample_rate", 0.1, 0.0, 1.0),
+            capture_input=flags["capture_input"],
+            capture_output=flags["capture_output"],
+            queue_size=_integer(raw, "queue_size", 1024, 1, 1_000_000),
+            flush_interval_s=_number(raw, "flush_interval_s", 1.0, 0.05, 60.0),
+            max_features=max_features,
+            copy_limit=_integer(raw, "copy_limit", 4096, 0, 1 << 20),
+            enabled=flags["enabled"],
+            seed=seed,
+            drift=drift,
+        )
+
+
+def as_monitoring_config(config: MonitoringConfig | Mapping[str, Any] | None) -> MonitoringConfig:
+    """A :class:`MonitoringConfig` as given, or parsed from a ``monitoring:`` mapping."""
+    if isinstance(config, MonitoringConfig):
+        return config
+    return MonitoringConfig.from_mapping(config)
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """What one request's payload must look like; parsed from ``handler: input:``."""
+
+    shape: tuple[int, ...]
+    min_value: float | None = None
+    max_value: float | None = None
+    field: str = "data"
+    #: How a raw (non-JSON) body is read: "json" only, or also "float32" (little-endian bytes).
+    encoding: str = "json"
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any] | None) -> InputSpec:
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"input: expected a mapping with a 'shape', got {raw!r}")
+        shape = raw.get("shape")
+        if not (
+            isinstance(shape, list | tuple)
+            and shape
+            and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)
+        ):
+            raise ConfigError(f"input.shape: expected a list of positive integers, got {shape!r}")
+        bounds: list[float | None] = []
+        for key in ("min", "max"):
+            value = raw.get(key)
+            if value is not None and not (
+                isinstance(value, int | float) and not isinstance(value, bool)
+            ):
+                raise ConfigError(f"input.{key}: expected a number or null, got {value!r}")
+            bounds.append(None if value is None else float(value))
+        name = raw.get("field", "data")
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"input.field: expected a non-empty string, got {name!r}")
+        lo, hi = bounds
+        if lo is not None and hi is not None and lo > hi:
+            raise ConfigError(f"input: expected min <= max, got min={lo}, max={hi}")
+        encoding = raw.get("encoding", "json")
+        if encoding not in INPUT_ENCODINGS:
+            raise ConfigError(
+                f"input.encoding: expected one of {list(INPUT_ENCODINGS)}, got {encoding!r}"
+            )
+        return cls(shape=tuple(shape), min_value=lo, max_value=hi, field=name, encoding=encoding)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass(frozen=True)
+class HandlerConfig:
+    """The whole ``handler:`` section: input, monitoring, class labels and torch threads."""
+
+    input: InputSpec
+    monitoring: MonitoringConfig
+    labels: tuple[str, ...] | None = None
+    #: torch intra-op threads per worker; 1 is fastest for small models on few cores.
+    torch_threads: int = 1
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any] | None) -> HandlerConfig:
+        section = raw if raw is not None else {}
+        if not isinstance(section, Mapping):
+            raise ConfigError(f"handler: expected a mapping, got {section!r}")
+        if "input" not in section:
+            raise ConfigError("handler.input: expected a mapping with a 'shape', got nothing")
+        labels = section.get("labels")
+        if labels is not None and not (
+            isinstance(labels, list) and all(isinstance(x, str) for x in labels)
+        ):
+            raise ConfigError(f"handler.labels: expected a list of strings, got {labels!r}")
+        threads = section.get("torch_threads", 1)
+        if not (isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1):
+            raise ConfigError(
+                f"handler.torch_threads: expected a positive integer, got {threads!r}"
+            )
+        return cls(
+            input=InputSpec.from_mapping(section["input"]),
+            monitoring=MonitoringConfig.from_mapping(section.get("monitoring")),
+            labels=tuple(labels) if labels is not None else None,
+            torch_threads=threads,
+        )
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A model-config.yaml: TorchServe's own keys as they are, and the parsed ``handler:``."""
+
+    raw: Mapping[str, Any]
+    handler: HandlerConfig
+
+    @property
+    def monitoring(self) -> MonitoringConfig:
+        return self.handler.monitoring
+
+
+def read_model_config(source: str | Path | Mapping[str, Any]) -> ModelConfig:
+    """Parse a model-config.yaml (a path, or the mapping TorchServe already loaded)."""
+    if isinstance(source, Mapping):
+        raw: Any = source
+    else:
+        import yaml
+
+        path = Path(source)
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except OSError as error:
+            raise ConfigError(f"expected a readable model-config file, got {error}") from None
+        except yaml.YAMLError as error:
+            raise ConfigError(f"{path}: expected YAML, got {error}") from None
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"model-config: expected a mapping, got {type(raw).__name__}")
+    return ModelConfig(raw, HandlerConfig.from_mapping(raw.get("handler")))

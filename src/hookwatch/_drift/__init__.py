@@ -1,0 +1,44 @@
+"""Drift detection over reference-quantile bins: pure numpy, run on the capture thread.
+
+``bins`` (the representation and its test statistic), ``features`` (what a layer's captures
+become), ``projection`` (wide layers), ``calibration`` (thresholds) and ``tracker`` (streaming
+windows and verdicts). No Prometheus, TorchServe or torch imports.
+"""
+
+from __future__ import annotations
+
+from hookwatch._drift.bins import (
+    MAX_BINS,
+    BinnedReference,
+    ChiSquare,
+    CodeArray,
+    FloatArray,
+    IntArray,
+    bin_counts,
+    encode,
+    expected_shares,
+)
+from hookwatch._drift.calibration import Calibration, calibrate
+from hookwatch._drift.features import derive, softmax
+from hookwatch._drift.projection import Projection
+from hookwatch._drift.tracker import DriftResult, DriftTracker, SlidingWindow
+
+__all__ = [
+    "MAX_BINS",
+    "BinnedReference",
+    "Calibration",
+    "ChiSquare",
+    "CodeArray",
+    "DriftResult",
+    "DriftTracker",
+    "FloatArray",
+    "IntArray",
+    "Projection",
+    "SlidingWindow",
+    "bin_counts",
+    "calibrate",
+    "derive",
+    "encode",
+    "expected_shares",
+    "softmax",
+]

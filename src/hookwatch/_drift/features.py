@@ -1,0 +1,42 @@
+"""Detector inputs derived from one layer's captured features. Pure numpy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from hookwatch._drift.bins import FloatArray
+from hookwatch._names import OUTPUT_LAYER
+
+__all__ = ["derive", "softmax"]
+
+
+def softmax(logits: NDArray[Any]) -> FloatArray:
+    z = np.asarray(logits, dtype=np.float64)
+    z = z - z.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    result: FloatArray = e / e.sum(axis=1, keepdims=True)
+    return result
+
+
+def derive(
+    layer: str, features: NDArray[Any], output_layer: str = OUTPUT_LAYER
+) -> dict[str, FloatArray]:
+    """Detector inputs from one layer's captured features ``[B, F]``.
+
+    The output's logits give four detectors: per-class softmax (black-box shift detection),
+    confidence (top probability), entropy, and the predicted class.
+    """
+    x = np.asarray(features, dtype=np.float64)
+    if layer != output_layer:
+        return {layer: x}
+    p = softmax(x)
+    entropy = -(p * np.log(np.maximum(p, 1e-12))).sum(axis=1, keepdims=True)
+    return {
+        "output": p,
+        "confidence": p.max(axis=1, keepdims=True),
+        "entropy": entropy,
+        "class_mix": p.argmax(axis=1).astype(np.float64)[:, None],
+    }

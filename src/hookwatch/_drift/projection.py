@@ -1,0 +1,105 @@
+"""Principal components of a wide layer on the reference, plus the distance from them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from hookwatch._drift.bins import FloatArray, expect
+
+__all__ = ["Projection"]
+
+#: Principal directions with less variance than this share of the largest are not kept.
+_RELATIVE_RANK_TOL = 1e-10
+
+
+@dataclass(frozen=True)
+class Projection:
+    """A layer's principal components on the reference: ``[B, W]`` features to ``[B, <= k]``.
+
+    A layer wider than the detector's feature budget keeps the directions in which the
+    reference varies most instead of its first units, so a shift confined to units past the
+    budget still reaches the test. What the components leave out is kept as one more feature,
+    the distance from their subspace: a shift in directions the reference never varied in
+    (noise in pixels that were always dark) shows there. Each is then binned like any feature.
+    """
+
+    layer: str
+    #: Reference mean of the layer's features, ``[W]``.
+    mean: NDArray[np.float32]
+    #: Unit-length principal directions as columns, ``[W, c]``, largest variance first.
+    components: NDArray[np.float32]
+    #: Share of the reference's total variance the components keep.
+    explained: float
+    #: Whether the distance from the components' subspace is the last feature (it is left out
+    #: when the components keep all the reference variance: it would be binned on rounding).
+    residual: bool = True
+
+    def __post_init__(self) -> None:
+        w = self.mean.shape[0] if self.mean.ndim == 1 else -1
+        expect(
+            self.components.ndim == 2 and self.components.shape[0] == w,
+            f"components [{w}, c] for a mean of shape {self.mean.shape}",
+            self.components.shape,
+        )
+        expect(0.0 <= self.explained <= 1.0, "an explained share in [0, 1]", self.explained)
+
+    @property
+    def input_width(self) -> int:
+        return int(self.mean.shape[0])
+
+    @property
+    def width(self) -> int:
+        """Features out: the components, and the residual distance when kept."""
+        return int(self.components.shape[1]) + int(self.residual)
+
+    @classmethod
+    def fit(cls, layer: str, x: NDArray[Any], k: int) -> Projection:
+        """At most ``k`` features from reference features ``x`` ``[N, W]``: the top ``k - 1``
+        principal directions and the residual distance, or fewer directions when the reference
+        varies in fewer (directions without variance would be binned on rounding noise)."""
+        x = np.asarray(x, dtype=np.float64)
+        expect(x.ndim == 2 and x.shape[0] >= 2, "reference features [N >= 2, W]", x.shape)
+        expect(k >= 1, "k >= 1", k)
+        mean = x.mean(axis=0)
+        centred = x - mean
+        n, w = centred.shape
+        # The smaller of the two Gram matrices: W x W for many samples, N x N for wide layers.
+        if w <= n:
+            values, vectors = np.linalg.eigh(centred.T @ centred)
+        else:
+            values, small = np.linalg.eigh(centred @ centred.T)
+            vectors = centred.T @ small
+        order = np.argsort(values)[::-1]
+        values, vectors = values[order], vectors[:, order]
+        total = float(np.einsum("ij,ij->", centred, centred))
+        keep = values > max(float(values[0]), 0.0) * _RELATIVE_RANK_TOL
+        residual = int(keep.sum()) > k - 1
+        keep[k - 1 if residual else k :] = False
+        values, vectors = values[keep], vectors[:, keep]
+        vectors = vectors / np.linalg.norm(vectors, axis=0, keepdims=True)
+        # A fixed sign per direction (largest entry positive): refits give the same features.
+        flip = np.sign(vectors[np.abs(vectors).argmax(axis=0), np.arange(vectors.shape[1])])
+        vectors = vectors * np.where(flip == 0, 1.0, flip)
+        explained = min(float(values.sum() / total), 1.0) if total > 0 else 0.0
+        return cls(layer, mean.astype(np.float32), vectors.astype(np.float32), explained, residual)
+
+    def apply(self, x: NDArray[Any]) -> FloatArray:
+        """Component scores, then the residual distance, ``[B, width]`` of features ``[B, W]``."""
+        x = np.asarray(x, dtype=np.float32)
+        expect(
+            x.ndim == 2 and x.shape[1] == self.input_width,
+            f"features [B, {self.input_width}] for the projection of {self.layer!r}",
+            x.shape,
+        )
+        centred = x - self.mean
+        scores = centred @ self.components
+        if not self.residual:
+            return scores.astype(np.float64)
+        rest = centred - scores @ self.components.T
+        distance = np.sqrt(np.einsum("ij,ij->i", rest, rest))
+        result: FloatArray = np.concatenate([scores, distance[:, None]], axis=1, dtype=np.float64)
+        return result

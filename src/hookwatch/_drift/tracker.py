@@ -1,0 +1,165 @@
+"""Streaming drift tests: sliding windows of bin codes and a verdict every ``step`` samples."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from hookwatch._drift.bins import BinnedReference, CodeArray, IntArray, bin_counts, expect
+from hookwatch._drift.calibration import Calibration
+from hookwatch._drift.features import derive
+from hookwatch._drift.projection import Projection
+from hookwatch._names import OUTPUT_LAYER
+
+__all__ = ["DriftResult", "DriftTracker", "SlidingWindow"]
+
+
+@dataclass(frozen=True)
+class DriftResult:
+    """One detector's verdict on one window; ``as_dict`` mirrors alibi-detect's ``predict``."""
+
+    detector: str
+    level: str
+    is_drift: bool
+    score: float
+    threshold: float
+    window: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "meta": {"name": self.detector, "detector_type": "drift", "level": self.level},
+            "data": {
+                "is_drift": int(self.is_drift),
+                "distance": self.score,
+                "threshold": self.threshold,
+                "window": self.window,
+            },
+        }
+
+
+class SlidingWindow:
+    """The last ``size`` samples' bin codes: O(size * F) bytes, no raw values.
+
+    Pushing only writes codes into a ring; :attr:`counts` bins the ring when a verdict asks for
+    it, which happens once per ``step`` samples, not once per push.
+    """
+
+    def __init__(self, size: int, features: int, bins: int) -> None:
+        expect(size >= 1, "a window of at least 1", size)
+        self.size = size
+        self.bins = bins
+        self._codes = np.zeros((size, features), dtype=np.uint8)
+        # Index arithmetic built once: the capture thread pushes many small chunks.
+        self._offsets = np.arange(features, dtype=np.int64) * bins
+        self._positions = np.arange(size, dtype=np.int64)
+        self._next = 0
+        self.filled = 0
+        self.seen = 0
+
+    def push(self, codes: CodeArray) -> None:
+        seen = len(codes)
+        codes = codes[-self.size :]
+        n = len(codes)
+        end = self._next + n
+        if end <= self.size:
+            self._codes[self._next : end] = codes
+        else:
+            self._codes[(self._next + self._positions[:n]) % self.size] = codes
+        self._next = end % self.size
+        self.filled = min(self.size, self.filled + n)
+        self.seen += seen
+
+    @property
+    def counts(self) -> IntArray:
+        """``[F, K]`` bin counts of the samples in the window."""
+        codes = self._codes if self.full else self._codes[: self.filled]
+        flat = (codes.astype(np.int64) + self._offsets).ravel()
+        size = len(self._offsets) * self.bins
+        counts: IntArray = np.bincount(flat, minlength=size).reshape(-1, self.bins)
+        return counts
+
+    @property
+    def full(self) -> bool:
+        return self.filled == self.size
+
+
+@dataclass
+class DriftTracker:
+    """Sliding-window drift tests for every detector of a profile, fed from the capture thread.
+
+    ``update(layer, features)`` bins the layer's features, pushes them into each of its
+    detectors' windows and returns a verdict for every detector whose window is full and has
+    taken ``step`` new samples since its last verdict.
+    """
+
+    references: Mapping[str, BinnedReference]
+    calibration: Calibration
+    step: int
+    output_layer: str = OUTPUT_LAYER
+    #: Detectors whose bin counts are also tallied for :meth:`take_counts` (the fleet-wide
+    #: counters); the others pay nothing for it.
+    tallied: frozenset[str] = frozenset()
+    #: Per layer, the projection its features go through before binning (wide layers only).
+    projections: Mapping[str, Projection] = field(default_factory=dict)
+    _windows: dict[str, SlidingWindow] = field(default_factory=dict)
+    _tally: dict[str, IntArray] = field(default_factory=dict)
+    _since: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        expect(self.step >= 1, "a step of at least 1", self.step)
+        for name, ref in self.references.items():
+            self._windows[name] = SlidingWindow(self.calibration.window, ref.n_features, ref.n_bins)
+            self._since[name] = 0
+
+    @property
+    def window(self) -> int:
+        return self.calibration.window
+
+    def update(self, layer: str, features: NDArray[Any]) -> list[DriftResult]:
+        results: list[DriftResult] = []
+        projection = self.projections.get(layer)
+        if projection is not None:
+            features = projection.apply(features)
+        for name, x in derive(layer, features, self.output_layer).items():
+            ref = self.references.get(name)
+            if ref is None:
+                continue
+            window = self._windows[name]
+            codes = ref.encode(x)
+            if name in self.tallied:
+                counts = bin_counts(codes[None], ref.n_bins)[0]
+                pending = self._tally.get(name)
+                self._tally[name] = counts if pending is None else pending + counts
+            start = 0
+            # Chunks end at step boundaries, so verdicts fall every `step` samples however
+            # the capture thread happens to batch them.
+            while start < len(codes):
+                since = self._since[name]
+                take = self.step - since if since < self.step else window.size - window.filled
+                chunk = codes[start : start + max(1, take)]
+                window.push(chunk)
+                start += len(chunk)
+                self._since[name] += len(chunk)
+                if window.full and self._since[name] >= self.step:
+                    self._since[name] = 0
+                    results.append(self.evaluate(name))
+        return results
+
+    def feature_widths(self) -> dict[str, int]:
+        """Features each projected layer must capture: its projection's input width."""
+        return {layer: p.input_width for layer, p in self.projections.items()}
+
+    def take_counts(self) -> dict[str, IntArray]:
+        """Bin counts ``[F, K]`` per tallied detector since the last call, then forget them."""
+        taken, self._tally = self._tally, {}
+        return taken
+
+    def evaluate(self, name: str) -> DriftResult:
+        ref = self.references[name]
+        score = float(ref.score(self._windows[name].counts))
+        threshold = self.calibration.thresholds[name]
+        return DriftResult(name, ref.level, score > threshold, score, threshold, self.window)

@@ -1,0 +1,361 @@
+"""The one module that imports prometheus-client: the metric set and the exporter.
+
+:class:`MetricSet` builds the catalogued metrics on a registry (a fresh one per test; the values
+go to ``PROMETHEUS_MULTIPROC_DIR`` files when that variable is set in the worker process) and
+takes the catalogue's typed specs as handles. The exporter half (:func:`exporter_registry`,
+:func:`serve_metrics`) merges the worker files on each scrape, reaping dead workers' gauges and
+compacting their counters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import logging
+import os
+import re
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from types import TracebackType
+from typing import Any, Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Summary, multiprocess
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.mmap_dict import MmapedDict as _MmapedDict
+from prometheus_client.registry import Collector
+
+from hookwatch._catalogue import (
+    CATALOGUE,
+    CounterSpec,
+    GaugeSpec,
+    MetricSpec,
+    SummarySpec,
+)
+
+__all__ = [
+    "MetricSet",
+    "MetricsServer",
+    "compact_dead_workers",
+    "default_metrics",
+    "exporter_registry",
+    "merged_files",
+    "render",
+    "serve_metrics",
+]
+
+log = logging.getLogger("hookwatch")
+
+
+class CounterChild(Protocol):
+    """A labelled counter, bound once so a hot path skips the label lookup."""
+
+    def inc(self, amount: float = 1) -> None: ...
+
+
+def _build(spec: MetricSpec, registry: CollectorRegistry) -> MetricWrapperBase:
+    if isinstance(spec, CounterSpec):
+        return Counter(spec.name.removesuffix("_total"), spec.help, spec.labels, registry=registry)
+    if isinstance(spec, GaugeSpec):
+        mode: Any = spec.multiprocess_mode
+        return Gauge(spec.name, spec.help, spec.labels, registry=registry, multiprocess_mode=mode)
+    return Summary(spec.name, spec.help, spec.labels, registry=registry)
+
+
+class MetricSet:
+    """prometheus-client objects for every catalogued metric, addressed by their specs."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._metrics: dict[str, MetricWrapperBase] = {
+            spec.name: _build(spec, self.registry) for spec in CATALOGUE
+        }
+
+    def _get(self, spec: MetricSpec) -> Any:
+        return self._metrics[spec.name]
+
+    def inc(self, spec: CounterSpec, amount: float, **labels: str) -> None:
+        if amount:
+            self._get(spec).labels(**labels).inc(amount)
+
+    def set(self, spec: GaugeSpec, value: float, **labels: str) -> None:
+        self._get(spec).labels(**labels).set(value)
+
+    def observe(self, spec: SummarySpec, values: Iterable[float], **labels: str) -> None:
+        child = self._get(spec).labels(**labels)
+        for value in values:
+            child.observe(value)
+
+    def observe_many(self, spec: SummarySpec, count: int, total: float, **labels: str) -> None:
+        """Add ``count`` observations summing to ``total`` to a summary in one update.
+
+        prometheus-client's Summary has no bulk observe, and one observe() per sample costs two
+        locked file writes each; the child's count and sum values are updated directly instead.
+        """
+        if count:
+            child = self._get(spec).labels(**labels)
+            child._count.inc(count)
+            child._sum.inc(total)
+
+    def counter(self, spec: CounterSpec, **labels: str) -> CounterChild:
+        """The labelled child of a counter, bound once so the hot path skips the label lookup."""
+        child: CounterChild = self._get(spec).labels(**labels)
+        return child
+
+    def touch(self, spec: MetricSpec, **labels: str) -> None:
+        """Create a labelled series at zero so it exists before its first event."""
+        self._get(spec).labels(**labels)
+
+    def sample_values(self) -> Mapping[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """Current samples of this registry (single-process use: tests and the bench)."""
+        out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        for family in self.registry.collect():
+            for sample in family.samples:
+                out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+        return out
+
+
+_DEFAULT: MetricSet | None = None
+_DEFAULT_LOCK = threading.Lock()
+
+
+def default_metrics() -> MetricSet:
+    """The process-wide metric set :func:`hookwatch.watch` writes to unless given another.
+
+    One per process, because a registry takes each metric name once: every model watched in
+    the process shares it (the ``model`` label tells them apart), and :func:`serve_metrics`
+    serves it.
+    """
+    global _DEFAULT
+    with _DEFAULT_LOCK:
+        if _DEFAULT is None:
+            _DEFAULT = MetricSet()
+        return _DEFAULT
+
+
+_DB_PID = re.compile(r"_(\d+)\.db$")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+#: Commit record of the dead-worker archive (not a ``.db`` file, so no collector reads it).
+ARCHIVE_MANIFEST = "archive.json"
+#: prometheus-client's mmap file format; untyped upstream.
+MmapedDict: Any = _MmapedDict
+_ARCHIVE = re.compile(r"^(counter|summary|histogram)_archive-(\d+)\.db$")
+_PENDING = re.compile(r"^(counter|summary|histogram)_(\d+)\.g(\d+)\.compacting$")
+_ACCUMULATED = re.compile(r"^(counter|summary|histogram)_(\d+)\.db$")
+
+
+def _read_manifest(path: str) -> dict[str, Any]:
+    try:
+        with open(os.path.join(path, ARCHIVE_MANIFEST)) as f:
+            manifest: dict[str, Any] = json.load(f)
+    except FileNotFoundError:
+        return {"generation": 0, "absorbed": []}
+    return manifest
+
+
+def _raw_values(files: Iterable[str]) -> dict[tuple[str, str], float]:
+    """Per (type, mmap key) sums of the raw values in ``files`` (histogram buckets stay raw)."""
+    totals: dict[tuple[str, str], float] = {}
+    for f in files:
+        typ = os.path.basename(f).split("_", 1)[0]
+        for key, value, _, _ in MmapedDict.read_all_values_from_file(f):
+            totals[(typ, key)] = totals.get((typ, key), 0.0) + value
+    return totals
+
+
+def _fsync(filename: str) -> None:
+    fd = os.open(filename, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def compact_dead_workers(path: str, alive: Callable[[int], bool] = _pid_alive) -> int:
+    """Fold the counter/summary/histogram files of dead pids into one archive per type.
+
+    Totals stay exact and every scrape sees each count once, even if the exporter dies midway:
+    dead files are first renamed out of the ``*.db`` set (``.compacting``), a new archive
+    generation is written beside the current one, and replacing ``archive.json`` (atomic
+    rename) switches the archive and absorbs the renamed files in one step. Leftovers of an
+    interrupted run are finished by the next call, which runs before any scrape merges files.
+    Returns how many worker files were absorbed.
+    """
+    manifest = _read_manifest(path)
+    generation = int(manifest["generation"])
+    names = os.listdir(path)
+    # Files absorbed by the committed generation that an interrupted run did not delete.
+    for name in manifest["absorbed"]:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(path, name))
+    for name in names:
+        m = _ARCHIVE.match(name)
+        if m and int(m.group(2)) != generation:
+            os.remove(os.path.join(path, name))  # an uncommitted or superseded generation
+    nxt = generation + 1
+    pending = [n for n in names if _PENDING.match(n) and n not in manifest["absorbed"]]
+    for name in names:
+        m = _ACCUMULATED.match(name)
+        if m and not alive(int(m.group(2))):
+            target = f"{m.group(1)}_{m.group(2)}.g{nxt}.compacting"
+            os.rename(os.path.join(path, name), os.path.join(path, target))
+            pending.append(target)
+    if not pending:
+        return 0
+    current = [
+        os.path.join(path, n)
+        for n in os.listdir(path)
+        if (m := _ARCHIVE.match(n)) and int(m.group(2)) == generation
+    ]
+    totals = _raw_values([*current, *(os.path.join(path, n) for n in pending)])
+    written: dict[str, Any] = {}
+    try:
+        for (typ, key), value in totals.items():
+            if typ not in written:
+                written[typ] = MmapedDict(os.path.join(path, f"{typ}_archive-{nxt}.db"))
+            written[typ].write_value(key, value, 0.0)
+    finally:
+        for archive in written.values():
+            archive.close()
+    for typ in written:
+        _fsync(os.path.join(path, f"{typ}_archive-{nxt}.db"))
+    tmp = os.path.join(path, ARCHIVE_MANIFEST + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump({"generation": nxt, "absorbed": sorted(pending)}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(path, ARCHIVE_MANIFEST))  # the commit point
+    for name in [*pending, *(os.path.basename(c) for c in current)]:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(path, name))
+    return len(pending)
+
+
+def merged_files(path: str) -> list[str]:
+    """The ``*.db`` files one scrape merges: worker files plus the committed archive only."""
+    generation = int(_read_manifest(path)["generation"])
+    files = []
+    for f in glob.glob(os.path.join(path, "*.db")):
+        m = _ARCHIVE.match(os.path.basename(f))
+        if m is None or int(m.group(2)) == generation:
+            files.append(f)
+    return files
+
+
+class _ReapingCollector(Collector):
+    """Drops live-gauge files of worker processes that are gone, then merges the rest.
+
+    Counts of dead workers stay part of the fleet's total: with ``compact`` their files are
+    folded into one archive, so a scrape reads one file per live worker plus the archive
+    however many workers have come and gone.
+    """
+
+    def __init__(self, path: str, reap: bool, compact: bool = True) -> None:
+        self._path = path
+        self._reap = reap
+        self._compact = reap and compact
+        self._lock = threading.Lock()
+
+    def collect(self) -> Iterable[Any]:
+        with self._lock:
+            if self._reap:
+                pids = {
+                    int(m.group(1))
+                    for f in glob.glob(os.path.join(self._path, "gauge_live*_*.db"))
+                    if (m := _DB_PID.search(f))
+                }
+                for pid in pids:
+                    if not _pid_alive(pid):
+                        multiprocess.mark_process_dead(pid, self._path)  # type: ignore[no-untyped-call]
+            if self._compact:
+                compact_dead_workers(self._path)
+            files = merged_files(self._path)
+        samples: Iterable[Any] = multiprocess.MultiProcessCollector.merge(files)  # type: ignore[no-untyped-call]
+        return samples
+
+
+def exporter_registry(
+    path: str, reap_dead_pids: bool = True, compact: bool = True
+) -> CollectorRegistry:
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"expected a multiprocess metrics directory, got {path!r}")
+    registry = CollectorRegistry()
+    registry.register(_ReapingCollector(path, reap_dead_pids, compact))
+    return registry
+
+
+class MetricsServer:
+    """The HTTP endpoint :func:`serve_metrics` started; ``close()`` stops it (idempotent)."""
+
+    def __init__(self, server: Any, thread: threading.Thread, addr: str) -> None:
+        self._server = server
+        self._thread = thread
+        self.addr = addr
+        #: The port bound (the one asked for, or the one the OS picked for port 0).
+        self.port: int = int(server.server_port)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.addr}:{self.port}/metrics"
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._thread.join(5.0)
+            self._server = None
+
+    def __enter__(self) -> MetricsServer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def serve_metrics(
+    port: int = 9101,
+    addr: str = "127.0.0.1",
+    *,
+    multiprocess_dir: str | os.PathLike[str] | None = None,
+    metrics: MetricSet | None = None,
+    reap_dead_pids: bool = True,
+    compact: bool = True,
+) -> MetricsServer:
+    """Serve hookwatch's metrics over HTTP from a daemon thread; ``port=0`` picks a free one.
+
+    Without ``multiprocess_dir`` it serves ``metrics`` (default: the process-wide set that
+    :func:`hookwatch.watch` writes to), for an application that runs its model in one process.
+    With it, it is the exporter of a multi-process server (TorchServe's workers): it merges the
+    workers' files in that directory on each scrape, drops the gauges of dead workers and folds
+    their counters into one archive file (``compact``; one exporter per directory may).
+    """
+    from prometheus_client import start_http_server
+
+    if multiprocess_dir is not None:
+        registry = exporter_registry(os.fspath(multiprocess_dir), reap_dead_pids, compact)
+    else:
+        registry = (metrics if metrics is not None else default_metrics()).registry
+    server, thread = start_http_server(port, addr=addr, registry=registry)
+    return MetricsServer(server, thread, addr)
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    from prometheus_client import generate_latest
+
+    return generate_latest(registry)

@@ -1,0 +1,165 @@
+"""The request path: sampling decision, request tallies and the hand-off of a forward's record.
+
+Everything here runs in the thread serving the request, so it only decides, counts and appends:
+one random draw and an integer tally per batch, a thread-local record the hooks append to, and
+at the end of a sampled forward one non-blocking offer of that record. Counts are plain integers
+under one uncontended lock; the publisher reads a copy of them. No Prometheus here.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import TracebackType
+
+from hookwatch._capture import RateLimitedLog
+from hookwatch._hooks import Capture, Gate
+
+__all__ = ["Record", "RequestCounts", "RequestGate", "RequestScope"]
+
+log = logging.getLogger("hookwatch")
+
+#: What the hooks of one sampled forward pass captured, handed off as one item.
+Record = list[Capture]
+
+
+@dataclass(frozen=True)
+class RequestCounts:
+    """Cumulative request-path tallies, copied under the gate's lock."""
+
+    requests: int = 0
+    sampled: int = 0
+    rejected: int = 0
+    #: Captures (not records) dropped because the capture buffer was full.
+    dropped: int = 0
+    hook_faults: dict[str, int] = field(default_factory=dict)
+
+
+class RequestScope:
+    """What :meth:`RequestGate.request` returns: the forward pass runs inside it."""
+
+    __slots__ = ("_gate", "sampled")
+
+    def __init__(self, gate: RequestGate, sampled: bool) -> None:
+        self._gate = gate
+        self.sampled = sampled
+
+    def __enter__(self) -> RequestScope:
+        if self.sampled:
+            self._gate._begin_record()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.sampled:
+            # A forward that raised hands off nothing: half a record would skew the per-layer
+            # counts against each other.
+            self._gate._end_record(keep=exc_type is None)
+
+
+class RequestGate:
+    """Decides which forwards are captured, counts requests, and is the hooks' capture sink.
+
+    ``offer`` hands a finished record to the capture buffer and returns False when it is full.
+    """
+
+    def __init__(
+        self,
+        model_name: str,
+        sample_rate: float,
+        offer: Callable[[Record], bool],
+        enabled: bool = True,
+        seed: int | None = None,
+    ) -> None:
+        self.model_name = model_name
+        self.sample_rate = sample_rate if enabled else 0.0
+        #: The flag every hook reads (thread-local, open only inside a sampled forward).
+        self.gate = Gate()
+        self._offer = offer
+        self._rng = random.Random(seed)
+        # The record of the sampled forward running on this thread, if any.
+        self._local = threading.local()
+        self._log = RateLimitedLog(log)
+        self._lock = threading.Lock()
+        self._requests = 0
+        self._sampled = 0
+        self._rejected = 0
+        self._dropped = 0
+        self._hook_faults: dict[str, int] = defaultdict(int)
+
+    def request(self, batch_size: int = 1) -> RequestScope:
+        """Count ``batch_size`` requests and decide whether this forward pass is captured."""
+        rate = self.sample_rate
+        sampled = rate > 0.0 and (rate >= 1.0 or self._rng.random() < rate)
+        # Plain integers under an uncontended lock: the capture thread publishes them. An
+        # exported counter's increment here (a lock, a struct pack into a memory-mapped file,
+        # three Python frames) measured ~13 µs per request between the layers of a real forward.
+        with self._lock:
+            self._requests += batch_size
+            if sampled:
+                self._sampled += batch_size
+        return RequestScope(self, sampled)
+
+    def reject(self, count: int = 1) -> None:
+        with self._lock:
+            self._rejected += count
+
+    def counts(self) -> RequestCounts:
+        with self._lock:
+            return RequestCounts(
+                self._requests,
+                self._sampled,
+                self._rejected,
+                self._dropped,
+                dict(self._hook_faults),
+            )
+
+    def _begin_record(self) -> None:
+        self._local.record = []
+        self.gate.set(True)
+
+    def _end_record(self, keep: bool) -> None:
+        self.gate.set(False)
+        record: Record | None = getattr(self._local, "record", None)
+        self._local.record = None
+        if record and keep:
+            self._hand_off(record)
+
+    def _hand_off(self, record: Record) -> bool:
+        if self._offer(record):
+            return True
+        with self._lock:
+            self._dropped += len(record)
+        return False
+
+    # -- the hooks' sink --------------------------------------------------------------------
+
+    def offer(self, capture: Capture) -> bool:
+        """Add to the running forward's record (a list append, never blocks)."""
+        record: Record | None = getattr(self._local, "record", None)
+        if record is None:
+            # The gate was opened without a request scope: hand the capture off on its own.
+            return self._hand_off([capture])
+        record.append(capture)
+        return True
+
+    def on_fault(self, layer: str, error: BaseException) -> None:
+        with self._lock:
+            self._hook_faults[layer] += 1
+        self._log.warning(
+            f"hook:{layer}",
+            "hookwatch: hook on layer %r of model %r failed (%s: %s); capture for that layer is "
+            "off, serving continues",
+            layer,
+            self.model_name,
+            type(error).__name__,
+            error,
+        )

@@ -1,0 +1,185 @@
+"""Publishing: what the gate counted and the processor produced, written to the metric set.
+
+Runs once per ``flush_interval_s`` on the capture thread (and from ``flush()``), so the cost of
+metric writes follows the number of series, not the traffic. Cumulative request-path counts
+become counter increments here, as differences since the previous publish.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hookwatch import _catalogue as cat
+from hookwatch._drift import DriftTracker, IntArray
+from hookwatch._metrics import CounterChild, MetricSet
+from hookwatch._monitor.gate import RequestCounts
+from hookwatch._monitor.processor import DriftTally, LayerTally, Processed
+from hookwatch._names import NONFINITE_KINDS, SUMMARY_STATISTICS
+
+__all__ = ["Publisher", "Snapshot"]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything one publish writes."""
+
+    counts: RequestCounts
+    processed: Processed
+    queue_depth: int
+    #: Cumulative faults per layer (hooks, processing; ``all`` for the capture thread itself).
+    faults: Mapping[str, int] = field(default_factory=dict)
+    #: Per watched layer, whether its hook still captures.
+    layers_enabled: Mapping[str, bool] = field(default_factory=dict)
+
+
+class Publisher:
+    """Writes snapshots of one model's monitoring to a :class:`MetricSet`."""
+
+    def __init__(self, metrics: MetricSet, model_name: str) -> None:
+        self.metrics = metrics
+        self.model_name = model_name
+        m, name = metrics, model_name
+        # Bound once: these are written on every publish.
+        self._counters: dict[str, CounterChild] = {
+            "requests": m.counter(cat.REQUESTS, model=name),
+            "sampled": m.counter(cat.REQUESTS_SAMPLED, model=name),
+            "rejected": m.counter(cat.REQUESTS_REJECTED, model=name),
+            "dropped": m.counter(cat.CAPTURES_DROPPED, model=name),
+        }
+        #: Fleet-wide drift counters per (detector, kept feature, bin), bound at declare().
+        self._bin_counters: dict[str, dict[tuple[int, int], CounterChild]] = {}
+        self._published: dict[str, int] = {}
+        # Publishing runs on the capture thread's tick and from flush(): one lock keeps the
+        # differences exact.
+        self._lock = threading.Lock()
+
+    def declare(
+        self, watched: Sequence[str], queue_capacity: int, drift: DriftTracker | None
+    ) -> None:
+        """Create every series at its starting value, before the first event.
+
+        Prometheus windows (``delta``, ``increase``) need the zero before the first event.
+        """
+        m, name = self.metrics, self.model_name
+        for counter in (cat.REQUESTS, cat.REQUESTS_SAMPLED, cat.REQUESTS_REJECTED):
+            m.touch(counter, model=name)
+        m.touch(cat.CAPTURES_DROPPED, model=name)
+        m.set(cat.CAPTURE_QUEUE_CAPACITY, queue_capacity, model=name)
+        m.set(cat.CAPTURE_QUEUE_DEPTH, 0, model=name)
+        for layer in watched:
+            m.touch(cat.CAPTURES, model=name, layer=layer)
+            m.touch(cat.MONITOR_FAULTS, model=name, layer=layer)
+            m.set(cat.LAYER_ENABLED, 1, model=name, layer=layer)
+            for kind in NONFINITE_KINDS:
+                m.touch(cat.ACTIVATION_NONFINITE, model=name, layer=layer, kind=kind)
+            for statistic in SUMMARY_STATISTICS:
+                m.touch(cat.ACTIVATION_STATISTIC, model=name, layer=layer, statistic=statistic)
+        m.set(cat.DRIFT_PROFILE_LOADED, 1 if drift is not None else 0, model=name)
+        if drift is None:
+            return
+        for detector, ref in drift.references.items():
+            labels = {"model": name, "level": ref.level, "detector": detector}
+            m.set(cat.DRIFT_THRESHOLD, drift.calibration.thresholds[detector], **labels)
+            m.set(cat.DRIFT_DETECTED, 0, **labels)
+            m.touch(cat.DRIFT_WINDOWS, **labels)
+            m.touch(cat.DRIFT_ALARMS, **labels)
+        m.set(cat.DRIFT_WINDOW_SAMPLES, drift.window, model=name)
+        self._declare_fleet_bins(drift)
+
+    def _declare_fleet_bins(self, drift: DriftTracker) -> None:
+        """Per-bin counters and reference counts of the fleet detectors (bins that exist only).
+
+        The ``feature`` label is the feature's index in the detector's input, fixed by the
+        profile; ``bin`` is the bin's index. Neither ever comes from request content.
+        """
+        m = self.metrics
+        for detector in sorted(drift.tallied):
+            ref = drift.references[detector]
+            valid = ref.valid
+            bound: dict[tuple[int, int], CounterChild] = {}
+            for f, feature in enumerate(ref.kept):
+                for k in range(ref.n_bins):
+                    if not valid[f, k]:
+                        continue
+                    labels = {
+                        "model": self.model_name,
+                        "detector": detector,
+                        "feature": str(feature),
+                        "bin": str(k),
+                    }
+                    m.set(cat.DRIFT_REFERENCE_BIN_SAMPLES, int(ref.counts[f, k]), **labels)
+                    bound[(f, k)] = m.counter(cat.DRIFT_BIN_SAMPLES, **labels)
+            self._bin_counters[detector] = bound
+
+    def publish(self, snapshot: Snapshot) -> None:
+        with self._lock:
+            self._publish_locked(snapshot)
+
+    def _delta(self, key: str, current: int) -> int:
+        delta = current - self._published.get(key, 0)
+        self._published[key] = current
+        return delta
+
+    def _publish_locked(self, snapshot: Snapshot) -> None:
+        m, name = self.metrics, self.model_name
+        counts = snapshot.counts
+        for key, current in (
+            ("requests", counts.requests),
+            ("sampled", counts.sampled),
+            ("rejected", counts.rejected),
+            ("dropped", counts.dropped),
+        ):
+            delta = self._delta(key, current)
+            if delta:
+                self._counters[key].inc(delta)
+        processed = snapshot.processed
+        for layer, tally in processed.layers.items():
+            self._publish_layer(layer, tally)
+        for detector in sorted(processed.drift):
+            self._publish_drift(processed.drift[detector])
+        self._publish_bins(processed.bins)
+        m.set(cat.CAPTURE_QUEUE_DEPTH, snapshot.queue_depth, model=name)
+        for layer, count in snapshot.faults.items():
+            m.inc(
+                cat.MONITOR_FAULTS, self._delta(f"faults:{layer}", count), model=name, layer=layer
+            )
+        for layer, enabled in snapshot.layers_enabled.items():
+            m.set(cat.LAYER_ENABLED, 1 if enabled else 0, model=name, layer=layer)
+
+    def _publish_layer(self, layer: str, tally: LayerTally) -> None:
+        labels = {"model": self.model_name, "layer": layer}
+        m = self.metrics
+        m.inc(cat.CAPTURES, tally.captures, **labels)
+        m.inc(cat.ACTIVATION_NONFINITE, tally.nan, kind="nan", **labels)
+        m.inc(cat.ACTIVATION_NONFINITE, tally.inf, kind="inf", **labels)
+        for column, statistic in enumerate(SUMMARY_STATISTICS):
+            m.observe_many(
+                cat.ACTIVATION_STATISTIC,
+                tally.finite,
+                float(tally.sums[column]),
+                statistic=statistic,
+                **labels,
+            )
+
+    def _publish_drift(self, tally: DriftTally) -> None:
+        result = tally.latest
+        labels = {"model": self.model_name, "level": result.level, "detector": result.detector}
+        m = self.metrics
+        m.set(cat.DRIFT_SCORE, result.score, **labels)
+        m.set(cat.DRIFT_THRESHOLD, result.threshold, **labels)
+        m.set(cat.DRIFT_DETECTED, 1 if result.is_drift else 0, **labels)
+        m.inc(cat.DRIFT_WINDOWS, tally.windows, **labels)
+        m.inc(cat.DRIFT_ALARMS, tally.alarms, **labels)
+
+    def _publish_bins(self, counts: Mapping[str, IntArray]) -> None:
+        # One locked increment per non-empty bin and publish: a few hundred writes a second.
+        for detector, tally in counts.items():
+            bound = self._bin_counters.get(detector, {})
+            for f, k in zip(*np.nonzero(tally), strict=True):
+                child = bound.get((int(f), int(k)))
+                if child is not None:
+                    child.inc(int(tally[f, k]))

@@ -1,0 +1,54 @@
+"""The words hookwatch's metrics and profiles are made of: one definition each.
+
+Layer pseudo-names, statistic names, drift levels and detectors become label values and profile
+keys. Config, statistics, drift, the catalogue and the tools all import them from here, so a
+label value can never be spelled two ways. Plain data, no imports.
+"""
+
+from __future__ import annotations
+
+#: Pseudo-layer names: the model's input (forward pre-hook on the root) and its output.
+INPUT_LAYER = "input"
+OUTPUT_LAYER = "output"
+#: ``layer`` label value for faults that belong to no single layer.
+ALL_LAYERS = "all"
+
+#: Columns of a per-sample statistics row, in order.
+STATISTICS: tuple[str, ...] = (
+    "mean",
+    "std",
+    "min",
+    "max",
+    "zero_fraction",
+    "nan_count",
+    "inf_count",
+)
+#: The statistics exported as per-sample summaries (the ``statistic`` label); the non-finite
+#: counts go to a counter instead.
+SUMMARY_STATISTICS: tuple[str, ...] = STATISTICS[:5]
+#: Values of the ``kind`` label of the non-finite counter.
+NONFINITE_KINDS: tuple[str, ...] = ("nan", "inf")
+
+#: Levels a drift detector belongs to (the ``level`` label).
+LEVELS: tuple[str, ...] = ("input", "activation", "output", "prediction")
+#: Detectors derived from the model's output logits, in the order they are built.
+OUTPUT_DETECTORS: tuple[str, ...] = ("output", "confidence", "entropy", "class_mix")
+
+
+def drift_detectors(watched: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """Values of the ``detector`` label: each watched layer, and for the output its four."""
+    names = [w for w in watched if w != OUTPUT_LAYER]
+    if OUTPUT_LAYER in watched:
+        names.extend(OUTPUT_DETECTORS)
+    return tuple(names)
+
+
+def level_of(detector: str) -> str:
+    """The ``level`` label value of a detector."""
+    if detector == INPUT_LAYER:
+        return "input"
+    if detector == "output":
+        return "output"
+    if detector in OUTPUT_DETECTORS:
+        return "prediction"
+    return "activation"

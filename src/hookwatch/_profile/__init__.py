@@ -1,0 +1,18 @@
+"""Drift reference profiles: the file ``format``, the ``builder`` and serving-time ``loading``."""
+
+from __future__ import annotations
+
+from hookwatch._profile.builder import build_profile, capture_features
+from hookwatch._profile.format import FORMAT, READABLE, VERSION, DriftProfile
+from hookwatch._profile.loading import load_tracker, tracker_for
+
+__all__ = [
+    "FORMAT",
+    "READABLE",
+    "VERSION",
+    "DriftProfile",
+    "build_profile",
+    "capture_features",
+    "load_tracker",
+    "tracker_for",
+]

@@ -1,0 +1,190 @@
+"""The drift profile file: a bounded, versioned numpy ``.npz`` (no pickle).
+
+It holds a JSON header and, per detector, bin edges ``[F, K-1]``, reference bin counts
+``[F, K]`` and the bin codes ``[S, F]`` (uint8) of at most ``max_codes`` reference samples for
+calibration; per layer wider than ``max_features`` (with ``drift.projection: pca``), its
+projection: a mean ``[W]`` and principal directions ``[W, k]``. Its size is bounded by the number
+of features, bins, ``max_codes`` and the projection widths, whatever the amount of reference
+data.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from hookwatch._config import MonitoringConfig
+from hookwatch._drift import BinnedReference, Calibration, DriftTracker, Projection, calibrate
+from hookwatch._errors import ProfileError
+from hookwatch._names import OUTPUT_LAYER
+
+__all__ = ["FORMAT", "READABLE", "VERSION", "DriftProfile"]
+
+FORMAT = "hookwatch-drift-profile"
+VERSION = 2
+#: Versions this code reads: version 1 predates projections and has none.
+READABLE = (1, 2)
+_FIELDS = ("edges", "counts", "codes")
+
+
+@dataclass(frozen=True)
+class DriftProfile:
+    """Per-detector reference bins of one model, plus where they came from."""
+
+    model: str
+    references: Mapping[str, BinnedReference]
+    layers: tuple[str, ...]
+    n_seen: int
+    bins: int
+    max_features: int
+    created: float
+    #: Per projected layer, what its features go through before binning.
+    projections: Mapping[str, Projection] = field(default_factory=dict)
+
+    def header(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "model": self.model,
+            "layers": list(self.layers),
+            "n_seen": self.n_seen,
+            "bins": self.bins,
+            "max_features": self.max_features,
+            "created": self.created,
+            "detectors": [
+                {
+                    "name": r.name,
+                    "level": r.level,
+                    "aggregation": r.aggregation,
+                    "kept": list(r.kept),
+                    "dropped": list(r.dropped),
+                    "n_reference": r.n_ref,
+                }
+                for r in self.references.values()
+            ],
+            "projections": [
+                {
+                    "layer": p.layer,
+                    "input_width": p.input_width,
+                    "width": p.width,
+                    "explained": p.explained,
+                    "residual": p.residual,
+                }
+                for p in self.projections.values()
+            ],
+        }
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        path = Path(path)
+        arrays: dict[str, NDArray[Any]] = {
+            "header": np.frombuffer(json.dumps(self.header()).encode(), dtype=np.uint8)
+        }
+        for i, ref in enumerate(self.references.values()):
+            arrays[f"d{i}.edges"] = ref.edges.astype(np.float32)
+            arrays[f"d{i}.counts"] = ref.counts.astype(np.int64)
+            arrays[f"d{i}.codes"] = ref.codes
+        for i, projection in enumerate(self.projections.values()):
+            arrays[f"p{i}.mean"] = projection.mean
+            arrays[f"p{i}.components"] = projection.components
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("wb") as handle:
+            np.savez_compressed(handle, **arrays)  # type: ignore[arg-type]
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> DriftProfile:
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                arrays = {k: data[k] for k in data.files}
+        except (OSError, ValueError, zipfile.BadZipFile) as error:
+            raise ProfileError(f"expected a {FORMAT} .npz file at {path}, got {error}") from None
+        if "header" not in arrays:
+            raise ProfileError(f"expected a {FORMAT} file with a header, got keys {sorted(arrays)}")
+        header = json.loads(arrays["header"].tobytes().decode())
+        if header.get("format") != FORMAT:
+            raise ProfileError(f"expected format {FORMAT!r}, got {header.get('format')!r}")
+        if header.get("version") not in READABLE:
+            raise ProfileError(
+                f"expected profile version {' or '.join(map(str, READABLE))}, got "
+                f"{header.get('version')!r} (rebuild it with `hookwatch profile`)"
+            )
+        references: dict[str, BinnedReference] = {}
+        for i, meta in enumerate(header["detectors"]):
+            edges, counts, codes = (arrays[f"d{i}.{f}"] for f in _FIELDS)
+            references[meta["name"]] = BinnedReference(
+                name=meta["name"],
+                level=meta["level"],
+                edges=edges.astype(np.float64),
+                counts=counts.astype(np.int64),
+                codes=codes.astype(np.uint8),
+                aggregation=meta["aggregation"],
+                dropped=tuple(meta["dropped"]),
+                kept=tuple(meta["kept"]),
+            )
+        projections: dict[str, Projection] = {}
+        for i, meta in enumerate(header.get("projections", [])):
+            projections[meta["layer"]] = Projection(
+                layer=meta["layer"],
+                mean=arrays[f"p{i}.mean"].astype(np.float32),
+                components=arrays[f"p{i}.components"].astype(np.float32),
+                explained=float(meta["explained"]),
+                residual=bool(meta["residual"]),
+            )
+        return cls(
+            model=header["model"],
+            references=references,
+            projections=projections,
+            layers=tuple(header["layers"]),
+            n_seen=int(header["n_seen"]),
+            bins=int(header["bins"]),
+            max_features=int(header["max_features"]),
+            created=float(header["created"]),
+        )
+
+    def check(self, config: MonitoringConfig) -> None:
+        """Fail fast when the profile was built for other layers or another feature width."""
+        if tuple(config.watched) != self.layers:
+            raise ProfileError(
+                f"expected a profile for layers {list(config.watched)}, got {list(self.layers)}"
+            )
+        if config.max_features != self.max_features:
+            raise ProfileError(
+                f"expected a profile built with max_features={config.max_features}, "
+                f"got {self.max_features}"
+            )
+
+    def calibrate(
+        self, window: int, false_alarm_rate: float, windows: int = 4000, seed: int = 0
+    ) -> Calibration:
+        return calibrate(list(self.references.values()), window, false_alarm_rate, windows, seed)
+
+    def tracker(
+        self,
+        window: int,
+        step: int,
+        false_alarm_rate: float,
+        windows: int = 4000,
+        seed: int = 0,
+    ) -> DriftTracker:
+        calibration = self.calibrate(window, false_alarm_rate, windows, seed)
+        return DriftTracker(
+            self.references, calibration, step, OUTPUT_LAYER, projections=self.projections
+        )
+
+    def size_bytes(self) -> int:
+        buffer = io.BytesIO()
+        arrays = {f"{r.name}.{f}": getattr(r, f) for r in self.references.values() for f in _FIELDS}
+        for p in self.projections.values():
+            arrays[f"{p.layer}.mean"] = p.mean
+            arrays[f"{p.layer}.components"] = p.components
+        np.savez_compressed(buffer, **arrays)
+        return buffer.tell()

@@ -1,0 +1,64 @@
+"""Loading a model's drift profile at serving time, into a calibrated tracker."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from hookwatch._config import MonitoringConfig
+from hookwatch._drift import DriftTracker
+from hookwatch._profile.format import DriftProfile
+
+__all__ = ["load_tracker", "tracker_for"]
+
+log = logging.getLogger("hookwatch")
+
+
+def load_tracker(
+    config: MonitoringConfig, model_dir: str | Path | None, model_name: str
+) -> DriftTracker | None:
+    """The drift tracker for a model directory, or None (and one log line) when there is none.
+
+    A missing profile is not an error: the model serves without drift signals and
+    ``hookwatch_drift_profile_loaded`` says so. A profile that does not fit the configuration
+    is one, so a wrong file never produces silently meaningless scores.
+    """
+    drift = config.drift
+    if not (config.enabled and drift.enabled):
+        log.info("hookwatch: drift detection is off for model %r (configuration)", model_name)
+        return None
+    path = Path(model_dir) / drift.profile if model_dir is not None else None
+    if path is None or not path.is_file():
+        log.warning(
+            "hookwatch: model %r has no drift profile (expected %s); serving without drift "
+            "detection. Build one with `hookwatch profile` and add it to the .mar",
+            model_name,
+            path if path is not None else f"<model_dir>/{drift.profile}",
+        )
+        return None
+    return tracker_for(DriftProfile.load(path), config, model_name)
+
+
+def tracker_for(profile: DriftProfile, config: MonitoringConfig, model_name: str) -> DriftTracker:
+    """A tracker over ``profile``, calibrated for ``config.drift``; fails when they do not fit."""
+    drift = config.drift
+    started = time.perf_counter()
+    profile.check(config)
+    tracker = profile.tracker(
+        drift.window,
+        drift.effective_step,
+        drift.false_alarm_rate,
+        drift.calibration_windows,
+        seed=config.seed or 0,
+    )
+    log.info(
+        "hookwatch: drift profile of model %r loaded (%d detectors, window %d, false alarm "
+        "rate %g, calibrated in %.1f s)",
+        model_name,
+        len(profile.references),
+        drift.window,
+        drift.false_alarm_rate,
+        time.perf_counter() - started,
+    )
+    return tracker

@@ -1,0 +1,158 @@
+"""Ratios against the plain handler, round by round, and the targets in docs/bench/README.md."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from hookwatch.tools.bench.loadgen import Segment
+
+PLAIN = "plain"
+#: In the order every round runs them (reversed on odd rounds, so drift cancels out).
+VARIANTS: tuple[str, ...] = (PLAIN, "default", "full", "naive")
+VARIANT_TEXT: Mapping[str, str] = {
+    PLAIN: "plain BaseHandler (same decode/encode, no monitor)",
+    "default": "hookwatch at its default sampling (`sample_rate` unset: {default_rate:g})",
+    "full": "hookwatch, 100 % sampling",
+    "naive": "naive capture (tutorial style, every request, in the request thread)",
+}
+
+Metric = Callable[[Segment], float]
+METRICS: Mapping[str, Metric] = {
+    "throughput": lambda s: s.throughput_rps,
+    "p50": lambda s: s.p50_ms,
+    "p99": lambda s: s.p99_ms,
+    "cpu": lambda s: s.cpu_ms if s.cpu_ms is not None else float("nan"),
+}
+
+
+@dataclass(frozen=True)
+class Spread:
+    low: float
+    median: float
+    high: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Spread:
+        if not values:
+            raise ValueError("expected at least one value, got none")
+        return cls(min(values), statistics.median(values), max(values))
+
+
+def round_order(round_index: int) -> tuple[str, ...]:
+    return VARIANTS if round_index % 2 == 0 else tuple(reversed(VARIANTS))
+
+
+def ratios(rounds: Sequence[Mapping[str, Segment]], variant: str, metric: str) -> list[float]:
+    """``variant``'s metric over the plain handler's, each against the plain run of its round."""
+    fn = METRICS[metric]
+    out = []
+    for segments in rounds:
+        base = fn(segments[PLAIN])
+        if base <= 0:
+            raise ValueError(f"expected a positive plain {metric}, got {base}")
+        out.append(fn(segments[variant]) / base)
+    return out
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    throughput_loss: float
+    p99_increase: float
+
+
+#: The project's overhead targets on CPU (docs/bench/README.md), as fractions.
+CPU_TARGETS: Mapping[str, TargetSpec] = {
+    "default": TargetSpec(throughput_loss=0.02, p99_increase=0.03),
+    "full": TargetSpec(throughput_loss=0.05, p99_increase=0.08),
+}
+#: RSS growth allowed over 100k requests.
+RSS_TARGET_MB = 20.0
+
+
+#: Confidence of the interval around each judged median.
+CONFIDENCE = 0.95
+
+
+def median_interval(
+    values: Sequence[float], confidence: float = CONFIDENCE, resamples: int = 4000, seed: int = 0
+) -> tuple[float, float]:
+    """Bootstrap percentile interval of the median of ``values`` (rounds resampled)."""
+    if not values:
+        raise ValueError("expected at least one value, got none")
+    x = np.asarray(values, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    medians = np.median(x[rng.integers(0, len(x), size=(resamples, len(x)))], axis=1)
+    tail = (1.0 - confidence) / 2 * 100
+    low, high = np.percentile(medians, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A judged criterion: the median over rounds and its bootstrap interval against a limit.
+
+    On a shared machine the interval can be wider than the limit itself; then the verdict says
+    the run could not tell, instead of reading the median as a pass or a fail.
+    """
+
+    what: str
+    measured: float
+    limit: float
+    low: float = float("-inf")
+    high: float = float("inf")
+
+    @property
+    def holds(self) -> bool:
+        return self.measured <= self.limit
+
+    @property
+    def resolved(self) -> bool:
+        return self.high <= self.limit or self.low > self.limit
+
+    @property
+    def miss(self) -> float:
+        return max(0.0, self.measured - self.limit)
+
+    def text(self) -> str:
+        if self.high <= self.limit:
+            return "holds"
+        if self.low > self.limit:
+            return f"**misses by {self.miss * 100:.1f} pp**"
+        median = "holds" if self.holds else f"misses by {self.miss * 100:.1f} pp"
+        return f"not resolved (median {median})"
+
+
+def _judge(what: str, values: Sequence[float], limit: float, sign: float) -> Verdict:
+    """``sign * (value - 1)`` is the judged quantity: +1 for an increase, -1 for a loss."""
+    low, high = median_interval(values)
+    a, b = sign * (low - 1.0), sign * (high - 1.0)
+    return Verdict(what, sign * (statistics.median(values) - 1.0), limit, min(a, b), max(a, b))
+
+
+def verdicts(
+    variant: str, closed: Sequence[Mapping[str, Segment]], opened: Sequence[Mapping[str, Segment]]
+) -> list[Verdict]:
+    """Judge the median over rounds, with its interval (min and max are in the table too)."""
+    target = CPU_TARGETS[variant]
+    out = [
+        _judge(
+            "throughput loss (closed loop)",
+            ratios(closed, variant, "throughput"),
+            target.throughput_loss,
+            -1.0,
+        ),
+        _judge(
+            "p99 increase (closed loop)", ratios(closed, variant, "p99"), target.p99_increase, 1.0
+        ),
+    ]
+    if opened:
+        out.append(
+            _judge(
+                "p99 increase (open loop)", ratios(opened, variant, "p99"), target.p99_increase, 1.0
+            )
+        )
+    return out

@@ -1,0 +1,174 @@
+"""What the bench serves: two models, each at two batch sizes, each as four handler variants.
+
+Every variant is a TorchServe model directory (``--archive-format no-archive``) built from the
+model's committed model-config.yaml, changed only where the variant differs: the handler
+file, ``monitoring.sample_rate`` (unset for ``default``, so hookwatch's default applies; 1.0
+for ``full``) and ``batchSize``.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import shutil
+import subprocess
+import sys
+import zipfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+
+from hookwatch.tools.bench.stats import VARIANTS
+
+HANDLERS: Mapping[str, str] = {
+    "plain": "handlers/plain_handler.py",
+    "default": "handlers/hookwatch_handler.py",
+    "full": "handlers/hookwatch_handler.py",
+    "naive": "handlers/naive_handler.py",
+}
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    name: str
+    description: str
+    model_file: str
+    config: str
+    #: Writes the serialized weights into a directory and returns the file.
+    weights: Callable[[Path, Path], Path]
+    #: A few request bodies and their Content-Type.
+    payloads: Callable[[], tuple[list[bytes], str]]
+
+
+def _digits_weights(root: Path, build: Path) -> Path:
+    mar = root / "model_store" / "digits.mar"
+    if not mar.exists():
+        raise FileNotFoundError(f"expected {mar} (run `make mar` first), found none")
+    build.mkdir(parents=True, exist_ok=True)
+    out = build / "digits_cnn.pt"
+    with zipfile.ZipFile(mar) as archive:
+        out.write_bytes(archive.read("digits_cnn.pt"))
+    return out
+
+
+def _digits_payloads() -> tuple[list[bytes], str]:
+    from hookwatch.tools.demo.data import load_split
+
+    images = load_split().x_test[:64]
+    bodies = [json.dumps({"data": image.reshape(-1).tolist()}).encode() for image in images]
+    return bodies, "application/json"
+
+
+def _resnet_weights(root: Path, build: Path) -> Path:
+    from hookwatch.tools.bench.resnet import ResNet18
+
+    build.mkdir(parents=True, exist_ok=True)
+    out = build / "resnet18.pt"
+    if not out.exists():
+        torch.manual_seed(0)
+        torch.save(ResNet18().state_dict(), out)
+    return out
+
+
+def _resnet_payloads() -> tuple[list[bytes], str]:
+    rng = np.random.default_rng(0)
+    bodies = [
+        rng.standard_normal((3, 224, 224), dtype=np.float32).astype("<f4").tobytes()
+        for _ in range(8)
+    ]
+    return bodies, "application/octet-stream"
+
+
+MODELS: Mapping[str, ModelKind] = {
+    "digits": ModelKind(
+        "digits",
+        "demo CNN, 8x8 input, JSON body (sub-millisecond forward)",
+        "src/hookwatch/demo/digits_cnn.py",
+        "models/digits/model-config.yaml",
+        _digits_weights,
+        _digits_payloads,
+    ),
+    "resnet18": ModelKind(
+        "resnet18",
+        "ResNet-18-class CNN, 3x224x224 input, float32 body (random weights)",
+        "src/hookwatch/bench/resnet.py",
+        "models/resnet18/model-config.yaml",
+        _resnet_weights,
+        _resnet_payloads,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Group:
+    """The four variants of one model at one batch size: measured together, round by round."""
+
+    model: str
+    batch: int
+    #: variant -> TorchServe model name (also its directory in the model store).
+    names: Mapping[str, str]
+
+
+def variant_config(base: Mapping[str, Any], variant: str, batch: int) -> dict[str, Any]:
+    config: dict[str, Any] = copy.deepcopy(dict(base))
+    config["batchSize"] = batch
+    monitoring = config.setdefault("handler", {}).setdefault("monitoring", {})
+    if variant == "default":
+        # hookwatch's own default, whatever the committed config tunes for its demo traffic.
+        monitoring.pop("sample_rate", None)
+    elif variant == "full":
+        monitoring["sample_rate"] = 1.0
+    return config
+
+
+def build_group(root: Path, store: Path, build: Path, model: str, batch: int) -> Group:
+    kind = MODELS[model]
+    archiver = shutil.which("torch-model-archiver", path=str(Path(sys.executable).parent))
+    if archiver is None:
+        raise FileNotFoundError("expected torch-model-archiver beside the Python interpreter")
+    build.mkdir(parents=True, exist_ok=True)
+    store.mkdir(parents=True, exist_ok=True)
+    weights = kind.weights(root, build)
+    base = yaml.safe_load((root / kind.config).read_text())
+    names: dict[str, str] = {}
+    for variant in VARIANTS:
+        name = f"{model}-b{batch}-{variant}"
+        config_path = build / f"{name}.yaml"
+        config_path.write_text(yaml.safe_dump(variant_config(base, variant, batch)))
+        shutil.rmtree(store / name, ignore_errors=True)
+        subprocess.run(
+            [
+                archiver,
+                "--model-name",
+                name,
+                "--version",
+                "1.0",
+                "--model-file",
+                str(root / kind.model_file),
+                "--serialized-file",
+                str(weights),
+                "--handler",
+                str(root / HANDLERS[variant]),
+                "--config-file",
+                str(config_path),
+                "--export-path",
+                str(store),
+                "--archive-format",
+                "no-archive",
+                "--force",
+            ],
+            check=True,
+        )
+        names[variant] = name
+    return Group(model, batch, names)
+
+
+def torch_load_state(path: Path) -> Mapping[str, torch.Tensor]:
+    state: Mapping[str, torch.Tensor] = torch.load(io.BytesIO(path.read_bytes()), weights_only=True)
+    return state

@@ -1,0 +1,337 @@
+"""``hookwatch`` command line: the exporter, profiles, the demo, the native stack and the bench.
+
+Imports only the standard library at the top: ``hookwatch exporter`` runs on the core install,
+and each command imports what it needs when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hookwatch._catalogue import FleetBins
+
+REPO_ROOT_HINT = "run from the repository root, or pass --root"
+
+
+def _exporter(args: argparse.Namespace) -> int:
+    from hookwatch import serve_metrics
+
+    server = serve_metrics(
+        args.port,
+        args.addr,
+        multiprocess_dir=args.dir,
+        reap_dead_pids=not args.no_reap,
+        compact=not args.no_compact,
+    )
+    print(
+        f"hookwatch exporter on http://{args.addr}:{args.port}/metrics reading {args.dir}",
+        flush=True,
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    server.close()
+    return 0
+
+
+def _build_demo(args: argparse.Namespace) -> int:
+    from hookwatch.tools.demo.build import build
+
+    build(args.root, args.root / "build" / "digits", args.model_store or args.root / "model_store")
+    return 0
+
+
+def _stack(args: argparse.Namespace) -> Any:
+    from hookwatch.tools.devstack import Ports, Stack
+
+    return Stack(
+        root=args.root, run_dir=args.root / ".run", ports=Ports.from_env(), workers=args.workers
+    )
+
+
+def _run(args: argparse.Namespace) -> int:
+    from hookwatch.tools.traffic import LiveView, TrafficLoop
+
+    stack = _stack(args)
+    if stack.recorded_pids():
+        print(
+            "a stack is already recorded in .run/pids.json; run `make stop` first", file=sys.stderr
+        )
+        return 1
+    busy = stack.ports.busy()
+    if busy:
+        print("cannot start:\n  " + "\n  ".join(busy), file=sys.stderr)
+        return 1
+    stopping = threading.Event()
+
+    def on_signal(*_: object) -> None:
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        print(
+            "starting TorchServe (2 workers), the hookwatch exporter and Prometheus ...", flush=True
+        )
+        stack.start_torchserve()
+        stack.start_exporter()
+        stack.start_prometheus()
+        p = stack.ports
+        print(
+            f"\n  inference   http://127.0.0.1:{p.inference}/predictions/digits\n"
+            f"  management  http://127.0.0.1:{p.management}/models/digits\n"
+            f"  TorchServe metrics  http://127.0.0.1:{p.metrics}/metrics\n"
+            f"  hookwatch exporter  http://127.0.0.1:{p.exporter}/metrics\n"
+            f"  Prometheus  http://127.0.0.1:{p.prometheus}/graph\n",
+            flush=True,
+        )
+        traffic = TrafficLoop(stack, rate_per_s=args.rate, drift_after_s=args.drift_after)
+        traffic.start()
+        view = LiveView(stack)
+        deadline = time.monotonic() + args.seconds if args.seconds > 0 else None
+        shift = (
+            f", inverted digits after {args.drift_after:g} s (watch the drift rows)"
+            if args.drift_after
+            else ""
+        )
+        print(
+            f"sending held-out digits{shift}; live values from Prometheus every 5 s "
+            "(Ctrl-C or `make stop` ends it)\n",
+            flush=True,
+        )
+        while not stopping.is_set():
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            stopping.wait(5.0)
+            print(view.render(traffic), flush=True)
+            if not stack.recorded_pids():
+                break  # `make stop` from another shell
+        traffic.stop()
+    finally:
+        killed = stack.stop()
+        print(
+            "stopped TorchServe, exporter and Prometheus"
+            + (f" (needed SIGKILL: {', '.join(killed)})" if killed else ""),
+            flush=True,
+        )
+    return 0
+
+
+def _stop(args: argparse.Namespace) -> int:
+    stack = _stack(args)
+    names = list(stack.recorded_pids())
+    if not names:
+        print("nothing recorded in .run/pids.json; nothing to stop")
+        return 0
+    killed = stack.stop()
+    print(f"stopped {', '.join(names)}" + (f" (SIGKILL: {', '.join(killed)})" if killed else ""))
+    return 0
+
+
+DEMO_MODEL_CONFIG = "models/digits/model-config.yaml"
+#: Logits of the demo CNN (digits 0-9); tests/unit/test_catalogue.py checks it against the model.
+DEMO_CLASSES = 10
+
+
+def demo_watched_layers(model_config: Path) -> tuple[str, ...]:
+    """Label values of ``layer`` that a model-config's ``handler.monitoring`` section yields."""
+    from hookwatch._config import read_model_config
+
+    return read_model_config(model_config).monitoring.watched
+
+
+def demo_fleet_bins(model_config: Path) -> FleetBins:
+    """What bounds the demo's per-bin drift series: its fleet detectors, bins and classes."""
+    from hookwatch._catalogue import FleetBins
+    from hookwatch._config import read_model_config
+
+    config = read_model_config(model_config).monitoring
+    return FleetBins(
+        config.drift.fleet_detectors, DEMO_CLASSES, config.drift.bins, config.max_features
+    )
+
+
+def _catalogue(args: argparse.Namespace) -> int:
+    from hookwatch.tools.catalogue_docs import markdown
+
+    config = args.root / DEMO_MODEL_CONFIG
+    sys.stdout.write(
+        markdown(demo_watched_layers(config), DEMO_MODEL_CONFIG, demo_fleet_bins(config))
+    )
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from hookwatch.tools.bench import report, runner
+    from hookwatch.tools.devstack import Ports
+
+    settings = runner.Settings.quick() if args.quick else runner.Settings.full()
+    if args.models:
+        settings = dataclasses.replace(settings, models=tuple(args.models.split(",")))
+    work = args.work or args.root / "build" / ("bench-quick" if args.quick else "bench")
+    out = args.out or (
+        work / "results-quick.md" if args.quick else args.root / "docs" / "bench" / "results.md"
+    )
+    result = runner.run(args.root.resolve(), settings, work.resolve(), Ports.free())
+    report.write(result, out)
+    print(f"wrote {out} and {out.with_suffix('.json')} in {result.duration_s / 60:.1f} min")
+    return 0
+
+
+def _profile(args: argparse.Namespace) -> int:
+    import numpy as np
+    import torch
+
+    from hookwatch import build_profile
+    from hookwatch.tools.mar import load_mar_model
+
+    torch.set_num_threads(1)
+    model, model_config, name = load_mar_model(args.mar)
+    config = model_config.monitoring
+    if args.data is None:
+        from hookwatch.tools.demo.build import reference_split
+        from hookwatch.tools.demo.data import load_split
+
+        _, data, _ = reference_split(load_split())
+        print(f"no --data: using the demo's {len(data)} held-out reference images", flush=True)
+    else:
+        loaded = np.load(args.data, allow_pickle=False)
+        data = loaded[loaded.files[0]] if hasattr(loaded, "files") else loaded
+    data = np.asarray(data, dtype=np.float32)
+    batches = (
+        torch.from_numpy(data[i : i + args.batch_size])
+        for i in range(0, len(data), args.batch_size)
+    )
+    total = -(-len(data) // args.batch_size)
+    profile = build_profile(
+        model,
+        config,
+        batches,
+        name,
+        bins=args.bins or config.drift.bins,
+        max_reference=args.max_reference,
+        progress=True,
+        total=total,
+    )
+    out = args.out or Path(config.drift.profile)
+    profile.save(out)
+    print(
+        f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB): {len(profile.references)} "
+        f"detectors over layers {', '.join(profile.layers)}, {profile.n_seen} reference samples"
+    )
+    for p in profile.projections.values():
+        print(
+            f"  {p.layer}: {p.input_width} features projected to {p.width} "
+            f"({100 * p.explained:.1f} % of the reference variance in the components"
+            f"{', plus the residual distance' if p.residual else ''})"
+        )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hookwatch", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    exporter = sub.add_parser("exporter", help="serve merged multiprocess metrics over HTTP")
+    exporter.add_argument(
+        "--dir",
+        default=os.environ.get("PROMETHEUS_MULTIPROC_DIR"),
+        required="PROMETHEUS_MULTIPROC_DIR" not in os.environ,
+    )
+    exporter.add_argument("--port", type=int, default=9101)
+    exporter.add_argument("--addr", default="127.0.0.1")
+    exporter.add_argument(
+        "--no-reap",
+        action="store_true",
+        help="keep live-gauge files of dead pids (exporter in another pid namespace)",
+    )
+    exporter.add_argument(
+        "--no-compact",
+        action="store_true",
+        help="leave dead workers' counter files as they are instead of folding them into one "
+        "archive file (one exporter per directory may compact)",
+    )
+    exporter.set_defaults(func=_exporter)
+
+    catalogue = sub.add_parser(
+        "catalogue", help="print docs/metrics.md (every metric, its labels and series count)"
+    )
+    catalogue.add_argument("--root", type=Path, default=Path.cwd(), help=REPO_ROOT_HINT)
+    catalogue.set_defaults(func=_catalogue)
+
+    for name, func, text in (
+        ("build-demo", _build_demo, "train the demo CNN and archive it into model_store/"),
+        ("run", _run, "start the native stack, send traffic, print live metrics"),
+        ("stop", _stop, "stop the native stack recorded in .run/pids.json"),
+    ):
+        cmd = sub.add_parser(name, help=text)
+        cmd.add_argument("--root", type=Path, default=Path.cwd(), help=REPO_ROOT_HINT)
+        cmd.set_defaults(func=func)
+        if name == "build-demo":
+            cmd.add_argument("--model-store", type=Path, default=None)
+        if name in ("run", "stop"):
+            cmd.add_argument("--workers", type=int, default=2)
+        if name == "run":
+            cmd.add_argument("--rate", type=float, default=20.0, help="requests per second")
+            cmd.add_argument(
+                "--drift-after",
+                type=float,
+                default=float(os.environ.get("DRIFT_AFTER", "60")),
+                help="seconds of clean traffic before inverted digits are sent (0: never)",
+            )
+            cmd.add_argument(
+                "--seconds",
+                type=float,
+                default=float(os.environ.get("RUN_SECONDS", "0")),
+                help="stop after this long (0: until Ctrl-C)",
+            )
+    prof = sub.add_parser(
+        "profile", help="run reference data through a .mar's model and write its drift profile"
+    )
+    prof.add_argument("--mar", type=Path, default=Path("model_store/digits.mar"))
+    prof.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help=".npy/.npz array of inputs [N, *shape] (default: the demo's reference images)",
+    )
+    prof.add_argument("--out", type=Path, default=None, help="default: drift.profile's name")
+    prof.add_argument("--bins", type=int, default=0, help="default: monitoring.drift.bins")
+    prof.add_argument("--batch-size", type=int, default=256)
+    prof.add_argument(
+        "--max-reference",
+        type=int,
+        default=20_000,
+        help="reservoir size: more reference data than this is sampled, keeping memory bounded",
+    )
+    prof.set_defaults(func=_profile)
+    bench = sub.add_parser("bench", help="measure the monitored handler against the plain one")
+    bench.add_argument("--root", type=Path, default=Path.cwd(), help=REPO_ROOT_HINT)
+    bench.add_argument("--quick", action="store_true", help="short CI run (demo model only)")
+    bench.add_argument("--models", default="", help="comma-separated subset: digits,resnet18")
+    bench.add_argument("--out", type=Path, default=None, help="markdown table to write")
+    bench.add_argument("--work", type=Path, default=None, help="build and run directory")
+    bench.set_defaults(func=_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    args = build_parser().parse_args(argv)
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,444 @@
+"""Start and stop the native stack (TorchServe, exporter, Prometheus) as processes we own.
+
+Every process starts in a session of its own, its pid is written to ``<run_dir>/pids.json``,
+and stopping signals exactly those process groups: nothing is found by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+MODEL_NAME = "digits"
+
+#: Where ``Ports.free`` looks: above the registered services people run on a workstation,
+#: below Linux's default ephemeral range (the upper bound follows the kernel's setting).
+_FREE_PORT_RANGE = (20000, 32767)
+
+
+#: Environment variable that overrides each port, by Ports field name.
+PORT_ENV: Mapping[str, str] = {
+    "inference": "TS_INFERENCE_PORT",
+    "management": "TS_MANAGEMENT_PORT",
+    "metrics": "TS_METRICS_PORT",
+    "exporter": "HOOKWATCH_EXPORTER_PORT",
+    "prometheus": "PROMETHEUS_PORT",
+    "grpc_inference": "TS_GRPC_INFERENCE_PORT",
+    "grpc_management": "TS_GRPC_MANAGEMENT_PORT",
+}
+
+
+def _ephemeral_low(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> int:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class Ports:
+    inference: int = 8080
+    management: int = 8081
+    metrics: int = 8082
+    exporter: int = 9101
+    prometheus: int = 9090
+    # TorchServe also serves gRPC; stacks side by side must not share these either.
+    grpc_inference: int = 7070
+    grpc_management: int = 7071
+
+    def busy(self) -> list[str]:
+        """One line per port something already listens on, naming the variable that moves it."""
+        lines = []
+        for f in fields(self):
+            port = getattr(self, f.name)
+            if not _bindable(port):
+                lines.append(f"port {port} ({f.name}) is in use: set {PORT_ENV[f.name]}")
+        return lines
+
+    @classmethod
+    def free(cls, rng: random.Random | None = None) -> Ports:
+        """Distinct loopback ports that nothing listens on, chosen outside the ephemeral range.
+
+        A port the kernel hands out for ``bind(0)`` comes from the range it also uses for the
+        source port of every outgoing connection, so between choosing it and TorchServe binding
+        it, any client socket (the load generator's, a test's) may take it. Ports below that
+        range are never handed out implicitly.
+        """
+        rng = rng or random.Random()
+        low, high = _FREE_PORT_RANGE[0], min(_FREE_PORT_RANGE[1], _ephemeral_low() - 1)
+        if high - low < 1000:  # a kernel tuned to an unusual range: best effort, whole span
+            high = _FREE_PORT_RANGE[1]
+        chosen: list[int] = []
+        for _ in range(200 * len(fields(cls))):
+            port = rng.randint(low, high)
+            if port not in chosen and _bindable(port):
+                chosen.append(port)
+                if len(chosen) == len(fields(cls)):
+                    return cls(*chosen)
+        raise RuntimeError(f"expected {len(fields(cls))} free ports in {low}-{high}, got {chosen}")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> Ports:
+        def pick(key: str, default: int) -> int:
+            raw = env.get(key, "")
+            if not raw:
+                return default
+            if not raw.isdigit() or not 0 < int(raw) < 65536:
+                raise ValueError(f"{key}: expected a TCP port, got {raw!r}")
+            return int(raw)
+
+        return cls(
+            **{f.name: pick(PORT_ENV[f.name], f.default) for f in fields(cls)}  # type: ignore[arg-type]
+        )
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return int(response.status), bytes(response.read())
+    except urllib.error.HTTPError as error:
+        return int(error.code), bytes(error.read())
+
+
+def http_post(
+    url: str, body: bytes, content_type: str = "application/json", timeout: float = 30.0
+) -> tuple[int, bytes]:
+    request = urllib.request.Request(
+        url, data=body, method="POST", headers={"Content-Type": content_type}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return int(response.status), bytes(response.read())
+    except urllib.error.HTTPError as error:
+        return int(error.code), bytes(error.read())
+
+
+def _wait(
+    what: str, ready: Any, timeout: float, proc: subprocess.Popen[bytes] | None, log: Path | None
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-3000:] if log and log.exists() else ""
+            raise RuntimeError(f"{what} exited with {proc.returncode} before it was ready\n{tail}")
+        try:
+            if ready():
+                return
+        except OSError:
+            pass  # not listening yet
+        time.sleep(0.25)
+    tail = log.read_text(errors="replace")[-3000:] if log and log.exists() else ""
+    raise TimeoutError(f"{what} was not ready after {timeout:.0f} s\n{tail}")
+
+
+def require_binary(name: str, hint: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise FileNotFoundError(f"expected {name!r} on PATH ({hint}), found none")
+    return path
+
+
+@dataclass
+class Stack:
+    """One native stack rooted at ``run_dir``; several can run side by side on other ports."""
+
+    root: Path
+    run_dir: Path
+    ports: Ports = field(default_factory=Ports)
+    workers: int = 2
+    model_store: Path | None = None
+    scrape_interval: str = "5s"
+    #: None: the rule files monitoring/prometheus/prometheus.yml names, resolved against its
+    #: directory (the repository's alerting rules). A sequence replaces them (empty: no rules).
+    rule_files: Sequence[Path] | None = None
+    models: str = "digits.mar"
+    #: More targets per scrape job (``torchserve``, ``hookwatch``): one Prometheus over several
+    #: stacks, as over the replicas of a fleet.
+    extra_scrape_targets: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    _procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def pid_file(self) -> Path:
+        return self.run_dir / "pids.json"
+
+    @property
+    def multiproc_dir(self) -> Path:
+        return self.run_dir / "prometheus-multiproc"
+
+    @property
+    def logs(self) -> Path:
+        return self.run_dir / "logs"
+
+    # -- processes ----------------------------------------------------------------------------
+
+    def _spawn(self, name: str, cmd: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log = open(self.logs / f"{name}.out", "ab")  # noqa: SIM115 - owned by the child
+        proc = subprocess.Popen(
+            list(cmd),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(env) if env is not None else None,
+            cwd=self.run_dir,
+            start_new_session=True,
+        )
+        log.close()
+        self._procs[name] = proc
+        pids = self.recorded_pids()
+        pids[name] = proc.pid
+        self.pid_file.write_text(json.dumps(pids, indent=2))
+
+    def recorded_pids(self) -> dict[str, int]:
+        if not self.pid_file.exists():
+            return {}
+        data = json.loads(self.pid_file.read_text())
+        return {str(k): int(v) for k, v in data.items()}
+
+    def _render_ts_config(self) -> Path:
+        lines = []
+        overrides = {
+            "inference_address": f"http://127.0.0.1:{self.ports.inference}",
+            "management_address": f"http://127.0.0.1:{self.ports.management}",
+            "metrics_address": f"http://127.0.0.1:{self.ports.metrics}",
+            "grpc_inference_port": str(self.ports.grpc_inference),
+            "grpc_management_port": str(self.ports.grpc_management),
+            "model_store": str(self.model_store or self.root / "model_store"),
+            "default_workers_per_model": str(self.workers),
+            "load_models": self.models,
+            # Model extraction and worker sockets follow java.io.tmpdir, not TMPDIR: keep them
+            # inside the run dir so stacks side by side never share a socket path.
+            "vmargs": f"-Djava.io.tmpdir={self.run_dir / 'tmp'} -XX:+UseSerialGC -Xmx512m",
+        }
+        for line in (self.root / "config.properties").read_text().splitlines():
+            key = line.split("=", 1)[0].strip()
+            if key in overrides and not line.lstrip().startswith("#"):
+                line = f"{key}={overrides.pop(key)}"
+            lines.append(line)
+        lines += [f"{k}={v}" for k, v in overrides.items()]
+        path = self.run_dir / "config.properties"
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def start_torchserve(self, timeout: float = 180.0) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        # prometheus-client's multiprocess mode needs an empty directory at start.
+        for stale in (self.multiproc_dir, self.logs):
+            shutil.rmtree(stale, ignore_errors=True)
+        self.multiproc_dir.mkdir(parents=True)
+        tmp = self.run_dir / "tmp"
+        tmp.mkdir(exist_ok=True)
+        bindir = Path(sys.executable).parent
+        torchserve = shutil.which("torchserve", path=str(bindir)) or require_binary(
+            "torchserve", "pip install torchserve"
+        )
+        require_binary("java", "TorchServe's frontend needs a Java runtime, e.g. openjdk-17")
+        env = dict(os.environ)
+        env.update(
+            PROMETHEUS_MULTIPROC_DIR=str(self.multiproc_dir),
+            TMPDIR=str(tmp),
+            LOG_LOCATION=str(self.logs),
+            METRICS_LOCATION=str(self.logs),
+            PATH=f"{bindir}{os.pathsep}{env.get('PATH', '')}",
+            PYTHONUNBUFFERED="1",
+        )
+        config = self._render_ts_config()
+        self._spawn(
+            "torchserve",
+            [torchserve, "--start", "--foreground", "--ncs", "--ts-config", str(config)],
+            env,
+        )
+        _wait(
+            "TorchServe",
+            self._torchserve_ready,
+            timeout,
+            self._procs["torchserve"],
+            self.logs / "torchserve.out",
+        )
+
+    def _torchserve_ready(self) -> bool:
+        log = self.logs / "torchserve.out"
+        if log.exists() and "Load model failed" in log.read_text(errors="replace"):
+            model_log = self.logs / "model_log.log"
+            detail = model_log.read_text(errors="replace")[-4000:] if model_log.exists() else ""
+            raise RuntimeError(f"TorchServe could not load the model:\n{detail}")
+        return self.ready_workers() >= self.workers
+
+    def ready_workers(self, model: str = MODEL_NAME) -> int:
+        status, body = http_get(f"http://127.0.0.1:{self.ports.management}/models/{model}")
+        if status != 200:
+            return 0
+        info = json.loads(body)
+        workers = info[0].get("workers", []) if info else []
+        return sum(1 for w in workers if w.get("status") == "READY")
+
+    def worker_pids(self, model: str = MODEL_NAME) -> list[int]:
+        status, body = http_get(f"http://127.0.0.1:{self.ports.management}/models/{model}")
+        if status != 200:
+            return []
+        info = json.loads(body)
+        return [int(w["pid"]) for w in info[0].get("workers", []) if w.get("pid")]
+
+    def start_exporter(self, timeout: float = 30.0) -> None:
+        self.multiproc_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "hookwatch.tools.cli",
+            "exporter",
+            "--dir",
+            str(self.multiproc_dir),
+            "--port",
+            str(self.ports.exporter),
+        ]
+        env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+        self._spawn("exporter", cmd, env)
+        _wait(
+            "exporter",
+            lambda: http_get(f"http://127.0.0.1:{self.ports.exporter}/metrics")[0] == 200,
+            timeout,
+            self._procs["exporter"],
+            self.logs / "exporter.out",
+        )
+
+    def render_prometheus_config(self) -> Path:
+        config_dir = self.root / "monitoring/prometheus"
+        source = yaml.safe_load((config_dir / "prometheus.yml").read_text())
+        source["global"]["scrape_interval"] = self.scrape_interval
+        source["global"]["evaluation_interval"] = self.scrape_interval
+        # The rendered file lives in run_dir, so relative rule paths must be made absolute.
+        rules = (
+            [config_dir / p for p in source.get("rule_files") or ()]
+            if self.rule_files is None
+            else self.rule_files
+        )
+        source["rule_files"] = [str(p) for p in rules]
+        targets = {
+            "torchserve": [f"127.0.0.1:{self.ports.metrics}"],
+            "hookwatch": [f"127.0.0.1:{self.ports.exporter}"],
+        }
+        unknown = sorted(set(self.extra_scrape_targets) - set(targets))
+        if unknown:
+            raise ValueError(f"expected scrape jobs among {sorted(targets)}, got {unknown}")
+        for job, extra in self.extra_scrape_targets.items():
+            targets[job].extend(extra)
+        for job in source["scrape_configs"]:
+            if job["job_name"] in targets:
+                job["static_configs"] = [{"targets": targets[job["job_name"]]}]
+        path = self.run_dir / "prometheus.yml"
+        path.write_text(yaml.safe_dump(source, sort_keys=False))
+        return path
+
+    def start_prometheus(self, timeout: float = 60.0) -> None:
+        binary = require_binary("prometheus", "Debian package 'prometheus'; make deps installs it")
+        config = self.render_prometheus_config()
+        data = self.run_dir / "prometheus-data"
+        data.mkdir(parents=True, exist_ok=True)
+        self._spawn(
+            "prometheus",
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={data}",
+                f"--web.listen-address=127.0.0.1:{self.ports.prometheus}",
+                "--web.enable-lifecycle",
+                "--log.level=warn",
+            ],
+        )
+        _wait(
+            "Prometheus",
+            lambda: http_get(f"http://127.0.0.1:{self.ports.prometheus}/-/ready")[0] == 200,
+            timeout,
+            self._procs["prometheus"],
+            self.logs / "prometheus.out",
+        )
+
+    def stop(self, timeout: float = 30.0) -> list[str]:
+        """Stop every recorded process group; returns the names that needed SIGKILL."""
+        pids = self.recorded_pids()
+        for pid in pids.values():
+            _signal_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        killed: list[str] = []
+        for name, pid in pids.items():
+            while _group_alive(pid) and time.monotonic() < deadline:
+                self._reap(name)
+                time.sleep(0.1)
+            if _group_alive(pid):
+                _signal_group(pid, signal.SIGKILL)
+                killed.append(name)
+            self._reap(name, wait=True)
+        if self.pid_file.exists():
+            self.pid_file.unlink()
+        self._procs.clear()
+        return killed
+
+    def _reap(self, name: str, wait: bool = False) -> None:
+        proc = self._procs.get(name)
+        if proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5 if wait else 0)
+
+    # -- Prometheus queries -------------------------------------------------------------------
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        url = f"http://127.0.0.1:{self.ports.prometheus}/api/v1/query?" + urllib.parse.urlencode(
+            {"query": promql}
+        )
+        status, body = http_get(url)
+        payload = json.loads(body)
+        if status != 200 or payload.get("status") != "success":
+            raise RuntimeError(f"query {promql!r}: expected success, got {status} {body[:300]!r}")
+        result: list[dict[str, Any]] = payload["data"]["result"]
+        return result
+
+    def infer(self, body: Any, model: str = MODEL_NAME) -> tuple[int, Any]:
+        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+        status, reply = http_post(
+            f"http://127.0.0.1:{self.ports.inference}/predictions/{model}", raw
+        )
+        try:
+            return status, json.loads(reply)
+        except json.JSONDecodeError:
+            return status, reply.decode(errors="replace")
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,76 @@
+"""TorchServe adapter: TorchServe's handler contract over hookwatch's TorchServe-free service.
+
+Importable only where TorchServe is installed (``pip install 'hookwatch[torchserve]'``). A
+handler file archived into a ``.mar`` subclasses one of these (TorchServe loads the one class
+the file itself defines)::
+
+    from hookwatch.torchserve import HookwatchHandler
+
+    class Handler(HookwatchHandler):
+        pass
+
+Nothing else in hookwatch imports TorchServe: replacing it means another adapter like this one.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+try:
+    from ts.torch_handler.base_handler import BaseHandler
+except ImportError as error:  # pragma: no cover - exercised where TorchServe is absent
+    raise ImportError(
+        "hookwatch.torchserve needs TorchServe: pip install 'hookwatch[torchserve]'"
+    ) from error
+
+from hookwatch._config import HandlerConfig, read_model_config
+from hookwatch._service import BatchResult, ClassifierService, DecodedBatch
+
+__all__ = ["HookwatchHandler", "UnmonitoredHandler"]
+
+
+def _body(row: dict[str, Any]) -> Any:
+    """A request's payload as TorchServe hands it over: under ``data`` or ``body``."""
+    return row.get("data", row.get("body"))
+
+
+class HookwatchHandler(BaseHandler):  # type: ignore[misc]
+    """A monitored model: the ``handler:`` section of its model-config decides the rest."""
+
+    #: Subclasses that serve the same requests without monitoring set this to False.
+    monitored: ClassVar[bool] = True
+    service: ClassifierService
+    handler_config: HandlerConfig
+
+    def initialize(self, context: Any) -> None:
+        self.handler_config = read_model_config(context.model_yaml_config or {}).handler
+        torch.set_num_threads(self.handler_config.torch_threads)
+        super().initialize(context)
+        self.service = ClassifierService.from_handler_config(
+            self.model,
+            self.handler_config,
+            context.model_name,
+            device=self.device,
+            monitored=self.monitored,
+            model_dir=(context.system_properties or {}).get("model_dir"),
+        )
+
+    def preprocess(self, data: list[dict[str, Any]]) -> DecodedBatch:
+        return self.service.decode([_body(row) for row in data])
+
+    def inference(self, data: DecodedBatch, *args: Any, **kwargs: Any) -> BatchResult:
+        return self.service.infer(data)
+
+    def postprocess(self, data: BatchResult) -> list[dict[str, Any]]:
+        # Per-item status codes: one bad request in a batch gets its 4xx, the rest are served.
+        for index, error in data.errors.items():
+            self.context.set_response_status(error.status, "Bad Request", index)
+        return self.service.encode(data)
+
+
+class UnmonitoredHandler(HookwatchHandler):
+    """The same decoding, batching and answers with nothing attached: the bench's baseline."""
+
+    monitored: ClassVar[bool] = False
