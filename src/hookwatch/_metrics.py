@@ -40,6 +40,7 @@ __all__ = [
     "default_metrics",
     "exporter_registry",
     "merged_files",
+    "parse_samples",
     "render",
     "serve_metrics",
 ]
@@ -353,6 +354,20 @@ def serve_metrics(
         registry = (metrics if metrics is not None else default_metrics()).registry
     server, thread = start_http_server(port, addr=addr, registry=registry)
     return MetricsServer(server, thread, addr)
+
+
+SampleKey = tuple[str, tuple[tuple[str, str], ...]]
+
+
+def parse_samples(text: str) -> dict[SampleKey, float]:
+    """Samples of a Prometheus text exposition by (name, sorted labels): what a scrape saw."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[SampleKey, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
 
 
 def render(registry: CollectorRegistry) -> bytes:

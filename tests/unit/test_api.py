@@ -174,7 +174,8 @@ def test_the_api_example_serves_and_exports_what_the_torchserve_handler_does(
         if 'hookwatch_requests_total{model="tabular"} 121.0' in text or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    assert 'hookwatch_requests_total{model="tabular"} 121.0' in text  # 1 probe + 60 x 2; the 400 is a reject
+    # 1 probe + 60 x 2; the 400 is a reject, not a request.
+    assert 'hookwatch_requests_total{model="tabular"} 121.0' in text
     assert 'hookwatch_requests_rejected_total{model="tabular"} 1.0' in text
     assert 'hookwatch_drift_profile_loaded{model="tabular"} 1.0' in text
     assert 'hookwatch_captures_total{layer="act",model="tabular"} 121.0' in text

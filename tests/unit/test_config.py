@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from hookwatch._config import InputSpec, MonitoringConfig
+from hookwatch._config import InputSpec, MonitoringConfig, read_model_config
 from hookwatch._errors import ConfigError
 
 
@@ -53,3 +55,30 @@ def test_input_spec() -> None:
         InputSpec.from_mapping({"shape": [2], "min": 3, "max": 1})
     with pytest.raises(ConfigError, match="expected a mapping"):
         InputSpec.from_mapping(None)
+
+
+def test_top_level_errors_name_the_section_without_a_dangling_dot() -> None:
+    with pytest.raises(ConfigError, match=r"^monitoring: expected a mapping, got \['act1'\]$"):
+        MonitoringConfig.from_mapping(["act1"])  # type: ignore[arg-type]
+    with pytest.raises(
+        ConfigError, match=r"^monitoring: expected only the keys \[.*got \['layer'\]"
+    ):
+        MonitoringConfig.from_mapping({"layer": ["act1"]})
+
+
+def test_one_reader_parses_a_whole_model_config(tmp_path: Path) -> None:
+    path = tmp_path / "model-config.yaml"
+    path.write_text(
+        "batchSize: 4\nhandler:\n  torch_threads: 2\n  labels: [a, b]\n"
+        "  input: {shape: [3]}\n  monitoring: {layers: [fc]}\n"
+    )
+    config = read_model_config(path)
+    assert config.raw["batchSize"] == 4
+    assert config.handler.torch_threads == 2 and config.handler.labels == ("a", "b")
+    assert config.monitoring.watched == ("input", "fc", "output")
+    assert read_model_config(dict(config.raw)) == config
+    path.write_text("handler: [1, 2\n")
+    with pytest.raises(ConfigError, match="expected YAML"):
+        read_model_config(path)
+    with pytest.raises(ConfigError, match="expected a readable model-config file"):
+        read_model_config(tmp_path / "missing.yaml")

@@ -28,11 +28,11 @@ def markdown(
     lines = [
         "# hookwatch metrics",
         "",
-        "<!-- Generated from src/hookwatch/catalogue.py by `hookwatch catalogue > "
+        "<!-- Generated from src/hookwatch/_catalogue.py by `hookwatch catalogue > "
         "docs/metrics.md` (`make docs`); tests/unit/test_catalogue.py fails when it is "
         "stale. -->",
         "",
-        "Every metric hookwatch exports is defined once, in `src/hookwatch/catalogue.py`. "
+        "Every metric hookwatch exports is defined once, in `src/hookwatch/_catalogue.py`. "
         "TorchServe worker processes write them to files in `PROMETHEUS_MULTIPROC_DIR` "
         "(prometheus-client multiprocess mode); the exporter (`hookwatch exporter`) merges those "
         "files on each scrape. No series carries a `pid` label, so the number of series does not "

@@ -21,7 +21,6 @@ from typing import Any
 
 import psutil
 import torch
-from prometheus_client import CollectorRegistry
 from torch import nn
 
 from hookwatch._config import HandlerConfig, MonitoringConfig, read_model_config
@@ -71,7 +70,7 @@ def hook_cost(root: Path, build: Path, name: str, forwards: int, repeats: int) -
     shape = handler["input"]["shape"]
     x = torch.rand(1, *shape) * float(handler["input"].get("max", 1.0))
     monitoring = dict(handler["monitoring"])
-    registry_metrics = MetricSet(CollectorRegistry())
+    registry_metrics = MetricSet()
     closed = MonitoringConfig.from_mapping({**monitoring, "sample_rate": 0.0})
     opened = MonitoringConfig.from_mapping({**monitoring, "sample_rate": 1.0})
     models = {key: copy.deepcopy(base) for key in ("none", "unsampled", "sampled", "naive")}
@@ -150,7 +149,7 @@ def rss_trace(root: Path, build: Path, requests: int, monitored: bool) -> RssTra
         model,
         HandlerConfig.from_mapping(handler),
         "digits-rss",
-        MetricSet(CollectorRegistry()),
+        MetricSet(),
         monitored=monitored,
     )
     bodies = [{"data": image.tolist()} for image in load_split().x_test[:256]]

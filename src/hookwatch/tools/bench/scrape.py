@@ -164,13 +164,9 @@ def _start_exporter(scenario: Scenario) -> None:
 
 
 def totals(body: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    from prometheus_client.parser import text_string_to_metric_families
+    from hookwatch._metrics import parse_samples
 
-    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-    for family in text_string_to_metric_families(body.decode()):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
+    return parse_samples(body.decode())
 
 
 def compare(plain: bytes, compacted: bytes) -> list[str]:
