@@ -10,16 +10,26 @@ export it all as Prometheus metrics, with the capture work off the request path:
 The TorchServe adapter is :mod:`hookwatch.torchserve`; the command-line tools (bench, drift
 evaluation, native stack, demo) live in :mod:`hookwatch.tools`. Everything not listed in
 ``__all__`` is private.
+
+The names load on first use: ``import hookwatch`` (or any ``hookwatch.tools`` module) imports
+neither torch nor prometheus-client. prometheus-client decides at its import whether it writes
+multiprocess files, so a process that sets ``PROMETHEUS_MULTIPROC_DIR`` itself must do so
+before it first uses a name from here.
 """
 
 from __future__ import annotations
 
-from hookwatch._config import MonitoringConfig
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from hookwatch._errors import BadInputError, ConfigError, HookwatchError, ProfileError
-from hookwatch._metrics import MetricsServer, serve_metrics
-from hookwatch._monitor import Monitor
-from hookwatch._profile import DriftProfile, build_profile
-from hookwatch._watch import watch
+
+if TYPE_CHECKING:
+    from hookwatch._config import MonitoringConfig
+    from hookwatch._metrics import MetricsServer, serve_metrics
+    from hookwatch._monitor import Monitor
+    from hookwatch._profile import DriftProfile, build_profile
+    from hookwatch._watch import watch
 
 __version__ = "0.2.0"
 
@@ -37,3 +47,27 @@ __all__ = [
     "serve_metrics",
     "watch",
 ]
+
+#: Where each lazily loaded public name lives.
+_LAZY = {
+    "DriftProfile": "hookwatch._profile",
+    "MetricsServer": "hookwatch._metrics",
+    "Monitor": "hookwatch._monitor",
+    "MonitoringConfig": "hookwatch._config",
+    "build_profile": "hookwatch._profile",
+    "serve_metrics": "hookwatch._metrics",
+    "watch": "hookwatch._watch",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hookwatch' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

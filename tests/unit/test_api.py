@@ -72,6 +72,8 @@ def test_importing_every_public_name_pulls_in_no_tool_or_torchserve_module() -> 
     code = BLOCKER + textwrap.dedent(
         f"""
         import hookwatch
+        # Nothing loads before a name is used: tools and the exporter's environment rely on it.
+        assert "torch" not in sys.modules and "prometheus_client" not in sys.modules
         for name in hookwatch.__all__:
             getattr(hookwatch, name)
         loaded = sorted(m for m in sys.modules if m.split(".")[0] in {HEAVY!r})

@@ -9,6 +9,7 @@ for ``full``) and ``batchSize``.
 from __future__ import annotations
 
 import copy
+import importlib.util
 import io
 import json
 import shutil
@@ -38,12 +39,20 @@ HANDLERS: Mapping[str, str] = {
 class ModelKind:
     name: str
     description: str
-    model_file: str
+    #: The module whose file is archived as the model file.
+    model_module: str
     config: str
     #: Writes the serialized weights into a directory and returns the file.
     weights: Callable[[Path, Path], Path]
     #: A few request bodies and their Content-Type.
     payloads: Callable[[], tuple[list[bytes], str]]
+
+    @property
+    def model_path(self) -> str:
+        spec = importlib.util.find_spec(self.model_module)
+        if spec is None or spec.origin is None:
+            raise FileNotFoundError(f"expected module {self.model_module} to be installed")
+        return spec.origin
 
 
 def _digits_weights(root: Path, build: Path) -> Path:
@@ -89,7 +98,7 @@ MODELS: Mapping[str, ModelKind] = {
     "digits": ModelKind(
         "digits",
         "demo CNN, 8x8 input, JSON body (sub-millisecond forward)",
-        "src/hookwatch/demo/digits_cnn.py",
+        "hookwatch.tools.demo.digits_cnn",
         "models/digits/model-config.yaml",
         _digits_weights,
         _digits_payloads,
@@ -97,7 +106,7 @@ MODELS: Mapping[str, ModelKind] = {
     "resnet18": ModelKind(
         "resnet18",
         "ResNet-18-class CNN, 3x224x224 input, float32 body (random weights)",
-        "src/hookwatch/bench/resnet.py",
+        "hookwatch.tools.bench.resnet",
         "models/resnet18/model-config.yaml",
         _resnet_weights,
         _resnet_payloads,
@@ -150,7 +159,7 @@ def build_group(root: Path, store: Path, build: Path, model: str, batch: int) ->
                 "--version",
                 "1.0",
                 "--model-file",
-                str(root / kind.model_file),
+                kind.model_path,
                 "--serialized-file",
                 str(weights),
                 "--handler",
