@@ -44,6 +44,8 @@ __all__ = [
     "LAYER_ENABLED",
     "MONITOR_FAULTS",
     "MULTIPROCESS_MEANING",
+    "REFERENCE_ACTIVATION_STATISTIC",
+    "REFERENCE_NONFINITE",
     "REQUESTS",
     "REQUESTS_REJECTED",
     "REQUESTS_SAMPLED",
@@ -178,6 +180,23 @@ MONITOR_FAULTS = CounterSpec(
     "Faults inside monitoring code; each switches monitoring off for that layer "
     "(layer=all for faults outside any one layer).",
 )
+REFERENCE_ACTIVATION_STATISTIC = GaugeSpec(
+    "hookwatch_reference_activation_statistic",
+    ("model", "layer", "statistic"),
+    "",
+    "Reference mean of the per-sample activation statistic, from the drift profile: what "
+    "production's delta(_sum)/delta(_count) of hookwatch_activation_statistic is compared "
+    "with (alert thresholds follow the model, not a constant). Absent without a profile.",
+    multiprocess_mode="livemax",
+)
+REFERENCE_NONFINITE = GaugeSpec(
+    "hookwatch_reference_nonfinite_values",
+    ("model", "layer", "kind"),
+    "values",
+    "NaN or Inf values per sample in the layer's activations on the reference data (usually "
+    "0), from the drift profile. Absent without a profile.",
+    multiprocess_mode="livemax",
+)
 DRIFT_PROFILE_LOADED = GaugeSpec(
     "hookwatch_drift_profile_loaded",
     ("model",),
@@ -260,6 +279,8 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     ACTIVATION_NONFINITE,
     LAYER_ENABLED,
     MONITOR_FAULTS,
+    REFERENCE_ACTIVATION_STATISTIC,
+    REFERENCE_NONFINITE,
     DRIFT_PROFILE_LOADED,
     DRIFT_SCORE,
     DRIFT_THRESHOLD,
@@ -293,9 +314,10 @@ LABELS: dict[str, str] = {
     "statistic": ", ".join(f"`{v}`" for v in SUMMARY_STATISTICS) + ".",
     "kind": ", ".join(f"`{v}`" for v in NONFINITE_KINDS) + ".",
     "level": ", ".join(f"`{v}`" for v in LEVELS) + " (drift metrics).",
-    "detector": "each watched layer but `output`, and for `output`: "
+    "detector": "each watched layer but `output`, and for `output` by `monitoring.output.head`: "
+    "`logits` adds "
     + ", ".join(f"`{v}`" for v in OUTPUT_DETECTORS)
-    + " (drift metrics).",
+    + "; `values` and `embedding` add `output`; `none` adds nothing (drift metrics).",
     "feature": "index of the feature in the detector's input (0 up to `max_features - 1`; for "
     "`output` the class; for a projected layer the principal component, the residual distance "
     "last), as fixed by the drift profile; only `monitoring.drift.fleet_detectors`.",

@@ -7,6 +7,8 @@ when TorchServe has parsed the file already).
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -21,6 +23,7 @@ __all__ = [
     "InputSpec",
     "ModelConfig",
     "MonitoringConfig",
+    "OutputSpec",
     "as_monitoring_config",
     "read_model_config",
 ]
@@ -32,6 +35,17 @@ INPUT_ENCODINGS = ("json", "float32")
 FLEET_DETECTORS = ("output", "confidence", "entropy", "class_mix")
 #: How wide layers are reduced for drift (``monitoring.drift.projection``).
 PROJECTIONS = ("pca", "none")
+#: What the model's output is (``monitoring.output.head``): it decides the output's drift
+#: detectors and the answer. ``logits``: class scores (softmax, confidence, entropy, predicted
+#: class); ``values``: regression outputs, tested per output; ``embedding``: a vector, tested
+#: like a hidden layer; ``none``: statistics only, no output drift.
+HEADS = ("logits", "values", "embedding", "none")
+#: Input dtypes a request can be converted to (``handler.input.dtype``).
+INPUT_DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "bool")
+#: ``module:function`` of ``input.preprocess``.
+_FUNCTION_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+#: Characters that make a ``monitoring.layers`` entry a glob pattern.
+GLOB_CHARS = frozenset("*?[")
 
 
 def _expect(cond: bool, key: str, expected: str, got: object) -> None:
@@ -151,6 +165,32 @@ class DriftConfig:
 
 
 @dataclass(frozen=True)
+class OutputSpec:
+    """``monitoring.output``: what the output is, and which part of it to watch and answer."""
+
+    head: str = "logits"
+    #: For a tuple/list output its index, for a dict (or a ``ModelOutput``) its key; None: the
+    #: output itself if it is a tensor, else its first tensor.
+    select: int | str | None = None
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any] | None) -> OutputSpec:
+        raw = _section(cls, raw, "output")
+        head = raw.get("head", cls.head)
+        _expect(head in HEADS, "output.head", f"one of {list(HEADS)}", head)
+        select = raw.get("select")
+        _expect(
+            select is None
+            or (isinstance(select, int) and not isinstance(select, bool) and select >= 0)
+            or (isinstance(select, str) and bool(select)),
+            "output.select",
+            "a tuple index (integer >= 0), a dict key (string) or null",
+            select,
+        )
+        return cls(head=head, select=select)
+
+
+@dataclass(frozen=True)
 class MonitoringConfig:
     """Validated monitoring knobs. Build with :meth:`from_mapping`; never mutated afterwards."""
 
@@ -165,10 +205,29 @@ class MonitoringConfig:
     enabled: bool = True
     seed: int | None = None
     drift: DriftConfig = DriftConfig()
+    #: Module class names whose every instance is watched too (``Conv2d``, ``ReLU``).
+    layer_types: tuple[str, ...] = ()
+    #: The most layers the patterns may resolve to: each costs series and capture work.
+    max_layers: int = 32
+    output: OutputSpec = OutputSpec()
+
+    @property
+    def resolved(self) -> bool:
+        """True once ``layers`` names modules only: no glob pattern, no type left to match."""
+        return not self.layer_types and not any(GLOB_CHARS & set(layer) for layer in self.layers)
 
     @property
     def watched(self) -> tuple[str, ...]:
-        """Every label value the ``layer`` label can take, in a stable order."""
+        """Every label value the ``layer`` label can take, in a stable order.
+
+        Needs concrete layers: patterns and types are resolved against the model first
+        (``hookwatch._hooks.resolve_layers``).
+        """
+        if not self.resolved:
+            raise ConfigError(
+                f"monitoring.layers: expected module paths resolved against the model, got "
+                f"patterns {list(self.layers)} and types {list(self.layer_types)}"
+            )
         names: list[str] = []
         if self.capture_input:
             names.append(INPUT_LAYER)
@@ -184,8 +243,15 @@ class MonitoringConfig:
         _expect(
             isinstance(layers, list | tuple) and all(isinstance(x, str) and x for x in layers),
             "layers",
-            "a list of dotted module paths",
+            "a list of dotted module paths or glob patterns (features.*)",
             layers,
+        )
+        types = raw.get("layer_types", [])
+        _expect(
+            isinstance(types, list | tuple) and all(isinstance(x, str) and x for x in types),
+            "layer_types",
+            "a list of module class names (Conv2d, ReLU)",
+            types,
         )
         _expect(len(set(layers)) == len(layers), "layers", "no duplicates", layers)
         for reserved in (INPUT_LAYER, OUTPUT_LAYER):
@@ -212,6 +278,9 @@ class MonitoringConfig:
         )
         return cls(
             layers=tuple(layers),
+            layer_types=tuple(types),
+            max_layers=_integer(raw, "max_layers", 32, 1, 1024),
+            output=OutputSpec.from_mapping(raw.get("output")),
             sample_rate=_number(raw, "sample_rate", 0.1, 0.0, 1.0),
             capture_input=flags["capture_input"],
             capture_output=flags["capture_output"],
@@ -232,28 +301,75 @@ def as_monitoring_config(config: MonitoringConfig | Mapping[str, Any] | None) ->
     return MonitoringConfig.from_mapping(config)
 
 
+def _numbers(raw: Mapping[str, Any], key: str) -> tuple[float, ...] | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    items = value if isinstance(value, list | tuple) else [value]
+    if not items or not all(
+        isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in items
+    ):
+        raise ConfigError(
+            f"input.{key}: expected a number or a list of numbers (one per channel), got {value!r}"
+        )
+    return tuple(float(v) for v in items)
+
+
 @dataclass(frozen=True)
 class InputSpec:
-    """What one request's payload must look like; parsed from ``handler: input:``."""
+    """What one request's payload must look like and how it becomes the model's input.
 
-    shape: tuple[int, ...]
+    Parsed from ``handler: input:``. Either the declared form (``shape``, ``dtype``, range,
+    ``mean``/``std`` normalisation), or a ``preprocess`` function shipped in the archive that
+    turns one request's payload into a tensor.
+    """
+
+    shape: tuple[int, ...] | None
     min_value: float | None = None
     max_value: float | None = None
     field: str = "data"
     #: How a raw (non-JSON) body is read: "json" only, or also "float32" (little-endian bytes).
     encoding: str = "json"
+    #: dtype of the tensor the model is given.
+    dtype: str = "float32"
+    #: Per-channel (first dimension) or scalar normalisation, applied after the range check:
+    #: the model sees (x - mean) / std; requests and reference data come un-normalised.
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    #: Pass the input as this keyword argument (``forward(self, *, features)``) instead of
+    #: positionally.
+    argument: str | None = None
+    #: ``module:function`` in the model directory: payload -> tensor of one item (raise
+    #: ValueError for a payload it cannot take). Replaces shape/dtype/range/normalisation.
+    preprocess: str | None = None
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any] | None) -> InputSpec:
         if not isinstance(raw, Mapping):
             raise ConfigError(f"input: expected a mapping with a 'shape', got {raw!r}")
+        known = {f.name for f in fields(cls)} - {"min_value", "max_value"} | {"min", "max"}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ConfigError(f"input: expected only the keys {sorted(known)}, got {unknown}")
+        preprocess = raw.get("preprocess")
+        if preprocess is not None and not (
+            isinstance(preprocess, str) and _FUNCTION_PATH.fullmatch(preprocess)
+        ):
+            raise ConfigError(
+                f"input.preprocess: expected 'module:function' (a file in the archive), "
+                f"got {preprocess!r}"
+            )
         shape = raw.get("shape")
-        if not (
+        if shape is None and preprocess is not None:
+            parsed_shape = None
+        elif not (
             isinstance(shape, list | tuple)
             and shape
             and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)
         ):
             raise ConfigError(f"input.shape: expected a list of positive integers, got {shape!r}")
+        else:
+            parsed_shape = tuple(shape)
         bounds: list[float | None] = []
         for key in ("min", "max"):
             value = raw.get(key)
@@ -273,14 +389,42 @@ class InputSpec:
             raise ConfigError(
                 f"input.encoding: expected one of {list(INPUT_ENCODINGS)}, got {encoding!r}"
             )
-        return cls(shape=tuple(shape), min_value=lo, max_value=hi, field=name, encoding=encoding)
+        if encoding == "float32" and parsed_shape is None:
+            raise ConfigError("input.encoding: float32 bodies need input.shape, got none")
+        dtype = raw.get("dtype", "float32")
+        if dtype not in INPUT_DTYPES:
+            raise ConfigError(f"input.dtype: expected one of {list(INPUT_DTYPES)}, got {dtype!r}")
+        mean, std = _numbers(raw, "mean"), _numbers(raw, "std")
+        for key, values in (("mean", mean), ("std", std)):
+            channels = parsed_shape[0] if parsed_shape else 1
+            if values is not None and len(values) not in (1, channels):
+                raise ConfigError(
+                    f"input.{key}: expected 1 or {channels} values (one per channel of shape "
+                    f"{list(parsed_shape or ())}), got {len(values)}"
+                )
+        if std is not None and min(std) <= 0:
+            raise ConfigError(f"input.std: expected positive numbers, got {list(std)}")
+        argument = raw.get("argument")
+        if argument is not None and not (isinstance(argument, str) and argument.isidentifier()):
+            raise ConfigError(
+                f"input.argument: expected a keyword argument name of forward(), got {argument!r}"
+            )
+        return cls(
+            shape=parsed_shape,
+            min_value=lo,
+            max_value=hi,
+            field=name,
+            encoding=encoding,
+            dtype=dtype,
+            mean=mean,
+            std=std,
+            argument=argument,
+            preprocess=preprocess,
+        )
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape) if self.shape else 0
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,11 @@ sink's ``on_fault``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import enum
+import fnmatch
+import logging
 import threading
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
@@ -22,9 +25,12 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from hookwatch._config import GLOB_CHARS, MonitoringConfig
 from hookwatch._errors import ConfigError
 from hookwatch._names import INPUT_LAYER, OUTPUT_LAYER
 from hookwatch._stats import feature_summary, reduce_activation
+
+log = logging.getLogger("hookwatch")
 
 
 class HookState(enum.Enum):
@@ -73,6 +79,113 @@ class Gate(threading.local):
         self.open = value
 
 
+def _is_scripted(module: nn.Module) -> bool:
+    return isinstance(module, torch.jit.ScriptModule)
+
+
+def describe_model(model: nn.Module) -> str | None:
+    """What hooks can and cannot see in ``model``, when it is not a plain eager module."""
+    if _is_scripted(model):
+        return "TorchScript: forward hooks cannot be registered on it; serve it wrapped"
+    inner = getattr(model, "_orig_mod", None)
+    if isinstance(inner, nn.Module):
+        return (
+            "torch.compile: hooks are registered on the original module and run inside the "
+            "compiled forward (each hooked module is a graph break)"
+        )
+    for name, module in model.named_modules():
+        if name and _is_scripted(module):
+            return (
+                f"contains TorchScript ({name}): hooks see its input and output, never the "
+                "layers inside it"
+            )
+    return None
+
+
+def hookable_root(model: nn.Module) -> nn.Module:
+    """The module whose ``named_modules()`` names the layers: for a ``torch.compile`` model,
+    the original module it wraps (its hooks fire in the compiled forward too)."""
+    inner = getattr(model, "_orig_mod", None)
+    return inner if isinstance(inner, nn.Module) else model
+
+
+def resolve_layers(
+    model: nn.Module, config: MonitoringConfig, model_name: str = "model"
+) -> MonitoringConfig:
+    """``config`` with its layer patterns and types resolved into module paths of ``model``.
+
+    Globs (``features.*``) match ``named_modules()`` paths, types match a module's class name;
+    exact paths stay in the order given, matches follow the model's order. An entry that
+    matches nothing, a module inside a TorchScript model (hooks never fire there) or more than
+    ``max_layers`` layers fail the load with what was expected and what came.
+    """
+    root = hookable_root(model)
+    modules = {name: module for name, module in root.named_modules() if name}
+    chosen: list[str] = []
+    for entry in config.layers:
+        if GLOB_CHARS & set(entry):
+            matches = [name for name in modules if fnmatch.fnmatchcase(name, entry)]
+            if not matches:
+                raise ConfigError(
+                    f"monitoring.layers: expected pattern {entry!r} to match a module path, got "
+                    f"no match (the model has: {_sample(modules)})"
+                )
+            chosen.extend(matches)
+        else:
+            resolve_layer(root, entry)
+            chosen.append(entry)
+    for type_name in config.layer_types:
+        matches = [name for name, m in modules.items() if type(m).__name__ == type_name]
+        if not matches:
+            present = sorted({type(m).__name__ for m in modules.values()})
+            raise ConfigError(
+                f"monitoring.layer_types: expected a module class of the model, got "
+                f"{type_name!r} (the model has: {', '.join(present)})"
+            )
+        chosen.extend(matches)
+    layers = tuple(dict.fromkeys(chosen))  # first occurrence wins
+    for reserved in (INPUT_LAYER, OUTPUT_LAYER):
+        if reserved in layers:
+            raise ConfigError(
+                f"monitoring.layers: expected no module named {reserved!r} (a reserved layer "
+                "name), got one; rename the module"
+            )
+    if len(layers) > config.max_layers:
+        raise ConfigError(
+            f"monitoring.layers: expected at most {config.max_layers} layers "
+            f"(monitoring.max_layers), got {len(layers)} from {list(config.layers)} and types "
+            f"{list(config.layer_types)} ({', '.join(layers[:6])}, ...); narrow the patterns "
+            "or raise max_layers"
+        )
+    scripted = [name for name in layers if _inside_script(root, name)]
+    if scripted or (layers and _is_scripted(root)):
+        raise ConfigError(
+            f"monitoring.layers: expected eager modules, got {scripted or list(layers)} inside "
+            "a TorchScript model, where forward hooks never fire; watch input and output only "
+            "(layers: []) or serve the eager model"
+        )
+    if config.resolved and layers == config.layers:
+        return config
+    log.info(
+        "hookwatch: model %r: watching %d layers: %s", model_name, len(layers), ", ".join(layers)
+    )
+    return dataclasses.replace(config, layers=layers, layer_types=())
+
+
+def _inside_script(root: nn.Module, path: str) -> bool:
+    module: nn.Module = root
+    for part in path.split("."):
+        if _is_scripted(module):
+            return True
+        module = getattr(module, part)
+    return _is_scripted(module)
+
+
+def _sample(modules: Mapping[str, nn.Module]) -> str:
+    names = list(modules)
+    return ", ".join(names[:12]) + (" ..." if len(names) > 12 else "")
+
+
 def resolve_layer(model: nn.Module, path: str) -> nn.Module:
     """Find a dotted ``named_modules()`` path; unknown paths fail with the closest matches."""
     modules = dict(model.named_modules())
@@ -102,8 +215,10 @@ class LayerHook:
         on_input: bool = False,
         copy_limit: int = 0,
         width: int | None = None,
+        select: int | str | None = None,
     ) -> None:
         self.name = name
+        self._select = select
         self._copy_limit = copy_limit
         self._module_ref: weakref.ReferenceType[nn.Module] = weakref.ref(module)
         self._gate = gate
@@ -114,14 +229,15 @@ class LayerHook:
         self._handle: RemovableHandle | None
         self.state = HookState.ATTACHED
         if on_input:
-            self._handle = module.register_forward_pre_hook(self._pre_hook)
+            # With the keyword arguments: a forward called as model(features=x) has no args.
+            self._handle = module.register_forward_pre_hook(self._pre_hook, with_kwargs=True)
         else:
             self._handle = module.register_forward_hook(self._hook)
 
     # The gate first: it is closed on most calls, and reading it is the cheaper test.
-    def _pre_hook(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+    def _pre_hook(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if self._gate.open and self.state is HookState.ATTACHED:
-            self._capture(args[0] if args else None)
+            self._capture(args[0] if args else select_tensor(kwargs))
 
     def _hook(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         if self._gate.open and self.state is HookState.ATTACHED:
@@ -129,9 +245,14 @@ class LayerHook:
 
     def _capture(self, value: Any) -> None:
         try:
-            tensor = value if type(value) is torch.Tensor else _first_tensor(value)
+            if type(value) is torch.Tensor and self._select is None:
+                tensor: torch.Tensor | None = value
+            else:
+                tensor = select_tensor(value, self._select)
             if tensor is None:
-                raise TypeError(f"expected a tensor output, got {type(value).__name__}")
+                raise TypeError(
+                    f"expected a tensor (select={self._select!r}), got {type(value).__name__}"
+                )
             rows = len(tensor.shape) and tensor.shape[0]
             # From sizes alone: indexing a sample would be one more torch call per hook.
             per_sample = tensor.numel() // rows if rows else tensor.numel()
@@ -162,16 +283,26 @@ class LayerHook:
         self.state = HookState.DETACHED
 
 
-def _first_tensor(value: Any) -> torch.Tensor | None:
-    """The tensor to watch in an output: itself, or the first tensor of a tuple/list/dict."""
+def select_tensor(value: Any, select: int | str | None = None) -> torch.Tensor | None:
+    """The tensor to watch in a module's output (or input).
+
+    ``select`` picks a tuple/list item by index, or a dict item (a HuggingFace ``ModelOutput``
+    is a dict) or attribute by name; without it, the value itself if it is a tensor, else its
+    first tensor item. None when there is no such tensor.
+    """
+    if select is not None:
+        try:
+            if isinstance(select, int) or isinstance(value, Mapping):
+                value = value[select]
+            else:
+                value = getattr(value, select)
+        except (IndexError, KeyError, AttributeError, TypeError):
+            return None
     if isinstance(value, torch.Tensor):
         return value
-    if isinstance(value, list | tuple):
-        for item in value:
-            if isinstance(item, torch.Tensor):
-                return item
-    if isinstance(value, dict):
-        for item in value.values():
+    items = value.values() if isinstance(value, Mapping) else value
+    if isinstance(items, list | tuple) or isinstance(value, Mapping):
+        for item in items:
             if isinstance(item, torch.Tensor):
                 return item
     return None
@@ -200,12 +331,20 @@ class HookSet:
         capture_input: bool = True,
         capture_output: bool = True,
         widths: Mapping[str, int] | None = None,
+        output_select: int | str | None = None,
     ) -> HookSet:
-        """Register the hooks; ``widths`` overrides ``max_features`` per layer (projected ones)."""
+        """Register the hooks; ``widths`` overrides ``max_features`` per layer (projected
+        ones, the output), ``output_select`` picks the output's tensor to watch."""
         if self.state is not HookState.DETACHED:
             raise RuntimeError(f"expected a detached HookSet, got state {self.state.value}")
+        if _is_scripted(model):
+            raise ConfigError(
+                "expected an eager nn.Module, got a TorchScript module: forward hooks are not "
+                "supported on it; wrap it in an eager module to watch its input and output"
+            )
         # Resolve every path before registering anything, so a typo leaves the model untouched.
-        targets = [(name, resolve_layer(model, name)) for name in layers]
+        root = hookable_root(model)
+        targets = [(name, resolve_layer(root, name)) for name in layers]
         plan: list[tuple[str, nn.Module, bool]] = []
         if capture_input:
             plan.append((INPUT_LAYER, model, True))
@@ -222,6 +361,7 @@ class HookSet:
                 on_input=on_input,
                 copy_limit=self._copy_limit,
                 width=None if widths is None else widths.get(name),
+                select=output_select if name == OUTPUT_LAYER else None,
             )
         self.state = HookState.ATTACHED
         return self

@@ -8,23 +8,33 @@ request in a batch gets its own 4xx and the rest of the batch is still served.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import torch
 from torch import nn
 
-from hookwatch._config import HandlerConfig, InputSpec
-from hookwatch._errors import BadInputError
+from hookwatch._config import HandlerConfig, InputSpec, OutputSpec
+from hookwatch._errors import BadInputError, ConfigError
+from hookwatch._hooks import resolve_layers, select_tensor
 from hookwatch._metrics import MetricSet
 from hookwatch._monitor import Monitor
 from hookwatch._profile import load_tracker
 
-__all__ = ["BatchResult", "ClassifierService", "DecodedBatch", "decode_payload"]
+__all__ = [
+    "BatchResult",
+    "DecodedBatch",
+    "InputPipeline",
+    "ModelService",
+    "decode_payload",
+    "load_preprocess",
+]
 
 MAX_BODY_BYTES = 1 << 20
 
@@ -56,17 +66,17 @@ def _shape_of(value: Any) -> tuple[int, ...] | None:
     return (len(value), *inner)
 
 
-def _decode_float32(body: bytes | bytearray, spec: InputSpec) -> torch.Tensor:
-    expected = spec.numel * 4
+def _decode_float32(body: bytes | bytearray, shape: tuple[int, ...]) -> torch.Tensor:
+    expected = math.prod(shape) * 4
     if len(body) != expected:
         raise BadInputError(
-            f"{expected} bytes of little-endian float32 (shape {list(spec.shape)}) "
+            f"{expected} bytes of little-endian float32 (shape {list(shape)}) "
             'or a JSON body sent as "Content-Type: application/json"',
             f"{len(body)} bytes",
         )
     # astype copies into native order, so the tensor owns its memory, not the request buffer.
     values = np.frombuffer(body, dtype="<f4").astype(np.float32)
-    return torch.from_numpy(values).reshape(spec.shape)
+    return torch.from_numpy(values).reshape(shape)
 
 
 def _check_values(tensor: torch.Tensor, spec: InputSpec) -> torch.Tensor:
@@ -81,49 +91,159 @@ def _check_values(tensor: torch.Tensor, spec: InputSpec) -> torch.Tensor:
                 f"{hi if hi is not None else math.inf}]",
                 f"values in [{vmin:g}, {vmax:g}]",
             )
+    if not _DTYPES[spec.dtype].is_floating_point and not bool((tensor == tensor.round()).all()):
+        raise BadInputError(f"whole numbers (input dtype {spec.dtype})", "fractional values")
     return tensor
 
 
-def decode_payload(body: Any, spec: InputSpec) -> torch.Tensor:
-    """One request's payload → a float32 tensor of ``spec.shape``; raises :class:`BadInputError`.
-
-    TorchServe hands a body sent as ``application/json`` over already parsed; any other body
-    arrives as bytes, which are JSON text, or raw float32 when ``spec.encoding`` says so.
-    """
-    expected_body = f'a JSON object {{"{spec.field}": <{"x".join(map(str, spec.shape))} numbers>}}'
+def _parse_json(body: Any, expected: str) -> Any:
+    """A body as TorchServe hands it over, parsed: JSON sent as application/json arrives
+    parsed already, anything else as bytes (or text)."""
     if isinstance(body, bytes | bytearray):
         if len(body) > MAX_BODY_BYTES:
             raise BadInputError(
                 f"a body of at most {MAX_BODY_BYTES} bytes", f"{len(body)} bytes", status=413
             )
-        if spec.encoding == "float32":
-            return _check_values(_decode_float32(body, spec), spec)
         try:
-            body = json.loads(body)
+            return json.loads(body)
         except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise BadInputError(expected_body, f"a body that is not JSON ({error})") from None
-    elif isinstance(body, str):
+            raise BadInputError(expected, f"a body that is not JSON ({error})") from None
+    if isinstance(body, str):
         try:
-            body = json.loads(body)
+            return json.loads(body)
         except json.JSONDecodeError as error:
-            raise BadInputError(expected_body, f"a body that is not JSON ({error})") from None
-    if not isinstance(body, dict):
-        raise BadInputError(expected_body, _describe(body))
-    if spec.field not in body:
+            raise BadInputError(expected, f"a body that is not JSON ({error})") from None
+    return body
+
+
+def decode_payload(body: Any, spec: InputSpec) -> torch.Tensor:
+    """One request's payload → a float32 tensor of ``spec.shape``; raises :class:`BadInputError`.
+
+    Values are checked against the spec's range as sent (before any normalisation).
+    """
+    shape = spec.shape
+    if shape is None:
+        raise ConfigError("input: expected a shape (or a preprocess function), got neither")
+    expected_body = f'a JSON object {{"{spec.field}": <{"x".join(map(str, shape))} numbers>}}'
+    if spec.encoding == "float32" and isinstance(body, bytes | bytearray):
+        if len(body) > MAX_BODY_BYTES:
+            raise BadInputError(
+                f"a body of at most {MAX_BODY_BYTES} bytes", f"{len(body)} bytes", status=413
+            )
+        return _check_values(_decode_float32(body, shape), spec)
+    body = _parse_json(body, expected_body)
+    if not isinstance(body, dict) or spec.field not in body:
         raise BadInputError(expected_body, _describe(body))
     values = body[spec.field]
-    shape = _shape_of(values)
-    if shape is None:
+    got = _shape_of(values)
+    if got is None:
         raise BadInputError(
-            f"a rectangular array of numbers of shape {list(spec.shape)} "
-            f"(or {spec.numel} numbers flat)",
+            f"a rectangular array of numbers of shape {list(shape)} (or {spec.numel} numbers flat)",
             _describe(values) if not isinstance(values, list) else "a ragged or non-numeric list",
         )
-    if shape != spec.shape and shape != (spec.numel,):
+    if got != shape and got != (spec.numel,):
         raise BadInputError(
-            f"shape {list(spec.shape)} (or {spec.numel} numbers flat)", f"shape {list(shape)}"
+            f"shape {list(shape)} (or {spec.numel} numbers flat)", f"shape {list(got)}"
         )
-    return _check_values(torch.tensor(values, dtype=torch.float32).reshape(spec.shape), spec)
+    return _check_values(torch.tensor(values, dtype=torch.float32).reshape(shape), spec)
+
+
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "bool": torch.bool,
+}
+
+Preprocess = Callable[[Any], Any]
+
+
+def load_preprocess(path: str, model_dir: str | Path | None) -> Preprocess:
+    """The ``module:function`` of ``input.preprocess``, imported from the model directory."""
+    module_name, function = path.split(":")
+    directory = Path(model_dir) if model_dir is not None else Path.cwd()
+    file = directory / (module_name.replace(".", "/") + ".py")
+    if not file.is_file():
+        raise ConfigError(
+            f"input.preprocess: expected {file.name} in the model directory {directory}, "
+            "got no such file (add it to the archive)"
+        )
+    spec = importlib.util.spec_from_file_location(f"hookwatch_preprocess_{module_name}", file)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"input.preprocess: cannot import {file}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    fn = getattr(module, function, None)
+    if not callable(fn):
+        raise ConfigError(
+            f"input.preprocess: expected a function {function!r} in {file.name}, got "
+            f"{type(fn).__name__}"
+        )
+    return cast(Preprocess, fn)
+
+
+class InputPipeline:
+    """A request's payload → one item of the model's input, and items → the model's batch.
+
+    :meth:`decode` runs per request (bad payloads raise :class:`BadInputError`);
+    :meth:`batch` stacks decoded items and applies dtype and normalisation once per batch.
+    Reference data for a profile goes through :meth:`batch` too, so the profile sees exactly
+    what serving feeds the model.
+    """
+
+    def __init__(self, spec: InputSpec, model_dir: str | Path | None = None) -> None:
+        self.spec = spec
+        self._preprocess = (
+            load_preprocess(spec.preprocess, model_dir) if spec.preprocess is not None else None
+        )
+        self._dtype = _DTYPES[spec.dtype]
+        shape = spec.shape or ()
+        view = (-1, *([1] * (len(shape) - 1))) if shape else (-1,)
+        self._mean = (
+            torch.tensor(spec.mean, dtype=torch.float32).reshape(view)
+            if spec.mean is not None
+            else None
+        )
+        self._std = (
+            torch.tensor(spec.std, dtype=torch.float32).reshape(view)
+            if spec.std is not None
+            else None
+        )
+
+    def decode(self, body: Any) -> torch.Tensor:
+        if self._preprocess is None:
+            return decode_payload(body, self.spec)
+        payload = _parse_json(body, "a payload the model's preprocess function accepts")
+        try:
+            result = self._preprocess(payload)
+        except (ValueError, TypeError, KeyError, IndexError) as error:
+            raise BadInputError(
+                "a payload the model's preprocess function accepts", f"{error}"
+            ) from None
+        tensor = result if isinstance(result, torch.Tensor) else torch.as_tensor(result)
+        if self.spec.shape is not None and tuple(tensor.shape) != self.spec.shape:
+            raise BadInputError(f"shape {list(self.spec.shape)}", f"shape {list(tensor.shape)}")
+        return tensor
+
+    def batch(self, items: Sequence[torch.Tensor] | torch.Tensor) -> torch.Tensor:
+        """Stacked items as the model takes them: dtype, then ``(x - mean) / std``."""
+        x = items if isinstance(items, torch.Tensor) else torch.stack(list(items))
+        if self._mean is not None or self._std is not None:
+            x = x.float()
+            if self._mean is not None:
+                x = x - self._mean
+            if self._std is not None:
+                x = x / self._std
+        return x if x.dtype == self._dtype else x.to(self._dtype)
+
+    def call(self, model: nn.Module, x: torch.Tensor) -> Any:
+        """The forward pass, with the input positional or as ``input.argument``."""
+        if self.spec.argument is None:
+            return model(x)
+        return model(**{self.spec.argument: x})
 
 
 @dataclass
@@ -144,8 +264,12 @@ class BatchResult:
     errors: dict[int, BadInputError]
 
 
-class ClassifierService:
-    """Decode JSON, run the model under its monitor, answer class + probabilities.
+#: A logits head answers every class's probability up to this many classes, the top 5 above.
+FULL_PROBABILITIES = 20
+
+
+class ModelService:
+    """Decode requests, run the model under its monitor, answer as the output head says.
 
     ``monitor=None`` serves the same requests unmonitored: the baseline the bench compares to.
     """
@@ -157,12 +281,16 @@ class ClassifierService:
         monitor: Monitor | None,
         labels: Sequence[str] | None = None,
         device: torch.device | None = None,
+        output: OutputSpec | None = None,
+        model_dir: str | Path | None = None,
     ) -> None:
         self.model = model
         self.spec = spec
+        self.pipeline = InputPipeline(spec, model_dir)
         self.monitor = monitor
         self.labels = list(labels) if labels is not None else None
         self.device = device or torch.device("cpu")
+        self.output = output or OutputSpec()
 
     @classmethod
     def from_handler_config(
@@ -174,18 +302,19 @@ class ClassifierService:
         device: torch.device | None = None,
         monitored: bool = True,
         model_dir: str | None = None,
-    ) -> ClassifierService:
+    ) -> ModelService:
         """Serve ``model`` as a model-config's ``handler:`` section says.
 
         ``monitored=False`` serves the same requests with nothing attached. The drift profile
         is looked up in ``model_dir`` (where TorchServe extracts the .mar).
         """
+        config = handler.monitoring
         monitor = None
         if monitored:
-            config = handler.monitoring
+            config = resolve_layers(model, config, model_name)
             drift = load_tracker(config, model_dir, model_name)
             monitor = Monitor(model, config, model_name, metrics, drift=drift)
-        return cls(model, handler.input, monitor, handler.labels, device)
+        return cls(model, handler.input, monitor, handler.labels, device, config.output, model_dir)
 
     def decode(self, bodies: Sequence[Any]) -> DecodedBatch:
         tensors: list[torch.Tensor] = []
@@ -193,13 +322,13 @@ class ClassifierService:
         errors: dict[int, BadInputError] = {}
         for index, body in enumerate(bodies):
             try:
-                tensors.append(decode_payload(body, self.spec))
+                tensors.append(self.pipeline.decode(body))
                 positions.append(index)
             except BadInputError as error:
                 errors[index] = error
         if errors and self.monitor is not None:
             self.monitor.reject(len(errors))
-        inputs = torch.stack(tensors).to(self.device) if tensors else None
+        inputs = self.pipeline.batch(tensors).to(self.device) if tensors else None
         return DecodedBatch(len(bodies), inputs, positions, errors)
 
     def infer(self, batch: DecodedBatch) -> BatchResult:
@@ -211,22 +340,45 @@ class ClassifierService:
                 else contextlib.nullcontext()
             )
             with torch.inference_mode(), scope:
-                outputs = self.model(batch.inputs)
+                raw = self.pipeline.call(self.model, batch.inputs)
+            outputs = select_tensor(raw, self.output.select)
+            if outputs is None:
+                raise TypeError(
+                    f"expected the model's output to hold a tensor (monitoring.output.select="
+                    f"{self.output.select!r}), got {type(raw).__name__}"
+                )
         return BatchResult(batch.size, outputs, batch.positions, batch.errors)
+
+    def _answer(self, row: torch.Tensor) -> dict[str, Any]:
+        head = self.output.head
+        if head == "logits":
+            probabilities = torch.softmax(row.float().reshape(-1), dim=0)
+            cls = int(probabilities.argmax())
+            answer: dict[str, Any] = {"class": self.labels[cls] if self.labels else cls}
+            if probabilities.numel() <= FULL_PROBABILITIES:
+                answer["probabilities"] = [round(p, 6) for p in probabilities.tolist()]
+            else:
+                top = torch.topk(probabilities, 5)
+                answer["top"] = [
+                    {"class": self.labels[i] if self.labels else i, "probability": round(p, 6)}
+                    for p, i in zip(top.values.tolist(), top.indices.tolist(), strict=True)
+                ]
+            return answer
+        values = row.float().reshape(-1).tolist()
+        if head == "values":
+            return {"values": values}
+        if head == "embedding":
+            return {"embedding": values}
+        return {"output": row.tolist()}
 
     def encode(self, result: BatchResult) -> list[dict[str, Any]]:
         answers: list[dict[str, Any]] = [{} for _ in range(result.size)]
         for index, error in result.errors.items():
             answers[index] = error.as_dict()
         if result.outputs is not None:
-            probabilities = torch.softmax(result.outputs.float(), dim=1).cpu()
-            classes = probabilities.argmax(dim=1).tolist()
+            outputs = result.outputs.detach().cpu()
             for row, index in enumerate(result.positions):
-                cls = int(classes[row])
-                answers[index] = {
-                    "class": self.labels[cls] if self.labels else cls,
-                    "probabilities": [round(p, 6) for p in probabilities[row].tolist()],
-                }
+                answers[index] = self._answer(outputs[row])
         return answers
 
     def handle(self, bodies: Sequence[Any]) -> list[dict[str, Any]]:

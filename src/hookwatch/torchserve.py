@@ -14,6 +14,7 @@ Nothing else in hookwatch imports TorchServe: replacing it means another adapter
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -26,7 +27,8 @@ except ImportError as error:  # pragma: no cover - exercised where TorchServe is
     ) from error
 
 from hookwatch._config import HandlerConfig, read_model_config
-from hookwatch._service import BatchResult, ClassifierService, DecodedBatch
+from hookwatch._model import MODEL_SPEC_FILE, ModelSpec, build_model
+from hookwatch._service import BatchResult, DecodedBatch, ModelService
 
 __all__ = ["HookwatchHandler", "UnmonitoredHandler"]
 
@@ -41,21 +43,43 @@ class HookwatchHandler(BaseHandler):  # type: ignore[misc]
 
     #: Subclasses that serve the same requests without monitoring set this to False.
     monitored: ClassVar[bool] = True
-    service: ClassifierService
+    service: ModelService
     handler_config: HandlerConfig
 
     def initialize(self, context: Any) -> None:
         self.handler_config = read_model_config(context.model_yaml_config or {}).handler
         torch.set_num_threads(self.handler_config.torch_threads)
-        super().initialize(context)
-        self.service = ClassifierService.from_handler_config(
+        model_dir = (context.system_properties or {}).get("model_dir")
+        spec_file = Path(model_dir) / MODEL_SPEC_FILE if model_dir else None
+        if spec_file is not None and spec_file.is_file():
+            self._initialize_from_spec(context, ModelSpec.load(spec_file))
+        else:
+            # An archive made without `hookwatch archive`: TorchServe's own loader (one
+            # no-argument nn.Module class in the model file, or TorchScript).
+            super().initialize(context)
+        self.service = ModelService.from_handler_config(
             self.model,
             self.handler_config,
             context.model_name,
             device=self.device,
             monitored=self.monitored,
-            model_dir=(context.system_properties or {}).get("model_dir"),
+            model_dir=model_dir,
         )
+
+    def _initialize_from_spec(self, context: Any, spec: ModelSpec) -> None:
+        """What BaseHandler.initialize sets up, with the model built as the spec says."""
+        properties = context.system_properties or {}
+        gpu = properties.get("gpu_id")
+        if torch.cuda.is_available() and gpu is not None:
+            self.map_location = "cuda"
+            self.device = torch.device(f"cuda:{gpu}")
+        else:
+            self.map_location = "cpu"
+            self.device = torch.device("cpu")
+        self.manifest = context.manifest
+        self.model_yaml_config = context.model_yaml_config
+        self.model = build_model(spec, Path(properties["model_dir"]), self.device)
+        self.initialized = True
 
     def preprocess(self, data: list[dict[str, Any]]) -> DecodedBatch:
         return self.service.decode([_body(row) for row in data])

@@ -16,7 +16,7 @@ import torch
 from hookwatch._config import HandlerConfig, InputSpec, MonitoringConfig
 from hookwatch._errors import BadInputError, ConfigError
 from hookwatch._metrics import MetricSet
-from hookwatch._service import ClassifierService, decode_payload
+from hookwatch._service import ModelService, decode_payload
 from hookwatch.tools.bench import resnet
 from hookwatch.tools.bench.loadgen import Segment, Target, closed_loop, cycle_rate, open_loop
 from hookwatch.tools.bench.micro import HookCost, RssTrace, ScrapeTime
@@ -187,8 +187,8 @@ def test_unmonitored_service_answers_like_the_monitored_one() -> None:
         {"input": {"shape": [1, 8, 8]}, "monitoring": {"layers": ["act1"]}}
     )
     body = {"data": [1.0] * 64}
-    plain = ClassifierService.from_handler_config(model, section, "p", monitored=False)
-    watched = ClassifierService.from_handler_config(model, section, "w", MetricSet())
+    plain = ModelService.from_handler_config(model, section, "p", monitored=False)
+    watched = ModelService.from_handler_config(model, section, "w", MetricSet())
     try:
         assert plain.monitor is None
         assert plain.handle([body, {"x": 1}]) == watched.handle([body, {"x": 1}])

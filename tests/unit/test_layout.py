@@ -78,13 +78,14 @@ def test_dependencies_point_one_way() -> None:
         "hookwatch._catalogue": set(),
         "hookwatch._errors": set(),
         "hookwatch._config": {"hookwatch._errors"},
-        "hookwatch._hooks": {"hookwatch._errors", "hookwatch._stats"},
+        "hookwatch._hooks": {"hookwatch._config", "hookwatch._errors", "hookwatch._stats"},
         "hookwatch._metrics": {"hookwatch._catalogue"},
         "hookwatch._profile": {
             "hookwatch._config",
             "hookwatch._drift",
             "hookwatch._errors",
             "hookwatch._hooks",
+            "hookwatch._stats",
         },
         "hookwatch._monitor": {
             "hookwatch",

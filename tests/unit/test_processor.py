@@ -29,10 +29,10 @@ class Collect:
     """A hook sink keeping one record per forward, as the request gate hands them off."""
 
     def __init__(self) -> None:
-        self.record: Record = []
+        self.record: Record = {}
 
     def offer(self, capture: Capture) -> bool:
-        self.record.append(capture)
+        self.record[capture.layer] = capture
         return True
 
     def on_fault(self, layer: str, error: BaseException) -> None:
@@ -49,7 +49,7 @@ def records(net: Net, inputs: list[torch.Tensor], copy_limit: int) -> list[Recor
                 net(x)
             gate.set(False)
             out.append(sink.record)
-            sink.record = []
+            sink.record = {}
     return out
 
 

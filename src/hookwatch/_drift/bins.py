@@ -104,6 +104,9 @@ class BinnedReference:
     dropped: tuple[int, ...] = ()
     #: Indices of the features that were kept, in input order.
     kept: tuple[int, ...] = ()
+    #: A categorical detector with more classes than bins: the classes with a bin of their own,
+    #: in bin order; every other class falls into the last bin. Empty: bin k is class k.
+    categories: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         expect(self.level in LEVELS, f"a level in {LEVELS}", self.level)
@@ -199,18 +202,61 @@ class BinnedReference:
     def categorical(
         cls, name: str, level: str, labels: NDArray[Any], classes: int, max_codes: int = 4096
     ) -> BinnedReference:
-        """One feature whose bins are the classes ``0..classes-1`` (the predicted-class mix)."""
-        expect(2 <= classes <= MAX_BINS, f"classes in [2, {MAX_BINS}]", classes)
-        edges = np.arange(classes - 1, dtype=np.float64)[None, :] + 0.5
-        codes = encode(np.asarray(labels, dtype=np.float64).reshape(-1, 1), edges)
-        counts = bin_counts(codes, classes)
-        return cls(name, level, edges, counts, codes[:max_codes], "mean", (), (0,))
+        """One feature whose bins are the classes ``0..classes-1`` (the predicted-class mix).
+
+        With more than ``MAX_BINS`` classes, the ``MAX_BINS - 1`` classes predicted most often
+        on the reference keep a bin each and the rest share the last one, so the detector stays
+        bounded whatever the number of classes (a 1000-class model has 64 bins).
+        """
+        expect(classes >= 2, "at least 2 classes", classes)
+        values = np.asarray(labels, dtype=np.int64).reshape(-1)
+        categories: tuple[int, ...] = ()
+        bins = classes
+        if classes > MAX_BINS:
+            frequency = np.bincount(values, minlength=classes)
+            # Most frequent first; ties by class index, so rebuilding gives the same bins.
+            order = np.lexsort((np.arange(classes), -frequency))
+            categories = tuple(int(c) for c in order[: MAX_BINS - 1])
+            bins = MAX_BINS
+        edges = np.arange(bins - 1, dtype=np.float64)[None, :] + 0.5
+        ref = cls(
+            name,
+            level,
+            edges,
+            np.zeros((1, bins), np.int64),
+            np.zeros((1, 1), np.uint8),
+            "mean",
+            (),
+            (0,),
+            categories,
+        )
+        codes = ref.encode(values.astype(np.float64)[:, None])
+        counts = bin_counts(codes, bins)
+        return cls(name, level, edges, counts, codes[:max_codes], "mean", (), (0,), categories)
 
     def encode(self, x: NDArray[Any]) -> CodeArray:
         """Bin codes ``[B, F]`` of raw features ``[B, F_in]`` (dropped features are skipped)."""
         x = np.asarray(x, dtype=np.float64)
         index = self._kept_index
-        return encode(x if index is None else x[:, index], self.edges)
+        x = x if index is None else x[:, index]
+        if self.categories:
+            return self._category_codes(x)
+        return encode(x, self.edges)
+
+    @cached_property
+    def _category_lookup(self) -> NDArray[np.uint8]:
+        lookup = np.full(max(self.categories) + 1, len(self.categories), dtype=np.uint8)
+        lookup[list(self.categories)] = np.arange(len(self.categories), dtype=np.uint8)
+        return lookup
+
+    def _category_codes(self, x: NDArray[np.float64]) -> CodeArray:
+        lookup = self._category_lookup
+        classes = x[:, :1].astype(np.int64)
+        inside = (classes >= 0) & (classes < len(lookup))
+        codes: CodeArray = np.where(
+            inside, lookup[np.clip(classes, 0, len(lookup) - 1)], len(self.categories)
+        ).astype(np.uint8)
+        return codes
 
     def score(self, counts: NDArray[Any]) -> FloatArray:
         """Detector score of window counts ``[..., F, K]``: chi-square per dof, aggregated."""

@@ -22,16 +22,22 @@ def softmax(logits: NDArray[Any]) -> FloatArray:
 
 
 def derive(
-    layer: str, features: NDArray[Any], output_layer: str = OUTPUT_LAYER
+    layer: str, features: NDArray[Any], output_layer: str = OUTPUT_LAYER, head: str = "logits"
 ) -> dict[str, FloatArray]:
     """Detector inputs from one layer's captured features ``[B, F]``.
 
-    The output's logits give four detectors: per-class softmax (black-box shift detection),
-    confidence (top probability), entropy, and the predicted class.
+    A hidden layer (or the input) is one detector of its own features. The output depends on
+    its head: logits give four detectors, per-class softmax (black-box shift detection),
+    confidence (top probability), entropy and the predicted class; regression values and
+    embeddings are one detector of their features, like a layer; ``none`` gives none.
     """
     x = np.asarray(features, dtype=np.float64)
     if layer != output_layer:
         return {layer: x}
+    if head == "none":
+        return {}
+    if head != "logits":
+        return {"output": x}
     p = softmax(x)
     entropy = -(p * np.log(np.maximum(p, 1e-12))).sum(axis=1, keepdims=True)
     return {

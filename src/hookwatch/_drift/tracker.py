@@ -100,11 +100,16 @@ class DriftTracker:
     calibration: Calibration
     step: int
     output_layer: str = OUTPUT_LAYER
+    #: What the output is (``monitoring.output.head``): which detectors it feeds.
+    head: str = "logits"
     #: Detectors whose bin counts are also tallied for :meth:`take_counts` (the fleet-wide
     #: counters); the others pay nothing for it.
     tallied: frozenset[str] = frozenset()
     #: Per layer, the projection its features go through before binning (wide layers only).
     projections: Mapping[str, Projection] = field(default_factory=dict)
+    #: Per layer, the reference mean of each per-sample statistic (``STATISTICS`` order),
+    #: exported so alert thresholds compare production with the model's own reference.
+    statistics: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     _windows: dict[str, SlidingWindow] = field(default_factory=dict)
     _tally: dict[str, IntArray] = field(default_factory=dict)
     _since: dict[str, int] = field(default_factory=dict)
@@ -124,7 +129,7 @@ class DriftTracker:
         projection = self.projections.get(layer)
         if projection is not None:
             features = projection.apply(features)
-        for name, x in derive(layer, features, self.output_layer).items():
+        for name, x in derive(layer, features, self.output_layer, self.head).items():
             ref = self.references.get(name)
             if ref is None:
                 continue

@@ -23,8 +23,10 @@ __all__ = ["Record", "RequestCounts", "RequestGate", "RequestScope"]
 
 log = logging.getLogger("hookwatch")
 
-#: What the hooks of one sampled forward pass captured, handed off as one item.
-Record = list[Capture]
+#: What the hooks of one sampled forward pass captured, handed off as one item: one capture per
+#: layer. A module called several times in one forward (an activation module reused inside a
+#: residual block) keeps its last call, the block's output; one sample stays one capture.
+Record = dict[str, Capture]
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,7 @@ class RequestGate:
             )
 
     def _begin_record(self) -> None:
-        self._local.record = []
+        self._local.record = {}
         self.gate.set(True)
 
     def _end_record(self, keep: bool) -> None:
@@ -147,8 +149,8 @@ class RequestGate:
         record: Record | None = getattr(self._local, "record", None)
         if record is None:
             # The gate was opened without a request scope: hand the capture off on its own.
-            return self._hand_off([capture])
-        record.append(capture)
+            return self._hand_off({capture.layer: capture})
+        record[capture.layer] = capture
         return True
 
     def on_fault(self, layer: str, error: BaseException) -> None:

@@ -8,6 +8,7 @@ the :class:`~hookwatch._monitor.publisher.Publisher`.
 
 from __future__ import annotations
 
+import logging
 from types import TracebackType
 
 from torch import nn
@@ -15,14 +16,16 @@ from torch import nn
 from hookwatch._capture import CaptureWorker
 from hookwatch._config import MonitoringConfig
 from hookwatch._drift import DriftTracker
-from hookwatch._hooks import HookSet, HookState
+from hookwatch._hooks import HookSet, HookState, describe_model, resolve_layers
 from hookwatch._metrics import MetricSet, default_metrics
 from hookwatch._monitor.gate import Record, RequestCounts, RequestGate, RequestScope
 from hookwatch._monitor.processor import CaptureProcessor
 from hookwatch._monitor.publisher import Publisher, Snapshot
-from hookwatch._names import ALL_LAYERS
+from hookwatch._names import ALL_LAYERS, OUTPUT_LAYER
 
 __all__ = ["DRAIN_BATCH", "DRAIN_GAP_S", "Monitor"]
+
+log = logging.getLogger("hookwatch")
 
 #: The capture thread checks the buffer this often: its work (numpy, drift windows) then comes
 #: in batches, and it takes the GIL from the request thread at most ~20 times a second, not per
@@ -51,6 +54,10 @@ class Monitor:
         metrics: MetricSet | None = None,
         drift: DriftTracker | None = None,
     ) -> None:
+        config = resolve_layers(model, config, model_name)
+        note = describe_model(model)
+        if note is not None and config.enabled:
+            log.info("hookwatch: model %r is %s", model_name, note)
         self.config = config
         self.model_name = model_name
         self.metrics = metrics if metrics is not None else default_metrics()
@@ -70,8 +77,12 @@ class Monitor:
             model_name, config.sample_rate, self.worker.offer, config.enabled, config.seed
         )
         self.hooks = HookSet(self.gate.gate, self.gate, config.max_features, config.copy_limit)
+        widths = drift.feature_widths() if drift is not None else {}
+        if config.output.head == "logits":
+            # Softmax, confidence and entropy need every class's logit, not max_features.
+            widths[OUTPUT_LAYER] = config.drift.projection_width
         self.processor = CaptureProcessor(
-            model_name, config.max_features, drift, on_layer_off=self.hooks.disable
+            model_name, config.max_features, drift, widths, on_layer_off=self.hooks.disable
         )
         self.publisher = Publisher(self.metrics, model_name)
         if config.enabled:
@@ -80,7 +91,8 @@ class Monitor:
                 config.layers,
                 config.capture_input,
                 config.capture_output,
-                widths=self.processor.widths,
+                widths=widths,
+                output_select=config.output.select,
             )
         self.publisher.declare(
             config.watched if config.enabled else (), self.worker.capacity, drift

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,13 +75,15 @@ class CaptureProcessor:
         model_name: str,
         max_features: int,
         drift: DriftTracker | None = None,
+        widths: Mapping[str, int] | None = None,
         on_layer_off: Callable[[str], None] | None = None,
     ) -> None:
         self.model_name = model_name
         self.drift = drift
         self._max_features = max_features
-        #: Features kept per layer where the profile projects it (its input width).
-        self.widths: dict[str, int] = drift.feature_widths() if drift is not None else {}
+        #: Features kept per layer where more than max_features are needed: a projected
+        #: layer's input width, every logit of the output.
+        self.widths: dict[str, int] = dict(widths or {})
         self._on_layer_off = on_layer_off
         self._log = RateLimitedLog(log)
         self._disabled: set[str] = set()
@@ -94,8 +96,8 @@ class CaptureProcessor:
     def process(self, records: Sequence[Record]) -> None:
         by_layer: dict[str, list[Capture]] = defaultdict(list)
         for record in records:
-            for capture in record:
-                by_layer[capture.layer].append(capture)
+            for layer, capture in record.items():
+                by_layer[layer].append(capture)
         for layer, items in by_layer.items():
             if layer in self._disabled:
                 continue

@@ -18,7 +18,7 @@ from hookwatch._drift import DriftTracker, IntArray
 from hookwatch._metrics import CounterChild, MetricSet
 from hookwatch._monitor.gate import RequestCounts
 from hookwatch._monitor.processor import DriftTally, LayerTally, Processed
-from hookwatch._names import NONFINITE_KINDS, SUMMARY_STATISTICS
+from hookwatch._names import NONFINITE_KINDS, STATISTICS, SUMMARY_STATISTICS
 
 __all__ = ["Publisher", "Snapshot"]
 
@@ -88,6 +88,25 @@ class Publisher:
             m.touch(cat.DRIFT_WINDOWS, **labels)
             m.touch(cat.DRIFT_ALARMS, **labels)
         m.set(cat.DRIFT_WINDOW_SAMPLES, drift.window, model=name)
+        for layer, values in drift.statistics.items():
+            if layer not in watched:
+                continue
+            for statistic in SUMMARY_STATISTICS:
+                m.set(
+                    cat.REFERENCE_ACTIVATION_STATISTIC,
+                    values[STATISTICS.index(statistic)],
+                    model=name,
+                    layer=layer,
+                    statistic=statistic,
+                )
+            for kind in NONFINITE_KINDS:
+                m.set(
+                    cat.REFERENCE_NONFINITE,
+                    values[STATISTICS.index(f"{kind}_count")],
+                    model=name,
+                    layer=layer,
+                    kind=kind,
+                )
         self._declare_fleet_bins(drift)
 
     def _declare_fleet_bins(self, drift: DriftTracker) -> None:

@@ -6,6 +6,7 @@ forgets everything else, so any amount of reference data fits in bounded memory.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -19,9 +20,10 @@ from torch import nn
 from hookwatch._config import MonitoringConfig, as_monitoring_config
 from hookwatch._drift import BinnedReference, Projection, derive
 from hookwatch._errors import ProfileError
-from hookwatch._hooks import Capture, Gate, HookSet
-from hookwatch._names import OUTPUT_LAYER, level_of
+from hookwatch._hooks import Capture, Gate, HookSet, resolve_layers
+from hookwatch._names import OUTPUT_LAYER, STATISTICS, level_of
 from hookwatch._profile.format import DriftProfile
+from hookwatch._stats import INF_COLUMN, NAN_COLUMN
 
 __all__ = ["build_profile", "capture_features"]
 
@@ -29,16 +31,51 @@ log = logging.getLogger("hookwatch")
 
 
 class _Collector:
-    """A capture sink that keeps features in process (profile building only, never serving)."""
+    """A capture sink that keeps features in process (profile building only, never serving).
+
+    It also sums every layer's per-sample statistics, for the reference values that alert
+    thresholds compare production with.
+    """
 
     def __init__(self) -> None:
-        self.features: dict[str, list[NDArray[np.float32]]] = {}
+        #: This forward's capture per layer: a module called twice keeps its last call, as
+        #: serving does.
+        self.current: dict[str, Capture] = {}
         self.faults: list[tuple[str, BaseException]] = []
+        self.stat_sums: dict[str, NDArray[np.float64]] = {}
+        self.stat_counts: dict[str, NDArray[np.float64]] = {}
 
     def offer(self, capture: Capture) -> bool:
-        if capture.features is not None:
-            self.features.setdefault(capture.layer, []).append(capture.features.cpu().numpy())
+        self.current[capture.layer] = capture
         return True
+
+    def commit(self) -> dict[str, NDArray[np.float32]]:
+        """The forward's features per layer; its statistics are added to the sums."""
+        features = {}
+        for layer, capture in self.current.items():
+            if capture.features is not None:
+                features[layer] = capture.features.cpu().numpy()
+            if capture.stats is not None:
+                self._add_statistics(layer, capture.stats.cpu().numpy().astype(np.float64))
+        self.current = {}
+        return features
+
+    def _add_statistics(self, layer: str, rows: NDArray[np.float64]) -> None:
+        # The summaries average finite samples only, as serving exports them; the non-finite
+        # counts average over every sample.
+        finite: NDArray[np.bool_] = (rows[:, NAN_COLUMN] == 0) & (rows[:, INF_COLUMN] == 0)
+        sums = np.where(finite[:, None], rows, 0.0).sum(axis=0)
+        sums[NAN_COLUMN:] = rows[:, NAN_COLUMN:].sum(axis=0)
+        counts = np.full(len(STATISTICS), float(finite.sum()))
+        counts[NAN_COLUMN:] = len(rows)
+        self.stat_sums[layer] = self.stat_sums.get(layer, 0.0) + sums
+        self.stat_counts[layer] = self.stat_counts.get(layer, 0.0) + counts
+
+    def statistics(self) -> dict[str, tuple[float, ...]]:
+        return {
+            layer: tuple(float(v) for v in sums / np.maximum(self.stat_counts[layer], 1.0))
+            for layer, sums in self.stat_sums.items()
+        }
 
     def on_fault(self, layer: str, error: BaseException) -> None:
         self.faults.append((layer, error))
@@ -73,46 +110,64 @@ class _Reservoir:
         return {layer: rows[:kept] for layer, rows in self.rows.items()}
 
 
+def build_widths(config: MonitoringConfig) -> dict[str, int]:
+    """Features per sample the builder captures of each layer that may need more than
+    ``max_features``: with ``drift.projection: pca`` every layer (a wide one is projected),
+    and always the logits (softmax, confidence and entropy need every class)."""
+    pca = config.drift.projection == "pca"
+    widths = {
+        layer: config.drift.projection_width
+        for layer in config.watched
+        if pca and (layer != OUTPUT_LAYER or config.output.head in ("values", "embedding"))
+    }
+    if config.output.head == "logits":
+        widths[OUTPUT_LAYER] = config.drift.projection_width
+    return widths
+
+
 def capture_features(
     model: nn.Module,
     config: MonitoringConfig,
-    batches: Iterable[torch.Tensor],
+    batches: Iterable[torch.Tensor | Mapping[str, torch.Tensor]],
+    collector: _Collector | None = None,
 ) -> Iterable[dict[str, NDArray[np.float32]]]:
     """Yield, per batch, the features the serving hooks capture for every watched layer.
 
-    With ``drift.projection: pca`` every layer but the output is captured up to
-    ``drift.projection_width`` features, so a wide one can be projected.
+    A batch is the model's input tensor, or a mapping of keyword arguments to call it with.
     """
-    collector = _Collector()
+    collector = collector if collector is not None else _Collector()
+    config = resolve_layers(model, config)
     gate = Gate()
     hooks = HookSet(gate, collector, config.max_features)
-    widths = (
-        {layer: config.drift.projection_width for layer in config.watched if layer != OUTPUT_LAYER}
-        if config.drift.projection == "pca"
-        else None
-    )
     model.eval()
     with hooks.attach(
-        model, config.layers, config.capture_input, config.capture_output, widths=widths
+        model,
+        config.layers,
+        config.capture_input,
+        config.capture_output,
+        widths=build_widths(config),
+        output_select=config.output.select,
     ):
         for batch in batches:
             gate.set(True)
             try:
                 with torch.inference_mode():
-                    model(batch)
+                    if isinstance(batch, Mapping):
+                        model(**batch)
+                    else:
+                        model(batch)
             finally:
                 gate.set(False)
             if collector.faults:
                 layer, error = collector.faults[0]
                 raise RuntimeError(f"capturing layer {layer!r} failed: {error!r}")
-            yield {k: np.concatenate(v) for k, v in collector.features.items()}
-            collector.features.clear()
+            yield collector.commit()
 
 
 def build_profile(
     model: nn.Module,
     config: MonitoringConfig | Mapping[str, Any] | None,
-    batches: Iterable[torch.Tensor],
+    batches: Iterable[torch.Tensor | Mapping[str, torch.Tensor]],
     model_name: str = "model",
     bins: int | None = None,
     max_reference: int = 20_000,
@@ -130,10 +185,11 @@ def build_profile(
     ``max_reference`` samples are kept (a uniform reservoir), whatever the amount of data;
     ``bins`` defaults to ``config.drift.bins``. ``progress`` shows a bar where tqdm is installed.
     """
-    config = as_monitoring_config(config)
+    config = resolve_layers(model, as_monitoring_config(config), model_name)
     bins = config.drift.bins if bins is None else bins
+    collector = _Collector()
     reservoir = _Reservoir(max_reference, seed)
-    iterator: Iterable[torch.Tensor] = batches
+    iterator: Iterable[torch.Tensor | Mapping[str, torch.Tensor]] = batches
     if progress:
         try:
             from tqdm import tqdm
@@ -141,7 +197,7 @@ def build_profile(
             pass
         else:
             iterator = tqdm(batches, total=total, unit="batch", desc="profile")
-    for features in capture_features(model, config, iterator):
+    for features in capture_features(model, config, iterator, collector):
         reservoir.add(features)
     sample = reservoir.take()
     references: dict[str, BinnedReference] = {}
@@ -151,10 +207,12 @@ def build_profile(
         raise ProfileError(f"expected at least 2 reference samples, got {n}")
     pick = np.sort(codes_rng.choice(n, size=min(n, max_codes), replace=False))
     projections: dict[str, Projection] = {}
+    head = config.output.head
     for layer in config.watched:
         values: NDArray[Any] = sample[layer]
-        # The output stays per class: its softmax and the predictions need every logit.
-        if layer != OUTPUT_LAYER and values.shape[1] > config.max_features:
+        # Logits stay per class: their softmax and the predictions need every logit.
+        projectable = layer != OUTPUT_LAYER or head in ("values", "embedding")
+        if projectable and values.shape[1] > config.max_features:
             projection = projections[layer] = Projection.fit(layer, values, config.max_features)
             values = projection.apply(values)
             log.info(
@@ -166,12 +224,14 @@ def build_profile(
                 100 * projection.explained,
                 " and the residual distance" if projection.residual else "",
             )
-        for name, x in derive(layer, values, OUTPUT_LAYER).items():
+        for name, x in derive(layer, values, OUTPUT_LAYER, head).items():
             if name != layer and name in config.watched:
                 raise ValueError(f"expected no watched layer named like detector {name!r}")
             if name == "class_mix":
                 classes = sample[layer].shape[1]
                 ref = BinnedReference.categorical(name, level_of(name), x[:, 0], classes, n)
+            elif name == "output" and head == "logits" and x.shape[1] > config.max_features:
+                ref = _top_classes(x, config.max_features, bins, n, aggregation)
             else:
                 ref = BinnedReference.fit(
                     name, level_of(name), x, bins, max_codes=n, aggregation=aggregation
@@ -186,6 +246,7 @@ def build_profile(
                 ref.aggregation,
                 ref.dropped,
                 ref.kept,
+                ref.categories,
             )
     return DriftProfile(
         model=model_name,
@@ -196,4 +257,28 @@ def build_profile(
         max_features=config.max_features,
         created=time.time(),
         projections=projections,
+        head=head,
+        statistics=collector.statistics(),
+    )
+
+
+def _top_classes(
+    probabilities: NDArray[Any], budget: int, bins: int, n: int, aggregation: str
+) -> BinnedReference:
+    """The per-class softmax detector of a model with more classes than ``budget``: the
+    ``budget`` classes with the most reference probability mass, binned like any features
+    (the rest hold little mass each; confidence, entropy and the class mix still see them)."""
+    top = np.sort(np.argsort(probabilities.mean(axis=0), kind="stable")[::-1][:budget])
+    ref = BinnedReference.fit(
+        "output",
+        level_of("output"),
+        probabilities[:, top],
+        bins,
+        max_codes=n,
+        aggregation=aggregation,
+    )
+    return dataclasses.replace(
+        ref,
+        kept=tuple(int(top[k]) for k in ref.kept),
+        dropped=tuple(int(top[k]) for k in ref.dropped),
     )

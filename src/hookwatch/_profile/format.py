@@ -30,9 +30,11 @@ from hookwatch._names import OUTPUT_LAYER
 __all__ = ["FORMAT", "READABLE", "VERSION", "DriftProfile"]
 
 FORMAT = "hookwatch-drift-profile"
-VERSION = 2
-#: Versions this code reads: version 1 predates projections and has none.
-READABLE = (1, 2)
+VERSION = 3
+#: Versions this code reads: version 1 predates projections; versions before 3 stored bin
+#: edges as float32 (a confident softmax's edges at 0.99999... rounded to 1.0 and every sample
+#: fell into one bin) and know no output head (logits) and no reference statistics.
+READABLE = (1, 2, 3)
 _FIELDS = ("edges", "counts", "codes")
 
 
@@ -49,6 +51,11 @@ class DriftProfile:
     created: float
     #: Per projected layer, what its features go through before binning.
     projections: Mapping[str, Projection] = field(default_factory=dict)
+    #: What the output is (``monitoring.output.head``) when the profile was built.
+    head: str = "logits"
+    #: Per watched layer, the reference mean of each per-sample statistic (``STATISTICS``
+    #: order): what alert thresholds compare production with.
+    statistics: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
 
     def header(self) -> dict[str, Any]:
         return {
@@ -60,6 +67,8 @@ class DriftProfile:
             "bins": self.bins,
             "max_features": self.max_features,
             "created": self.created,
+            "head": self.head,
+            "statistics": {layer: list(values) for layer, values in self.statistics.items()},
             "detectors": [
                 {
                     "name": r.name,
@@ -67,6 +76,7 @@ class DriftProfile:
                     "aggregation": r.aggregation,
                     "kept": list(r.kept),
                     "dropped": list(r.dropped),
+                    "categories": list(r.categories),
                     "n_reference": r.n_ref,
                 }
                 for r in self.references.values()
@@ -89,7 +99,9 @@ class DriftProfile:
             "header": np.frombuffer(json.dumps(self.header()).encode(), dtype=np.uint8)
         }
         for i, ref in enumerate(self.references.values()):
-            arrays[f"d{i}.edges"] = ref.edges.astype(np.float32)
+            # At the precision they were fitted in: the codes, counts and calibration came
+            # from these edges, and float32 rounding moves edges near 1 and near 0.
+            arrays[f"d{i}.edges"] = ref.edges.astype(np.float64)
             arrays[f"d{i}.counts"] = ref.counts.astype(np.int64)
             arrays[f"d{i}.codes"] = ref.codes
         for i, projection in enumerate(self.projections.values()):
@@ -129,6 +141,7 @@ class DriftProfile:
                 aggregation=meta["aggregation"],
                 dropped=tuple(meta["dropped"]),
                 kept=tuple(meta["kept"]),
+                categories=tuple(meta.get("categories", ())),
             )
         projections: dict[str, Projection] = {}
         for i, meta in enumerate(header.get("projections", [])):
@@ -148,6 +161,11 @@ class DriftProfile:
             bins=int(header["bins"]),
             max_features=int(header["max_features"]),
             created=float(header["created"]),
+            head=str(header.get("head", "logits")),
+            statistics={
+                layer: tuple(float(v) for v in values)
+                for layer, values in header.get("statistics", {}).items()
+            },
         )
 
     def check(self, config: MonitoringConfig) -> None:
@@ -155,6 +173,11 @@ class DriftProfile:
         if tuple(config.watched) != self.layers:
             raise ProfileError(
                 f"expected a profile for layers {list(config.watched)}, got {list(self.layers)}"
+            )
+        if config.output.head != self.head:
+            raise ProfileError(
+                f"expected a profile built for output head {config.output.head!r}, got "
+                f"{self.head!r} (rebuild it with the model's configuration)"
             )
         if config.max_features != self.max_features:
             raise ProfileError(
@@ -177,7 +200,13 @@ class DriftProfile:
     ) -> DriftTracker:
         calibration = self.calibrate(window, false_alarm_rate, windows, seed)
         return DriftTracker(
-            self.references, calibration, step, OUTPUT_LAYER, projections=self.projections
+            self.references,
+            calibration,
+            step,
+            OUTPUT_LAYER,
+            head=self.head,
+            projections=self.projections,
+            statistics=self.statistics,
         )
 
     def size_bytes(self) -> int:

@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hookwatch._errors import ConfigError, HookwatchError
+
 if TYPE_CHECKING:
     from hookwatch._catalogue import FleetBins
 
@@ -52,21 +54,28 @@ def _build_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stack(args: argparse.Namespace) -> Any:
+def _stack(args: argparse.Namespace, **kwargs: Any) -> Any:
     from hookwatch.tools.devstack import Ports, Stack
 
     return Stack(
-        root=args.root, run_dir=args.root / ".run", ports=Ports.from_env(), workers=args.workers
+        root=args.root,
+        run_dir=args.root / ".run",
+        ports=Ports.from_env(),
+        workers=args.workers,
+        **kwargs,
     )
 
 
-def _run(args: argparse.Namespace) -> int:
-    from hookwatch.tools.traffic import LiveView, TrafficLoop
+def _hold(stack: Any, seconds: float, make_traffic: Any = None) -> int:
+    """Start ``stack``, print where everything is, show the live view every 5 s until
+    Ctrl-C, SIGTERM, ``hookwatch stop`` or ``seconds``; stop everything it started."""
+    from hookwatch.tools.traffic import LiveView
 
-    stack = _stack(args)
     if stack.recorded_pids():
         print(
-            "a stack is already recorded in .run/pids.json; run `make stop` first", file=sys.stderr
+            "a stack is already recorded in .run/pids.json; run `hookwatch stop` (or "
+            "`make stop`) first",
+            file=sys.stderr,
         )
         return 1
     busy = stack.ports.busy()
@@ -80,44 +89,40 @@ def _run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    name = stack.model_name
+    traffic = None
     try:
         print(
-            "starting TorchServe (2 workers), the hookwatch exporter and Prometheus ...", flush=True
+            f"starting TorchServe ({stack.workers} workers) with {stack.models}, the hookwatch "
+            "exporter and Prometheus ...",
+            flush=True,
         )
         stack.start_torchserve()
         stack.start_exporter()
         stack.start_prometheus()
         p = stack.ports
         print(
-            f"\n  inference   http://127.0.0.1:{p.inference}/predictions/digits\n"
-            f"  management  http://127.0.0.1:{p.management}/models/digits\n"
+            f"\n  inference   http://127.0.0.1:{p.inference}/predictions/{name}\n"
+            f"  management  http://127.0.0.1:{p.management}/models/{name}\n"
             f"  TorchServe metrics  http://127.0.0.1:{p.metrics}/metrics\n"
             f"  hookwatch exporter  http://127.0.0.1:{p.exporter}/metrics\n"
             f"  Prometheus  http://127.0.0.1:{p.prometheus}/graph\n",
             flush=True,
         )
-        traffic = TrafficLoop(stack, rate_per_s=args.rate, drift_after_s=args.drift_after)
-        traffic.start()
+        if make_traffic is not None:
+            traffic = make_traffic(stack)
+            traffic.start()
         view = LiveView(stack)
-        deadline = time.monotonic() + args.seconds if args.seconds > 0 else None
-        shift = (
-            f", inverted digits after {args.drift_after:g} s (watch the drift rows)"
-            if args.drift_after
-            else ""
-        )
-        print(
-            f"sending held-out digits{shift}; live values from Prometheus every 5 s "
-            "(Ctrl-C or `make stop` ends it)\n",
-            flush=True,
-        )
+        deadline = time.monotonic() + seconds if seconds > 0 else None
         while not stopping.is_set():
             if deadline is not None and time.monotonic() >= deadline:
                 break
             stopping.wait(5.0)
             print(view.render(traffic), flush=True)
             if not stack.recorded_pids():
-                break  # `make stop` from another shell
-        traffic.stop()
+                break  # `hookwatch stop` from another shell
+        if traffic is not None:
+            traffic.stop()
     finally:
         killed = stack.stop()
         print(
@@ -125,6 +130,131 @@ def _run(args: argparse.Namespace) -> int:
             + (f" (needed SIGKILL: {', '.join(killed)})" if killed else ""),
             flush=True,
         )
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from hookwatch.tools.traffic import TrafficLoop
+
+    shift = (
+        f", inverted digits after {args.drift_after:g} s (watch the drift rows)"
+        if args.drift_after
+        else ""
+    )
+
+    def traffic(stack: Any) -> Any:
+        print(
+            f"sending held-out digits{shift}; live values from Prometheus every 5 s "
+            "(Ctrl-C or `make stop` ends it)\n",
+            flush=True,
+        )
+        return TrafficLoop(stack, rate_per_s=args.rate, drift_after_s=args.drift_after)
+
+    return _hold(_stack(args), args.seconds, traffic)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from hookwatch.tools.own_model import mar_model_name
+
+    mar: Path = args.mar
+    if not mar.is_file():
+        raise ConfigError(f"expected a .mar file at {mar}, got no such file")
+    if mar.suffix != ".mar":
+        raise ConfigError(f"expected a .mar file (hookwatch archive writes one), got {mar.name}")
+    stack = _stack(
+        args,
+        model_store=mar.resolve().parent,
+        models=mar.name,
+        model_name=mar_model_name(mar),
+    )
+    print(
+        "serving; live values from Prometheus every 5 s (Ctrl-C, SIGTERM or `hookwatch stop` "
+        "ends it)",
+        flush=True,
+    )
+    return _hold(stack, args.seconds)
+
+
+def _model_args(text: str) -> dict[str, Any]:
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise ConfigError(f"--model-args: expected a JSON object, got {text!r} ({error})") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"--model-args: expected a JSON object, got {text!r}")
+    return value
+
+
+def _dry_run_rows(args: argparse.Namespace) -> tuple[Any, tuple[int, ...], str, str | None]:
+    """The model's layers from a dry run, and the input it was given."""
+    import torch
+
+    from hookwatch._config import read_model_config
+    from hookwatch._service import InputPipeline
+    from hookwatch.tools.own_model import (
+        ModelRef,
+        discover_layers,
+        example_input,
+        load_user_model,
+        parse_shape,
+    )
+
+    ref = ModelRef.parse(args.model)
+    model, _ = load_user_model(ref, _model_args(args.model_args), args.weights)
+    spec = read_model_config(args.config).handler.input if args.config else None
+    shape = parse_shape(args.input_shape) if args.input_shape else spec.shape if spec else None
+    if not shape:
+        raise ConfigError("expected --input-shape (e.g. 3,224,224) or --config with input.shape")
+    dtype = args.input_dtype or (spec.dtype if spec else "float32")
+    argument = args.argument or (spec.argument if spec else None)
+    low = spec.min_value if spec and spec.min_value is not None else 0.0
+    high = spec.max_value if spec and spec.max_value is not None else 1.0
+    floating = dtype.startswith(("float", "bfloat"))
+    x = example_input(shape, "float32" if floating else dtype, low, high)
+    x = InputPipeline(spec).batch(x) if spec is not None else x.to(getattr(torch, dtype))
+    return discover_layers(model, x, argument), shape, dtype, argument
+
+
+def _layers(args: argparse.Namespace) -> int:
+    from hookwatch.tools.own_model import filter_layers, format_layers
+
+    rows, _, _, _ = _dry_run_rows(args)
+    rows = filter_layers(rows, args.depth, args.match, args.type)
+    print(format_layers(rows, args.max_features))
+    return 0
+
+
+def _init(args: argparse.Namespace) -> int:
+    from hookwatch.tools.own_model import init_config
+
+    out: Path = args.out
+    if out.exists() and not args.force:
+        raise ConfigError(f"expected a new file, got existing {out} (pass --force to replace it)")
+    rows, shape, dtype, argument = _dry_run_rows(args)
+    out.write_text(init_config(rows, shape, dtype, argument, args.model))
+    print(f"wrote {out}: review the layers, the input range and normalisation, and the head")
+    return 0
+
+
+def _archive(args: argparse.Namespace) -> int:
+    import torch
+
+    from hookwatch.tools.own_model import ModelRef, archive_model
+
+    torch.set_num_threads(1)
+    archive_model(
+        ModelRef.parse(args.model),
+        args.name,
+        args.config,
+        args.reference,
+        args.out,
+        args.build or Path("build") / "archive" / args.name,
+        args=_model_args(args.model_args),
+        weights=args.weights,
+        extra_files=[Path(f) for f in args.extra_files.split(",") if f] if args.extra_files else [],
+    )
     return 0
 
 
@@ -316,6 +446,81 @@ def build_parser() -> argparse.ArgumentParser:
         help="reservoir size: more reference data than this is sampled, keeping memory bounded",
     )
     prof.set_defaults(func=_profile)
+
+    def model_options(cmd: argparse.ArgumentParser) -> None:
+        cmd.add_argument(
+            "model", help="path/file.py:Name (an nn.Module class or factory) or a TorchScript file"
+        )
+        cmd.add_argument(
+            "--model-args", default="{}", help="JSON object of constructor/factory arguments"
+        )
+        cmd.add_argument(
+            "--weights", type=Path, default=None, help="a state_dict or checkpoint (loaded to CPU)"
+        )
+
+    def dry_run_options(cmd: argparse.ArgumentParser) -> None:
+        model_options(cmd)
+        cmd.add_argument("--input-shape", default="", help="one item's shape, e.g. 3,224,224")
+        cmd.add_argument("--input-dtype", default="", help="float32 (default), int64, ...")
+        cmd.add_argument("--argument", default="", help="pass the input as this keyword")
+        cmd.add_argument(
+            "--config", type=Path, default=None, help="take the input from a model-config"
+        )
+
+    layers = sub.add_parser(
+        "layers", help="list a model's layers from a dry run: type, output shape, parameters"
+    )
+    dry_run_options(layers)
+    layers.add_argument("--depth", type=int, default=None, help="at most this many dots deep")
+    layers.add_argument("--match", default=None, help="glob over the layer paths")
+    layers.add_argument("--type", default=None, help="module class name, e.g. Conv2d")
+    layers.add_argument(
+        "--max-features",
+        type=int,
+        default=256,
+        help="monitoring.max_features: wider layers are projected for drift",
+    )
+    layers.set_defaults(func=_layers)
+
+    init = sub.add_parser("init", help="write a starting model-config.yaml from a dry run")
+    dry_run_options(init)
+    init.add_argument("--out", type=Path, default=Path("model-config.yaml"))
+    init.add_argument("--force", action="store_true", help="replace an existing file")
+    init.set_defaults(func=_init)
+
+    archive = sub.add_parser(
+        "archive", help="build NAME.mar: model, handler, config and drift profile in one file"
+    )
+    model_options(archive)
+    archive.add_argument("--name", required=True, help="the TorchServe model name")
+    archive.add_argument("--config", type=Path, required=True, help="model-config.yaml")
+    archive.add_argument(
+        "--reference",
+        type=Path,
+        required=True,
+        help="held-out inputs: .npy/.npz array [N, *shape] or .jsonl request bodies",
+    )
+    archive.add_argument("--out", type=Path, default=Path("model_store"))
+    archive.add_argument("--build", type=Path, default=None, help="work directory")
+    archive.add_argument(
+        "--extra-files", default="", help="comma-separated files the model file imports"
+    )
+    archive.set_defaults(func=_archive)
+
+    serve = sub.add_parser(
+        "serve", help="TorchServe + exporter + Prometheus on loopback for any .mar, live view"
+    )
+    serve.add_argument("mar", type=Path)
+    serve.add_argument("--workers", type=int, default=1)
+    serve.add_argument("--root", type=Path, default=Path.cwd(), help=REPO_ROOT_HINT)
+    serve.add_argument(
+        "--seconds",
+        type=float,
+        default=float(os.environ.get("RUN_SECONDS", "0")),
+        help="stop after this long (0: until Ctrl-C)",
+    )
+    serve.set_defaults(func=_serve)
+
     bench = sub.add_parser("bench", help="measure the monitored handler against the plain one")
     bench.add_argument("--root", type=Path, default=Path.cwd(), help=REPO_ROOT_HINT)
     bench.add_argument("--quick", action="store_true", help="short CI run (demo model only)")
@@ -326,10 +531,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Errors a user's input causes: reported in one line, no traceback (HOOKWATCH_DEBUG=1 shows it).
+USER_ERRORS = (HookwatchError, OSError, ValueError, RuntimeError)
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     args = build_parser().parse_args(argv)
-    result: int = args.func(args)
+    try:
+        result: int = args.func(args)
+    except USER_ERRORS as error:
+        if os.environ.get("HOOKWATCH_DEBUG"):
+            raise
+        lines = str(error).strip().splitlines() or [type(error).__name__]
+        print(f"hookwatch {args.command}: error: {lines[0]}", file=sys.stderr)
+        return 2
     return result
 
 

@@ -178,6 +178,8 @@ class Stack:
     #: directory (the repository's alerting rules). A sequence replaces them (empty: no rules).
     rule_files: Sequence[Path] | None = None
     models: str = "digits.mar"
+    #: The model the readiness checks and ``infer`` address.
+    model_name: str = MODEL_NAME
     #: More targets per scrape job (``torchserve``, ``hookwatch``): one Prometheus over several
     #: stacks, as over the replicas of a fleet.
     extra_scrape_targets: Mapping[str, Sequence[str]] = field(default_factory=dict)
@@ -290,7 +292,8 @@ class Stack:
             raise RuntimeError(f"TorchServe could not load the model:\n{detail}")
         return self.ready_workers() >= self.workers
 
-    def ready_workers(self, model: str = MODEL_NAME) -> int:
+    def ready_workers(self, model: str | None = None) -> int:
+        model = model or self.model_name
         status, body = http_get(f"http://127.0.0.1:{self.ports.management}/models/{model}")
         if status != 200:
             return 0
@@ -298,7 +301,8 @@ class Stack:
         workers = info[0].get("workers", []) if info else []
         return sum(1 for w in workers if w.get("status") == "READY")
 
-    def worker_pids(self, model: str = MODEL_NAME) -> list[int]:
+    def worker_pids(self, model: str | None = None) -> list[int]:
+        model = model or self.model_name
         status, body = http_get(f"http://127.0.0.1:{self.ports.management}/models/{model}")
         if status != 200:
             return []
@@ -418,7 +422,8 @@ class Stack:
         result: list[dict[str, Any]] = payload["data"]["result"]
         return result
 
-    def infer(self, body: Any, model: str = MODEL_NAME) -> tuple[int, Any]:
+    def infer(self, body: Any, model: str | None = None) -> tuple[int, Any]:
+        model = model or self.model_name
         raw = body if isinstance(body, bytes) else json.dumps(body).encode()
         status, reply = http_post(
             f"http://127.0.0.1:{self.ports.inference}/predictions/{model}", raw

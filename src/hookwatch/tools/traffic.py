@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import math
 import threading
 import time
 from collections import Counter
 
 from hookwatch.tools.demo.data import load_split
-from hookwatch.tools.devstack import MODEL_NAME, Stack
+from hookwatch.tools.devstack import Stack
 
 
 class TrafficLoop:
@@ -68,14 +70,18 @@ class LiveView:
     """Reads a few hookwatch series back from Prometheus' HTTP API and formats them."""
 
     QUERIES = (
-        ("requests/s", f'sum(rate(hookwatch_requests_total{{model="{MODEL_NAME}"}}[30s]))'),
-        ("sampled/s", f'sum(rate(hookwatch_requests_sampled_total{{model="{MODEL_NAME}"}}[30s]))'),
-        ("dropped", f'sum(hookwatch_captures_dropped_total{{model="{MODEL_NAME}"}})'),
-        ("queue depth", f'sum(hookwatch_capture_queue_depth{{model="{MODEL_NAME}"}})'),
+        ("requests/s", "sum(rate(hookwatch_requests_total{{model={model}}}[30s]))"),
+        ("sampled/s", "sum(rate(hookwatch_requests_sampled_total{{model={model}}}[30s]))"),
+        ("rejected", "sum(hookwatch_requests_rejected_total{{model={model}}})"),
+        ("dropped", "sum(hookwatch_captures_dropped_total{{model={model}}})"),
+        ("queue depth", "sum(hookwatch_capture_queue_depth{{model={model}}})"),
     )
 
-    def __init__(self, stack: Stack) -> None:
+    def __init__(self, stack: Stack, model: str | None = None) -> None:
         self._stack = stack
+        self.model = model or stack.model_name
+        # A PromQL string literal (JSON's escaping is PromQL's).
+        self._label = json.dumps(self.model)
 
     def _scalar(self, promql: str) -> str:
         try:
@@ -91,8 +97,10 @@ class LiveView:
         rows = self._stack.query(
             # delta, not rate: the _sum of a statistic that can be negative (logits) goes down,
             # and rate() would read every decrease as a counter reset.
-            f"sum by (layer, statistic) (delta(hookwatch_activation_statistic_sum[{window}]))"
-            f" / sum by (layer, statistic) (delta(hookwatch_activation_statistic_count[{window}]))"
+            f"sum by (layer, statistic) "
+            f"(delta(hookwatch_activation_statistic_sum{{model={self._label}}}[{window}]))"
+            f" / sum by (layer, statistic) "
+            f"(delta(hookwatch_activation_statistic_count{{model={self._label}}}[{window}]))"
         )
         table: dict[str, dict[str, float]] = {}
         for row in rows:
@@ -102,14 +110,20 @@ class LiveView:
 
     def drift_rows(self) -> list[tuple[str, str, float, float, int]]:
         """(level, detector, score, threshold, detected) per detector, worst worker first."""
-        scores = self._stack.query("max by (level, detector) (hookwatch_drift_score)")
+        scores = self._stack.query(
+            f"max by (level, detector) (hookwatch_drift_score{{model={self._label}}})"
+        )
         limits = {
             (r["metric"]["level"], r["metric"]["detector"]): float(r["value"][1])
-            for r in self._stack.query("max by (level, detector) (hookwatch_drift_threshold)")
+            for r in self._stack.query(
+                f"max by (level, detector) (hookwatch_drift_threshold{{model={self._label}}})"
+            )
         }
         detected = {
             (r["metric"]["level"], r["metric"]["detector"]): int(float(r["value"][1]))
-            for r in self._stack.query("max by (level, detector) (hookwatch_drift_detected)")
+            for r in self._stack.query(
+                f"max by (level, detector) (hookwatch_drift_detected{{model={self._label}}})"
+            )
         }
         rows = []
         for r in scores:
@@ -119,23 +133,36 @@ class LiveView:
             )
         return sorted(rows)
 
-    def render(self, traffic: TrafficLoop) -> str:
-        head = "  ".join(f"{name} {self._scalar(q)}" for name, q in self.QUERIES)
-        lines = [
-            time.strftime("%H:%M:%S")
-            + "  "
-            + head
-            + f"  | client: {dict(traffic.status)} correct {traffic.correct}"
-        ]
+    def render(self, traffic: TrafficLoop | None = None) -> str:
+        head = "  ".join(
+            f"{name} {self._scalar(q.format(model=self._label))}" for name, q in self.QUERIES
+        )
+        client = (
+            f"  | client: {dict(traffic.status)} correct {traffic.correct}"
+            if traffic is not None
+            else ""
+        )
+        lines = [time.strftime("%H:%M:%S") + "  " + head + client]
         table = self.layer_means()
-        lines.append("    layer    " + " ".join(f"{s:>13}" for s in self.STATISTICS))
+        width = max([len(layer) for layer in table] + [8])
+        lines.append(f"    {'layer':<{width}} " + " ".join(f"{s:>13}" for s in self.STATISTICS))
         for layer in sorted(table):
             cells = (table[layer].get(s, float("nan")) for s in self.STATISTICS)
-            lines.append(f"    {layer:<8} " + " ".join(f"{c:13.3f}" for c in cells))
+            # NaN: no sampled request in the window (0/0), shown as no data.
+            lines.append(
+                f"    {layer:<{width}} "
+                + " ".join(f"{c:13.3f}" if math.isfinite(c) else f"{'-':>13}" for c in cells)
+            )
         drift = self.drift_rows()
         if drift:
-            state = "inverted digits" if traffic.drifting else "clean digits"
-            lines.append(f"    drift ({state}): detector score / threshold")
+            state = (
+                ""
+                if traffic is None
+                else " (inverted digits)"
+                if traffic.drifting
+                else " (clean digits)"
+            )
+            lines.append(f"    drift{state}: detector score / threshold")
             lines.append(
                 "      "
                 + "  ".join(

@@ -26,7 +26,7 @@ from torch import nn
 from hookwatch._config import HandlerConfig, MonitoringConfig, read_model_config
 from hookwatch._metrics import MetricSet
 from hookwatch._monitor import Monitor
-from hookwatch._service import ClassifierService
+from hookwatch._service import ModelService
 from hookwatch.tools.bench.naive import NaiveCapture
 from hookwatch.tools.bench.variants import MODELS, torch_load_state
 from hookwatch.tools.devstack import http_get
@@ -145,7 +145,7 @@ def rss_trace(root: Path, build: Path, requests: int, monitored: bool) -> RssTra
     model, handler = _model(root, "digits", build)
     handler = copy.deepcopy(handler)
     handler["monitoring"]["sample_rate"] = 1.0
-    service = ClassifierService.from_handler_config(
+    service = ModelService.from_handler_config(
         model,
         HandlerConfig.from_mapping(handler),
         "digits-rss",

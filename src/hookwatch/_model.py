@@ -1,0 +1,198 @@
+"""A user's model, described in a small JSON file and built the same way by tools and workers.
+
+``hookwatch archive`` writes ``hookwatch-model.json`` into the archive beside the model's files:
+which Python file and name build the model (an ``nn.Module`` class with constructor arguments,
+or a factory function), or which TorchScript file is the model, and which state_dict to load.
+The TorchServe adapter builds the model from it instead of TorchServe's own loader, which takes
+only one no-argument class per file.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from hookwatch._errors import ConfigError
+
+__all__ = [
+    "MODEL_SPEC_FILE",
+    "ModelSpec",
+    "ScriptedModel",
+    "build_model",
+    "load_state",
+]
+
+MODEL_SPEC_FILE = "hookwatch-model.json"
+_FORMAT = "hookwatch-model"
+KINDS = ("class", "factory", "torchscript")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """How to build the model: a file in the model directory and what to call in it."""
+
+    kind: str
+    #: The Python file (class, factory) or TorchScript file, relative to the model directory.
+    file: str
+    #: The class or factory function in ``file`` (empty for TorchScript).
+    name: str = ""
+    #: Keyword arguments for the class or factory.
+    args: Mapping[str, Any] = field(default_factory=dict)
+    #: A state_dict file in the model directory, or None (the constructor sets the weights).
+    weights: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ConfigError(f"model: expected a kind in {list(KINDS)}, got {self.kind!r}")
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "format": _FORMAT,
+                "version": 1,
+                "kind": self.kind,
+                "file": self.file,
+                "name": self.name,
+                "args": dict(self.args),
+                "weights": self.weights,
+            },
+            indent=2,
+        )
+
+    @classmethod
+    def load(cls, path: Path) -> ModelSpec:
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, ValueError) as error:
+            raise ConfigError(f"expected a {_FORMAT} JSON file at {path}, got {error}") from None
+        if not isinstance(raw, dict) or raw.get("format") != _FORMAT:
+            raise ConfigError(f"expected a {_FORMAT} JSON file at {path}, got {raw!r:.80}")
+        return cls(
+            kind=str(raw["kind"]),
+            file=str(raw["file"]),
+            name=str(raw.get("name", "")),
+            args=dict(raw.get("args") or {}),
+            weights=raw.get("weights"),
+        )
+
+
+class ScriptedModel(nn.Module):
+    """An eager module around a TorchScript model.
+
+    Forward hooks cannot be registered on a ScriptModule, nor do hooks on its submodules fire;
+    around it, hooks on this module see the model's input and output, so those two are watched
+    (hidden layers are not: a config that names one fails the load).
+    """
+
+    def __init__(self, scripted: torch.jit.ScriptModule) -> None:
+        super().__init__()
+        self.scripted = scripted
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.scripted(*args, **kwargs)
+
+
+def _import_file(path: Path) -> Any:
+    if not path.is_file():
+        raise ConfigError(f"model: expected a Python file at {path}, got no such file")
+    # The model's own directory first, so the file can import its siblings.
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location(f"hookwatch_model_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"model: cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    # Registered before it runs, as an import would: dataclasses and pickling look it up.
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_state(path: Path) -> dict[str, torch.Tensor]:
+    """A state_dict from ``path``, on the CPU: a plain state_dict, or a checkpoint holding one
+    under ``state_dict``, ``model_state_dict`` or ``model`` (a ``module.`` prefix from
+    DataParallel is dropped). Loaded with ``weights_only``: no code runs from the file."""
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise ConfigError(f"weights: expected a file at {path}, got no such file") from None
+    except Exception as error:
+        raise ConfigError(
+            f"weights: expected a state_dict or a checkpoint of tensors in {path} (a pickled "
+            f"model cannot be loaded safely: save model.state_dict()), got {type(error).__name__}"
+        ) from None
+    state: Any = loaded
+    if isinstance(loaded, dict):
+        for key in ("state_dict", "model_state_dict", "model"):
+            if isinstance(loaded.get(key), dict):
+                state = loaded[key]
+                break
+    if not (isinstance(state, dict) and state and all(isinstance(k, str) for k in state)):
+        raise ConfigError(
+            f"weights: expected a state_dict (parameter names to tensors) in {path}, got "
+            f"{type(state).__name__}"
+        )
+    tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    if tensors and all(k.startswith("module.") for k in tensors):
+        tensors = {k.removeprefix("module."): v for k, v in tensors.items()}
+    return tensors
+
+
+def build_model(spec: ModelSpec, directory: Path, device: torch.device | None = None) -> nn.Module:
+    """The model ``spec`` describes, from the files in ``directory``, in eval mode."""
+    device = device or torch.device("cpu")
+    if spec.kind == "torchscript":
+        path = directory / spec.file
+        try:
+            scripted = torch.jit.load(str(path), map_location=device)  # type: ignore[no-untyped-call]
+        except Exception as error:
+            raise ConfigError(
+                f"model: expected a TorchScript file at {path}, got {type(error).__name__}: "
+                f"{str(error).splitlines()[0] if str(error) else ''}"
+            ) from None
+        return ScriptedModel(scripted).eval()
+    module = _import_file(directory / spec.file)
+    target = getattr(module, spec.name, None)
+    if target is None:
+        found = sorted(
+            n
+            for n, v in vars(module).items()
+            if not n.startswith("_")
+            and callable(v)
+            and (not isinstance(v, type) or issubclass(v, nn.Module))
+            and getattr(v, "__module__", None) == module.__name__
+        )
+        raise ConfigError(
+            f"model: expected {spec.name!r} in {spec.file}, got no such name "
+            f"(it defines: {', '.join(found) or 'nothing callable'})"
+        )
+    try:
+        model = target(**spec.args)
+    except TypeError as error:
+        raise ConfigError(
+            f"model: expected {spec.name}(**{dict(spec.args)!r}) to build the model, got "
+            f"TypeError: {error}"
+        ) from None
+    if not isinstance(model, nn.Module):
+        raise ConfigError(
+            f"model: expected {spec.name} to return an nn.Module, got {type(model).__name__}"
+        )
+    if spec.weights is not None:
+        state = load_state(directory / spec.weights)
+        try:
+            model.load_state_dict(state)
+        except RuntimeError as error:
+            first = str(error).splitlines()
+            raise ConfigError(
+                f"weights: expected the parameters of {spec.name}, got a state_dict that does "
+                f"not fit: {' '.join(line.strip() for line in first[:3])}"
+            ) from None
+    return model.to(device).eval()

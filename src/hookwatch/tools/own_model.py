@@ -1,0 +1,573 @@
+"""Your own model: discover its layers, write a starting config, archive it with its profile.
+
+``hookwatch layers`` dry-runs the model on an example input and lists every named module with
+its output shape, parameters and drift features; ``hookwatch init`` writes a model-config from
+that; ``hookwatch archive`` builds the model, runs the reference data through the same input
+pipeline and hooks as serving, and writes one ``.mar`` with the handler, the config, the model
+description and the drift profile inside.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import math
+import shutil
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from hookwatch._config import HandlerConfig, ModelConfig, read_model_config
+from hookwatch._errors import BadInputError, ConfigError, HookwatchError
+from hookwatch._hooks import hookable_root, resolve_layers, select_tensor
+from hookwatch._model import MODEL_SPEC_FILE, ModelSpec, build_model
+from hookwatch._names import INPUT_LAYER, OUTPUT_LAYER
+from hookwatch._service import InputPipeline
+
+__all__ = [
+    "LayerInfo",
+    "ModelRef",
+    "archive_model",
+    "discover_layers",
+    "format_layers",
+    "init_config",
+    "load_reference",
+]
+
+#: Activation modules: hooking their output makes zero_fraction read as "share of dead units".
+ACTIVATIONS = frozenset(
+    {
+        "ReLU",
+        "ReLU6",
+        "LeakyReLU",
+        "PReLU",
+        "ELU",
+        "SELU",
+        "CELU",
+        "GELU",
+        "SiLU",
+        "Mish",
+        "Hardswish",
+        "Hardtanh",
+        "Sigmoid",
+        "Tanh",
+        "Softplus",
+    }
+)
+HANDLER_SOURCE = '''"""Written by `hookwatch archive`; the logic is in hookwatch.torchserve."""
+
+from hookwatch.torchserve import HookwatchHandler
+
+
+class Handler(HookwatchHandler):
+    """The one class TorchServe loads from this file."""
+'''
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """``path/file.py:Name`` (an nn.Module class or a factory) or a TorchScript file."""
+
+    path: Path
+    name: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> ModelRef:
+        file, sep, name = text.rpartition(":")
+        if sep and file.endswith(".py") and name.isidentifier():
+            return cls(Path(file), name)
+        if not sep and text.endswith(".py"):
+            raise ConfigError(
+                f"model: expected path/file.py:Name (a class or factory function in the file), "
+                f"got {text!r} without a name"
+            )
+        if not sep:
+            return cls(Path(text))
+        raise ConfigError(f"model: expected path/file.py:Name or a TorchScript file, got {text!r}")
+
+    @property
+    def scripted(self) -> bool:
+        return not self.name
+
+    def spec(self, args: Mapping[str, Any], weights: Path | None) -> ModelSpec:
+        """A spec with absolute paths, to build the model where it lies."""
+        if not self.path.is_file():
+            raise ConfigError(f"model: expected a file at {self.path}, got no such file")
+        if self.scripted:
+            if args or weights is not None:
+                raise ConfigError(
+                    "model: a TorchScript file holds its weights and takes no arguments; got "
+                    "--model-args or --weights"
+                )
+            return ModelSpec("torchscript", str(self.path.resolve()))
+        return ModelSpec(
+            "class",  # "factory" is told apart once the name is imported
+            str(self.path.resolve()),
+            self.name,
+            dict(args),
+            str(weights.resolve()) if weights is not None else None,
+        )
+
+
+def load_user_model(
+    ref: ModelRef, args: Mapping[str, Any] | None = None, weights: Path | None = None
+) -> tuple[nn.Module, ModelSpec]:
+    """The user's model on the CPU in eval mode, and the spec it was built from."""
+    spec = ref.spec(args or {}, weights)
+    model = build_model(spec, Path("/"))
+    if not ref.scripted:
+        module = sys.modules.get(f"hookwatch_model_{ref.path.stem}")
+        target = getattr(module, ref.name, None)
+        kind = "class" if isinstance(target, type) else "factory"
+        spec = ModelSpec(kind, spec.file, spec.name, spec.args, spec.weights)
+    return model, spec
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(part) for part in text.replace("x", ",").split(",") if part.strip())
+    except ValueError:
+        shape = ()
+    if not shape or min(shape) <= 0:
+        raise ConfigError(f"--input-shape: expected positive integers like 1,28,28, got {text!r}")
+    return shape
+
+
+def example_input(
+    shape: Sequence[int], dtype: str = "float32", low: float = 0.0, high: float = 1.0
+) -> torch.Tensor:
+    """Two random items of ``shape``, for a dry run."""
+    generator = torch.Generator().manual_seed(0)
+    if dtype in ("int64", "int32"):
+        top = max(int(high), 2)
+        return torch.randint(int(low), top, (2, *shape), generator=generator).to(
+            getattr(torch, dtype)
+        )
+    return (torch.rand(2, *shape, generator=generator) * (high - low) + low).to(
+        getattr(torch, dtype) if dtype != "bool" else torch.float32
+    )
+
+
+def call(model: nn.Module, x: torch.Tensor, argument: str | None) -> Any:
+    with torch.inference_mode():
+        return model(**{argument: x}) if argument else model(x)
+
+
+@dataclass(frozen=True)
+class LayerInfo:
+    name: str
+    type: str
+    shapes: tuple[tuple[int, ...], ...]
+    parameters: int
+    #: Drift features per sample: the channel or unit count (what ``feature_summary`` keeps).
+    features: int
+    depth: int
+    #: Times the module ran in the dry run's forward (a reused module runs more than once).
+    calls: int = 1
+
+
+def _shapes(value: Any) -> tuple[tuple[int, ...], ...]:
+    if isinstance(value, torch.Tensor):
+        return (tuple(value.shape),)
+    items: Any = value.values() if isinstance(value, Mapping) else value
+    if isinstance(items, list | tuple) or isinstance(value, Mapping):
+        return tuple(s for item in items for s in _shapes(item))
+    return ()
+
+
+def _features(shape: tuple[int, ...]) -> int:
+    return shape[1] if len(shape) >= 2 else 1
+
+
+def discover_layers(
+    model: nn.Module, x: torch.Tensor, argument: str | None = None
+) -> list[LayerInfo]:
+    """Every named module with the shapes it output on a dry run of ``x``, in model order.
+
+    The hooks are temporary and removed whatever happens; a module that did not run on this
+    input shows no shape.
+    """
+    root = hookable_root(model)
+    outputs: dict[str, tuple[tuple[int, ...], ...]] = {}
+    calls: dict[str, int] = {}
+    handles = []
+    try:
+        for name, module in root.named_modules():
+            if name and not isinstance(module, torch.jit.ScriptModule):
+
+                def hook(_m: nn.Module, _a: Any, out: Any, name: str = name) -> None:
+                    outputs[name] = _shapes(out)  # the last call is what a hook watches
+                    calls[name] = calls.get(name, 0) + 1
+
+                handles.append(module.register_forward_hook(hook))
+        try:
+            result = call(model, x, argument)
+        except Exception as error:
+            raise ConfigError(
+                f"dry run: expected the model to accept an input of shape {list(x.shape[1:])} "
+                f"(batch of {x.shape[0]}, dtype {str(x.dtype).removeprefix('torch.')}), got "
+                f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            ) from None
+    finally:
+        for handle in handles:
+            handle.remove()
+    rows = [
+        LayerInfo(INPUT_LAYER, "(input)", (tuple(x.shape),), 0, _input_features(x), 0),
+    ]
+    for name, module in root.named_modules():
+        if not name:
+            continue
+        shapes = outputs.get(name, ())
+        rows.append(
+            LayerInfo(
+                name,
+                type(module).__name__,
+                shapes,
+                sum(p.numel() for p in module.parameters()),
+                _features(shapes[0]) if shapes else 0,
+                name.count(".") + 1,
+                calls.get(name, 0),
+            )
+        )
+    out_shapes = _shapes(result)
+    rows.append(
+        LayerInfo(
+            OUTPUT_LAYER,
+            "(output)",
+            out_shapes,
+            sum(p.numel() for p in model.parameters()),
+            _features(out_shapes[0]) if out_shapes else 0,
+            0,
+        )
+    )
+    return rows
+
+
+def _input_features(x: torch.Tensor, max_features: int = 256) -> int:
+    per_sample = math.prod(x.shape[1:])
+    # The input's map is flattened when it fits the budget (see feature_summary).
+    return per_sample if x.dim() > 2 and per_sample <= max_features else _features(tuple(x.shape))
+
+
+def filter_layers(
+    rows: Sequence[LayerInfo],
+    depth: int | None = None,
+    match: str | None = None,
+    type_name: str | None = None,
+) -> list[LayerInfo]:
+    out = []
+    for row in rows:
+        pseudo = row.name in (INPUT_LAYER, OUTPUT_LAYER)
+        if depth is not None and not pseudo and row.depth > depth:
+            continue
+        if match is not None and not fnmatch.fnmatchcase(row.name, match):
+            continue
+        if type_name is not None and row.type != type_name:
+            continue
+        out.append(row)
+    return out
+
+
+def format_layers(rows: Sequence[LayerInfo], max_features: int) -> str:
+    def fmt(shapes: tuple[tuple[int, ...], ...]) -> str:
+        if not shapes:
+            return "(did not run)"
+        text = ", ".join("x".join(map(str, s[1:])) or "scalar" for s in shapes)
+        return text if len(text) <= 28 else text[:25] + "..."
+
+    name_w = max([len(r.name) for r in rows] + [5])
+    type_w = max([len(r.type) for r in rows] + [4])
+    lines = [
+        f"{'layer':<{name_w}}  {'type':<{type_w}}  {'output (per sample)':<28}  "
+        f"{'params':>10}  {'features':>8}  drift"
+    ]
+    for r in rows:
+        notes = []
+        if r.features > max_features and r.name != OUTPUT_LAYER:
+            notes.append(f"projected to {max_features - 1} components + residual")
+        if r.calls > 1:
+            notes.append(f"runs {r.calls}x per forward: the last call is watched")
+        note = "; ".join(notes)
+        lines.append(
+            f"{r.name:<{name_w}}  {r.type:<{type_w}}  {fmt(r.shapes):<28}  "
+            f"{r.parameters:>10,}  {r.features:>8}  {note}".rstrip()
+        )
+    return "\n".join(lines)
+
+
+def choose_layers(rows: Sequence[LayerInfo], count: int = 4) -> list[str]:
+    """A starting set of layers: activation modules spread over the depth of the model, or
+    else the model's top-level blocks (the output aside)."""
+    ran = [r for r in rows if r.shapes and r.name not in (INPUT_LAYER, OUTPUT_LAYER)]
+    candidates = [r.name for r in ran if r.type in ACTIVATIONS]
+    if not candidates:
+        candidates = [r.name for r in ran if r.depth == 1][:-1]
+    if len(candidates) <= count:
+        return candidates
+    step = (len(candidates) - 1) / (count - 1)
+    return [candidates[round(i * step)] for i in range(count)]
+
+
+def guess_head(rows: Sequence[LayerInfo]) -> str:
+    shapes = rows[-1].shapes
+    if not shapes:
+        return "none"
+    shape = shapes[0]
+    if len(shape) == 2:
+        return "logits" if shape[1] > 1 else "values"
+    return "embedding"
+
+
+def init_config(
+    rows: Sequence[LayerInfo],
+    shape: Sequence[int],
+    dtype: str,
+    argument: str | None,
+    source: str,
+) -> str:
+    """A commented model-config.yaml to start from."""
+    layers = choose_layers(rows)
+    head = guess_head(rows)
+    input_lines = [f"    shape: [{', '.join(map(str, shape))}]", f"    dtype: {dtype}"]
+    if argument:
+        input_lines.append(f"    argument: {argument}   # forward(*, {argument}=...)")
+    input_lines += [
+        "    # min: 0           # requests outside [min, max] get a 400",
+        "    # max: 1",
+        "    # mean: [0.485, 0.456, 0.406]   # normalisation the model expects, per channel:",
+        "    # std: [0.229, 0.224, 0.225]    # requests and reference data come un-normalised",
+    ]
+    heads = "logits (classes) | values (regression) | embedding | none"
+    return "\n".join(
+        [
+            f"# Written by `hookwatch init` for {source}: a start, review every line.",
+            "# TorchServe's own keys:",
+            "responseTimeout: 30",
+            "batchSize: 1",
+            "maxBatchDelay: 5",
+            "",
+            "handler:",
+            "  torch_threads: 1",
+            "  input:",
+            *input_lines,
+            "  monitoring:",
+            "    # named_modules() paths, glob patterns (blocks.*.act) or, with layer_types,",
+            "    # class names; see `hookwatch layers` for the candidates.",
+            f"    layers: [{', '.join(layers)}]",
+            f"    output: {{head: {head}}}   # {heads}",
+            "    sample_rate: 0.1",
+            "    drift: {window: 200}",
+            "",
+        ]
+    )
+
+
+# -- reference data ----------------------------------------------------------------------------
+
+
+def load_reference(
+    path: Path, pipeline: InputPipeline, batch_size: int = 64
+) -> Iterator[torch.Tensor]:
+    """Reference inputs as serving would feed them to the model, in batches.
+
+    ``.npy``/``.npz``: an array of raw inputs ``[N, *shape]`` (as requests send them; the
+    pipeline applies dtype and normalisation). ``.jsonl``: one request body per line, decoded
+    exactly as a request.
+    """
+    spec = pipeline.spec
+    if path.suffix == ".jsonl":
+        items: list[torch.Tensor] = []
+        try:
+            lines = path.read_text().splitlines()
+        except OSError as error:
+            raise ConfigError(f"reference: expected a readable file, got {error}") from None
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                items.append(pipeline.decode(line.encode()))
+            except BadInputError as error:
+                raise ConfigError(f"reference: line {number} of {path.name}: {error}") from None
+        if not items:
+            raise ConfigError(f"reference: expected request bodies in {path}, got none")
+        for start in range(0, len(items), batch_size):
+            yield pipeline.batch(items[start : start + batch_size])
+        return
+    if path.suffix not in (".npy", ".npz"):
+        raise ConfigError(f"reference: expected a .npy, .npz or .jsonl file, got {path.name}")
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"reference: expected a numpy array in {path}, got {error}") from None
+    if isinstance(loaded, np.lib.npyio.NpzFile):
+        with loaded:
+            if not loaded.files:
+                raise ConfigError(f"reference: expected an array in {path}, got an empty .npz")
+            array = loaded[loaded.files[0]]
+    else:
+        array = loaded
+    if spec.shape is not None and tuple(array.shape[1:]) != spec.shape:
+        raise ConfigError(
+            f"reference: expected an array of shape [N, {', '.join(map(str, spec.shape))}] "
+            f"(handler.input.shape), got {list(array.shape)}"
+        )
+    if len(array) < 2:
+        raise ConfigError(f"reference: expected at least 2 samples, got {len(array)}")
+    if not np.issubdtype(array.dtype, np.number) and array.dtype != np.bool_:
+        raise ConfigError(f"reference: expected numbers, got dtype {array.dtype}")
+    values = torch.from_numpy(np.ascontiguousarray(array).astype(np.float32, copy=False))
+    lo, hi = spec.min_value, spec.max_value
+    if (lo is not None and float(values.min()) < lo) or (
+        hi is not None and float(values.max()) > hi
+    ):
+        raise ConfigError(
+            f"reference: expected values in [{lo}, {hi}] (handler.input), got "
+            f"[{float(values.min()):g}, {float(values.max()):g}]: pass raw inputs, as requests "
+            "send them"
+        )
+    for start in range(0, len(values), batch_size):
+        yield pipeline.batch(values[start : start + batch_size])
+
+
+# -- archive -----------------------------------------------------------------------------------
+
+
+def _archiver() -> str:
+    found = shutil.which("torch-model-archiver", path=str(Path(sys.executable).parent))
+    found = found or shutil.which("torch-model-archiver")
+    if found is None:
+        raise ConfigError(
+            "expected torch-model-archiver (pip install 'hookwatch[torchserve]'), found none"
+        )
+    return found
+
+
+def archive_model(
+    ref: ModelRef,
+    name: str,
+    config_path: Path,
+    reference: Path,
+    out: Path,
+    build: Path,
+    args: Mapping[str, Any] | None = None,
+    weights: Path | None = None,
+    extra_files: Sequence[Path] = (),
+    say: Any = print,
+) -> Path:
+    """Build the model, profile the reference through the serving path, write ``name.mar``."""
+    if not name or not all(c.isalnum() or c in "-_." for c in name):
+        raise ConfigError(f"--name: expected letters, digits, '-', '_' or '.', got {name!r}")
+    model_config: ModelConfig = read_model_config(config_path)
+    handler: HandlerConfig = model_config.handler
+    model, spec = load_user_model(ref, args, weights)
+    config = resolve_layers(model, handler.monitoring, name)
+    pipeline = InputPipeline(handler.input, build_dir_for_preprocess(extra_files, ref))
+    batches = list(load_reference(reference, pipeline))
+    # A dry run on the first reference batch: a shape the model refuses fails here, in one line.
+    first = batches[0]
+    try:
+        output = call(model, first[:2], handler.input.argument)
+    except Exception as error:
+        raise ConfigError(
+            f"dry run: expected the model to accept inputs of shape {list(first.shape[1:])} "
+            f"(handler.input), got {type(error).__name__}: {str(error).splitlines()[0]}"
+        ) from None
+    if select_tensor(output, config.output.select) is None:
+        raise ConfigError(
+            f"monitoring.output.select: expected it to pick a tensor of the output, got "
+            f"{type(output).__name__} with select={config.output.select!r}"
+        )
+    from hookwatch._profile import build_profile
+
+    argument = handler.input.argument
+    profile = build_profile(
+        model,
+        config,
+        ({argument: b} for b in batches) if argument else iter(batches),
+        name,
+    )
+    shutil.rmtree(build, ignore_errors=True)
+    build.mkdir(parents=True)
+    profile_path = profile.save(build / config.drift.profile)
+    files = [profile_path]
+    if spec.kind == "torchscript":
+        serialized = Path(spec.file)
+        archived = ModelSpec("torchscript", serialized.name)
+    else:
+        source = Path(spec.file)
+        shutil.copy(source, build / source.name)
+        files.append(build / source.name)
+        serialized = build / "weights.pt"
+        # The weights as built and profiled, whatever form they came in.
+        torch.save(model.state_dict(), serialized)
+        archived = ModelSpec(spec.kind, source.name, spec.name, spec.args, serialized.name)
+    (build / MODEL_SPEC_FILE).write_text(archived.to_json())
+    files.append(build / MODEL_SPEC_FILE)
+    handler_file = build / "hookwatch_handler.py"
+    handler_file.write_text(HANDLER_SOURCE)
+    for extra in extra_files:
+        if not extra.is_file():
+            raise ConfigError(f"--extra-files: expected a file at {extra}, got no such file")
+        files.append(extra)
+    out.mkdir(parents=True, exist_ok=True)
+    command = [
+        _archiver(),
+        "--model-name",
+        name,
+        "--version",
+        "1.0",
+        "--serialized-file",
+        str(serialized),
+        "--handler",
+        str(handler_file),
+        "--config-file",
+        str(config_path),
+        "--extra-files",
+        ",".join(str(f) for f in files),
+        "--export-path",
+        str(out),
+        "--force",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise HookwatchError(
+            f"torch-model-archiver failed: {(done.stderr or done.stdout).strip().splitlines()[-1:]}"
+        )
+    mar = out / f"{name}.mar"
+    detectors = ", ".join(profile.references)
+    say(
+        f"wrote {mar} ({mar.stat().st_size / 2**20:.1f} MiB): model {spec.kind} "
+        f"{spec.name or Path(spec.file).name}, layers {', '.join(config.watched)}, "
+        f"output head {config.output.head}"
+    )
+    say(
+        f"  drift profile from {profile.n_seen} reference samples: {len(profile.references)} "
+        f"detectors ({detectors})"
+    )
+    return mar
+
+
+def build_dir_for_preprocess(extra_files: Sequence[Path], ref: ModelRef) -> Path:
+    """Where a preprocess module is looked up at archive time: beside the extra files (which is
+    where it lies in the model directory once archived), else beside the model file."""
+    for extra in extra_files:
+        return extra.resolve().parent
+    return ref.path.resolve().parent
+
+
+def mar_model_name(mar: Path) -> str:
+    """The model name recorded in a ``.mar``'s manifest."""
+    try:
+        with zipfile.ZipFile(mar) as archive:
+            manifest = json.loads(archive.read("MAR-INF/MANIFEST.json"))
+    except (OSError, KeyError, zipfile.BadZipFile, ValueError) as error:
+        raise ConfigError(f"expected a TorchServe .mar at {mar}, got {error}") from None
+    return str(manifest["model"]["modelName"])
