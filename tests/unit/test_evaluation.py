@@ -15,3 +15,10 @@ def test_every_window_size_runs_once_and_the_costliest_runs_alone() -> None:
 def test_one_process_takes_everything_and_no_shard_is_empty() -> None:
     assert _shards([100, 20], n_ref=378, shards=1) == [[100, 20]]
     assert _shards([50], n_ref=378, shards=2) == [[50]]
+
+
+def test_the_harness_finds_the_repository_it_evaluates() -> None:
+    from hookwatch.tools.evaluation import run
+
+    assert (run.ROOT / "models" / "digits" / "model-config.yaml").is_file()
+    assert (run.ROOT / "docs" / "eval-drift.md").is_file()

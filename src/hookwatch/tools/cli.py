@@ -66,6 +66,10 @@ def _stack(args: argparse.Namespace, **kwargs: Any) -> Any:
     )
 
 
+class _Stopped(Exception):
+    """A stop signal while the stack was starting."""
+
+
 def _hold(stack: Any, seconds: float, make_traffic: Any = None) -> int:
     """Start ``stack``, print where everything is, show the live view every 5 s until
     Ctrl-C, SIGTERM, ``hookwatch stop`` or ``seconds``; stop everything it started."""
@@ -83,9 +87,13 @@ def _hold(stack: Any, seconds: float, make_traffic: Any = None) -> int:
         print("cannot start:\n  " + "\n  ".join(busy), file=sys.stderr)
         return 1
     stopping = threading.Event()
+    starting = True
 
     def on_signal(*_: object) -> None:
         stopping.set()
+        if starting:
+            # Starting blocks in readiness waits: leave them now, stop below.
+            raise _Stopped
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -97,9 +105,18 @@ def _hold(stack: Any, seconds: float, make_traffic: Any = None) -> int:
             "exporter and Prometheus ...",
             flush=True,
         )
-        stack.start_torchserve()
-        stack.start_exporter()
-        stack.start_prometheus()
+        try:
+            stack.start_torchserve()
+            stack.start_exporter()
+            stack.start_prometheus()
+        except _Stopped:
+            return 0
+        except (OSError, RuntimeError):
+            if stopping.is_set() or not stack.recorded_pids():
+                return 0  # stopped from another shell while starting: not a failure
+            raise
+        finally:
+            starting = False
         p = stack.ports
         print(
             f"\n  inference   http://127.0.0.1:{p.inference}/predictions/{name}\n"
@@ -117,10 +134,13 @@ def _hold(stack: Any, seconds: float, make_traffic: Any = None) -> int:
         while not stopping.is_set():
             if deadline is not None and time.monotonic() >= deadline:
                 break
-            stopping.wait(5.0)
-            print(view.render(traffic), flush=True)
-            if not stack.recorded_pids():
-                break  # `hookwatch stop` from another shell
+            if stopping.wait(5.0) or not stack.recorded_pids():
+                break  # a signal, or `hookwatch stop` from another shell
+            try:
+                print(view.render(traffic), flush=True)
+            except (OSError, RuntimeError) as error:
+                # Prometheus going away (a stop racing this render) is no reason to fail.
+                print(f"(live view unavailable: {error})", flush=True)
         if traffic is not None:
             traffic.stop()
     finally:
@@ -233,6 +253,7 @@ def _init(args: argparse.Namespace) -> int:
     if out.exists() and not args.force:
         raise ConfigError(f"expected a new file, got existing {out} (pass --force to replace it)")
     rows, shape, dtype, argument = _dry_run_rows(args)
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(init_config(rows, shape, dtype, argument, args.model))
     print(f"wrote {out}: review the layers, the input range and normalisation, and the head")
     return 0

@@ -39,7 +39,8 @@ from hookwatch.tools.demo.build import reference_split, train
 from hookwatch.tools.demo.data import load_split
 from hookwatch.tools.evaluation.scenarios import Scenario, build_scenarios
 
-ROOT = Path(__file__).resolve().parents[3]
+#: The repository this harness evaluates: src/hookwatch/tools/evaluation/run.py is 4 levels in.
+ROOT = Path(__file__).resolve().parents[4]
 WINDOWS = (20, 50, 100, 200, 500)
 EVALS_PER_STREAM = 8  # every W/4 requests over 2W shifted requests
 PENULTIMATE = "act3"

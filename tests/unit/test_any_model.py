@@ -1,0 +1,298 @@
+"""Models that are not the demo: heads, selectors, keyword forwards, patterns, normalisation,
+TorchScript and torch.compile, wide and saturated outputs."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from hookwatch import _catalogue as cat
+from hookwatch._config import HandlerConfig, MonitoringConfig
+from hookwatch._drift import MAX_BINS
+from hookwatch._errors import BadInputError, ConfigError
+from hookwatch._hooks import resolve_layers
+from hookwatch._metrics import MetricSet
+from hookwatch._model import ModelSpec, ScriptedModel, build_model, load_state
+from hookwatch._monitor import Monitor
+from hookwatch._profile import DriftProfile, build_profile, tracker_for
+from hookwatch._service import InputPipeline, ModelService
+
+
+def value(metrics: MetricSet, name: str, **labels: str) -> float:
+    return metrics.sample_values().get((name, tuple(sorted(labels.items()))), float("nan"))
+
+
+class KeywordMLP(nn.Module):
+    """A regression model whose forward takes its input by keyword only."""
+
+    def __init__(self, inputs: int = 4) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(inputs, 8), nn.GELU(), nn.Linear(8, 8), nn.GELU())
+        self.out = nn.Linear(8, 1)
+
+    def forward(self, *, features: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.out(self.body(features))
+        return out
+
+
+class DictOutput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        hidden = self.act(self.fc(x))
+        return {"hidden": hidden, "logits": hidden * 2 + 1}
+
+
+def test_layer_patterns_and_types_resolve_in_model_order_and_are_bounded() -> None:
+    model = nn.Sequential(
+        OrderedDict(
+            block1=nn.Sequential(nn.Linear(4, 4), nn.ReLU()),
+            block2=nn.Sequential(nn.Linear(4, 4), nn.ReLU()),
+            head=nn.Linear(4, 2),
+        )
+    )
+    config = MonitoringConfig.from_mapping({"layers": ["head", "block*.1"]})
+    assert not config.resolved
+    with pytest.raises(ConfigError, match="resolved against the model"):
+        _ = config.watched
+    resolved = resolve_layers(model, config)
+    assert resolved.layers == ("head", "block1.1", "block2.1")
+    typed = resolve_layers(model, MonitoringConfig.from_mapping({"layer_types": ["Linear"]}))
+    assert typed.layers == ("block1.0", "block2.0", "head")
+    with pytest.raises(ConfigError, match=r"expected at most 2 layers.*got 3"):
+        resolve_layers(
+            model, MonitoringConfig.from_mapping({"layer_types": ["Linear"], "max_layers": 2})
+        )
+    with pytest.raises(ConfigError, match=r"pattern 'blok\*' to match"):
+        resolve_layers(model, MonitoringConfig.from_mapping({"layers": ["blok*"]}))
+    with pytest.raises(ConfigError, match=r"got 'Conv2d' \(the model has: Linear, ReLU, "):
+        resolve_layers(model, MonitoringConfig.from_mapping({"layer_types": ["Conv2d"]}))
+
+
+def test_keyword_forward_values_head_end_to_end(metrics: MetricSet) -> None:
+    torch.manual_seed(0)
+    model = KeywordMLP().eval()
+    handler = HandlerConfig.from_mapping(
+        {
+            "input": {"shape": [4], "argument": "features"},
+            "monitoring": {
+                "layer_types": ["GELU"],
+                "sample_rate": 1.0,
+                "output": {"head": "values"},
+                "drift": {"window": 20},
+            },
+        }
+    )
+    reference = [{"features": torch.randn(32, 4)} for _ in range(4)]
+    profile = build_profile(model, handler.monitoring, reference, "reg")
+    # Regression values are one detector of their own: no softmax, no classes.
+    assert set(profile.references) == {"input", "body.1", "body.3", "output"}
+    config = resolve_layers(model, handler.monitoring)
+    monitor = Monitor(model, config, "reg", metrics, drift=tracker_for(profile, config, "reg"))
+    service = ModelService(model, handler.input, monitor, output=config.output)
+    answers = service.handle([{"data": [0.1, 0.2, 0.3, 0.4]}] * 30 + [{"data": [1, 2]}])
+    monitor.flush()
+    monitor.close()
+    assert set(answers[0]) == {"values"} and len(answers[0]["values"]) == 1
+    assert answers[-1]["code"] == 400
+    for layer in ("input", "body.1", "body.3", "output"):
+        # The input arrived as a keyword argument: the pre-hook saw it, nothing faulted.
+        assert value(metrics, "hookwatch_captures_total", model="reg", layer=layer) == 30
+        assert value(metrics, "hookwatch_monitor_faults_total", model="reg", layer=layer) == 0
+    assert (
+        value(
+            metrics, "hookwatch_drift_windows_total", model="reg", level="output", detector="output"
+        )
+        > 0
+    )
+
+
+def test_dict_output_with_a_selector_is_watched_and_answered(metrics: MetricSet) -> None:
+    model = DictOutput().eval()
+    config = MonitoringConfig.from_mapping(
+        {"layers": ["act"], "sample_rate": 1.0, "output": {"select": "logits"}}
+    )
+    monitor = Monitor(model, config, "d", metrics)
+    service = ModelService(
+        model,
+        HandlerConfig.from_mapping({"input": {"shape": [4]}}).input,
+        monitor,
+        output=config.output,
+    )
+    answers = service.handle([{"data": [1.0, 2.0, 3.0, 4.0]}])
+    monitor.flush()
+    monitor.close()
+    assert set(answers[0]) == {"class", "probabilities"}
+    assert value(metrics, "hookwatch_captures_total", model="d", layer="output") == 1
+    assert value(metrics, "hookwatch_monitor_faults_total", model="d", layer="output") == 0
+    with torch.inference_mode():
+        logits = model(torch.tensor([[1.0, 2.0, 3.0, 4.0]]))["logits"]
+    mean = value(
+        metrics, "hookwatch_activation_statistic_sum", model="d", layer="output", statistic="mean"
+    )
+    assert mean == pytest.approx(float(logits.mean()), rel=1e-5)
+
+
+def test_normalisation_is_applied_after_the_range_check_and_seen_by_the_model() -> None:
+    spec = HandlerConfig.from_mapping(
+        {"input": {"shape": [2, 1, 1], "min": 0, "max": 1, "mean": [0.5, 0.25], "std": [0.5, 0.25]}}
+    ).input
+    pipeline = InputPipeline(spec)
+    item = pipeline.decode({"data": [[[1.0]], [[0.5]]]})
+    assert item.flatten().tolist() == [1.0, 0.5]  # raw values, range-checked as sent
+    assert pipeline.batch([item]).flatten().tolist() == [1.0, 1.0]  # (1-0.5)/0.5, (0.5-0.25)/0.25
+    with pytest.raises(BadInputError, match=r"values in \[0.0, 1.0\]"):
+        pipeline.decode({"data": [[[2.0]], [[0.5]]]})
+    ids = InputPipeline(
+        HandlerConfig.from_mapping({"input": {"shape": [3], "dtype": "int64"}}).input
+    )
+    assert ids.batch([ids.decode({"data": [1, 2, 3]})]).dtype == torch.int64
+    with pytest.raises(BadInputError, match="whole numbers"):
+        ids.decode({"data": [1, 2.5, 3]})
+    with pytest.raises(ConfigError, match=r"input.mean: expected 1 or 2 values"):
+        HandlerConfig.from_mapping({"input": {"shape": [2, 4], "mean": [1, 2, 3]}})
+
+
+def test_a_preprocess_function_in_the_model_directory(tmp_path: Path) -> None:
+    (tmp_path / "prep.py").write_text(
+        "import torch\n"
+        "def to_tensor(payload):\n"
+        "    if not isinstance(payload, dict) or 'text' not in payload:\n"
+        "        raise ValueError('expected {\"text\": ...}')\n"
+        "    return torch.tensor([float(len(payload['text'])), 1.0])\n"
+    )
+    spec = HandlerConfig.from_mapping(
+        {"input": {"shape": [2], "preprocess": "prep:to_tensor"}}
+    ).input
+    pipeline = InputPipeline(spec, tmp_path)
+    assert pipeline.decode(json.dumps({"text": "abc"}).encode()).tolist() == [3.0, 1.0]
+    with pytest.raises(BadInputError, match="preprocess function accepts") as error:
+        pipeline.decode({"other": 1})
+    assert "expected {" in error.value.got
+    with pytest.raises(ConfigError, match=r"expected missing.py in the model directory"):
+        InputPipeline(
+            HandlerConfig.from_mapping({"input": {"preprocess": "missing:fn"}}).input, tmp_path
+        )
+
+
+def test_a_thousand_classes_stay_bounded_and_a_saturated_softmax_keeps_its_bins(
+    tmp_path: Path,
+) -> None:
+    torch.manual_seed(0)
+    # Very confident logits: top probabilities within 1e-9 of 1, most others far below
+    # float32's smallest number (the edges of such a model are what float32 used to lose).
+    head = nn.Linear(8, 1000)
+    with torch.no_grad():
+        head.weight.mul_(1000.0)
+    model = nn.Sequential(OrderedDict(fc=nn.Linear(8, 8), act=nn.ReLU(), head=head)).eval()
+    config = MonitoringConfig.from_mapping(
+        {"layers": ["act"], "max_features": 32, "drift": {"window": 50, "bins": 10}}
+    )
+    batches = [torch.randn(100, 8) for _ in range(10)]
+    profile = build_profile(model, config, batches, "wide")
+    output, mix = profile.references["output"], profile.references["class_mix"]
+    assert output.n_features <= 32 and max(output.kept) < 1000
+    assert mix.n_bins == MAX_BINS and len(mix.categories) == MAX_BINS - 1
+    path = profile.save(tmp_path / "p.npz")
+    loaded = DriftProfile.load(path)
+    confidence = loaded.references["confidence"]
+    # The edges survive the file exactly, so confident samples still spread over the bins.
+    np.testing.assert_array_equal(confidence.edges, profile.references["confidence"].edges)
+    assert int(confidence.valid.sum()) >= 2
+    tracker = tracker_for(loaded, resolve_layers(model, config), "wide")
+    scores: dict[str, list[float]] = {}
+    with torch.inference_mode():
+        for _ in range(8):
+            x = torch.randn(50, 8)
+            for layer, feats in (("output", model(x).numpy()),):
+                for result in tracker.update(layer, feats):
+                    scores.setdefault(result.detector, []).append(result.score)
+    # Clean data scores like clean data, not like one overfull bin.
+    for detector in ("output", "confidence", "entropy", "class_mix"):
+        assert np.median(scores[detector]) < 3.0, (detector, scores[detector])
+
+
+def test_torchscript_models_watch_input_and_output_only(tmp_path: Path, metrics: MetricSet) -> None:
+    model = DictOutput()
+    scripted = torch.jit.trace(nn.Sequential(nn.Linear(4, 3), nn.ReLU()), torch.randn(2, 4))
+    scripted.save(str(tmp_path / "m.pt"))
+    wrapped = build_model(ModelSpec("torchscript", "m.pt"), tmp_path)
+    assert isinstance(wrapped, ScriptedModel)
+    with pytest.raises(ConfigError, match="inside a TorchScript model"):
+        resolve_layers(wrapped, MonitoringConfig.from_mapping({"layers": ["scripted.0"]}))
+    config = MonitoringConfig.from_mapping({"layers": [], "sample_rate": 1.0})
+    monitor = Monitor(wrapped, config, "ts", metrics)
+    with torch.inference_mode(), monitor.request(2):
+        wrapped(torch.randn(2, 4))
+    monitor.flush()
+    monitor.close()
+    assert value(metrics, "hookwatch_captures_total", model="ts", layer="input") == 2
+    assert value(metrics, "hookwatch_captures_total", model="ts", layer="output") == 2
+    with pytest.raises(ConfigError, match="got a TorchScript module"):
+        Monitor(scripted, config, "raw", metrics)
+    del model
+
+
+def test_torch_compile_models_are_watched_through_the_original_module(
+    metrics: MetricSet, caplog: pytest.LogCaptureFixture
+) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(OrderedDict(fc=nn.Linear(4, 4), act=nn.ReLU(), out=nn.Linear(4, 2)))
+    compiled: Any = torch.compile(model.eval(), backend="eager")
+    config = MonitoringConfig.from_mapping({"layers": ["act"], "sample_rate": 1.0})
+    with caplog.at_level(logging.INFO, logger="hookwatch"):
+        monitor = Monitor(compiled, config, "c", metrics)
+    assert any("torch.compile" in r.getMessage() for r in caplog.records)
+    x = torch.randn(3, 4)
+    with torch.inference_mode(), monitor.request(3):
+        out = compiled(x)
+    monitor.flush()
+    monitor.close()
+    with torch.inference_mode():
+        assert torch.allclose(out, model(x))
+    assert value(metrics, "hookwatch_captures_total", model="c", layer="act") == 3
+
+
+def test_weights_load_from_a_state_dict_or_a_checkpoint(tmp_path: Path) -> None:
+    model = KeywordMLP()
+    torch.save({"epoch": 3, "model_state_dict": model.state_dict()}, tmp_path / "ckpt.pt")
+    torch.save({f"module.{k}": v for k, v in model.state_dict().items()}, tmp_path / "dp.pt")
+    for name in ("ckpt.pt", "dp.pt"):
+        state = load_state(tmp_path / name)
+        assert state.keys() == model.state_dict().keys()
+    torch.save([1, 2, 3], tmp_path / "list.pt")
+    with pytest.raises(ConfigError, match="expected a state_dict"):
+        load_state(tmp_path / "list.pt")
+
+
+def test_reference_statistics_are_exported_for_alert_thresholds(metrics: MetricSet) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(OrderedDict(fc=nn.Linear(4, 16), act=nn.ReLU(), out=nn.Linear(16, 3)))
+    config = MonitoringConfig.from_mapping({"layers": ["act"], "drift": {"window": 20}})
+    data = [torch.randn(64, 4) for _ in range(4)]
+    profile = build_profile(model.eval(), config, data, "r")
+    with torch.inference_mode():
+        act = torch.relu(model.fc(torch.cat(data)))
+    zero = profile.statistics["act"][4]
+    assert zero == pytest.approx(float((act == 0).float().mean()), abs=1e-6)
+    monitor = Monitor(model, config, "r", metrics, drift=tracker_for(profile, config, "r"))
+    monitor.close()
+    assert value(
+        metrics,
+        cat.REFERENCE_ACTIVATION_STATISTIC.name,
+        model="r",
+        layer="act",
+        statistic="zero_fraction",
+    ) == pytest.approx(zero)
+    assert value(metrics, cat.REFERENCE_NONFINITE.name, model="r", layer="act", kind="nan") == 0
