@@ -76,6 +76,17 @@ def _integer(raw: Mapping[str, Any], key: str, default: int, lo: int, hi: int) -
     return int(value)
 
 
+def _strings(raw: Mapping[str, Any], key: str, what: str) -> list[str]:
+    value = raw.get(key, [])
+    _expect(
+        isinstance(value, list | tuple) and all(isinstance(x, str) and x for x in value),
+        key,
+        f"a list of {what}",
+        value,
+    )
+    return list(value)
+
+
 def _section(cls: type, raw: Mapping[str, Any] | None, key: str) -> Mapping[str, Any]:
     """``raw`` as a mapping whose keys are all fields of ``cls`` (a typo fails the load)."""
     if raw is None:
@@ -239,20 +250,8 @@ class MonitoringConfig:
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any] | None) -> MonitoringConfig:
         raw = _section(cls, raw, "")
-        layers = raw.get("layers", [])
-        _expect(
-            isinstance(layers, list | tuple) and all(isinstance(x, str) and x for x in layers),
-            "layers",
-            "a list of dotted module paths or glob patterns (features.*)",
-            layers,
-        )
-        types = raw.get("layer_types", [])
-        _expect(
-            isinstance(types, list | tuple) and all(isinstance(x, str) and x for x in types),
-            "layer_types",
-            "a list of module class names (Conv2d, ReLU)",
-            types,
-        )
+        layers = _strings(raw, "layers", "dotted module paths or glob patterns (features.*)")
+        types = _strings(raw, "layer_types", "module class names (Conv2d, ReLU)")
         _expect(len(set(layers)) == len(layers), "layers", "no duplicates", layers)
         for reserved in (INPUT_LAYER, OUTPUT_LAYER):
             _expect(reserved not in layers, "layers", f"no layer named {reserved!r}", layers)

@@ -345,35 +345,38 @@ def _profile(args: argparse.Namespace) -> int:
     import torch
 
     from hookwatch import build_profile
+    from hookwatch._service import InputPipeline
     from hookwatch.tools.mar import load_mar_model
+    from hookwatch.tools.own_model import load_reference
 
     torch.set_num_threads(1)
     model, model_config, name = load_mar_model(args.mar)
     config = model_config.monitoring
+    # The serving input pipeline: dtype and normalisation as requests get them.
+    pipeline = InputPipeline(model_config.handler.input)
     if args.data is None:
         from hookwatch.tools.demo.build import reference_split
         from hookwatch.tools.demo.data import load_split
 
         _, data, _ = reference_split(load_split())
         print(f"no --data: using the demo's {len(data)} held-out reference images", flush=True)
+        images = torch.from_numpy(np.asarray(data, dtype=np.float32))
+        batches = [
+            pipeline.batch(images[i : i + args.batch_size])
+            for i in range(0, len(images), args.batch_size)
+        ]
     else:
-        loaded = np.load(args.data, allow_pickle=False)
-        data = loaded[loaded.files[0]] if hasattr(loaded, "files") else loaded
-    data = np.asarray(data, dtype=np.float32)
-    batches = (
-        torch.from_numpy(data[i : i + args.batch_size])
-        for i in range(0, len(data), args.batch_size)
-    )
-    total = -(-len(data) // args.batch_size)
+        batches = list(load_reference(args.data, pipeline, args.batch_size))
+    argument = model_config.handler.input.argument
     profile = build_profile(
         model,
         config,
-        batches,
+        [{argument: b} for b in batches] if argument else batches,
         name,
         bins=args.bins or config.drift.bins,
         max_reference=args.max_reference,
         progress=True,
-        total=total,
+        total=len(batches),
     )
     out = args.out or Path(config.drift.profile)
     profile.save(out)

@@ -15,6 +15,7 @@ from torch import nn
 
 from hookwatch._config import ModelConfig, read_model_config
 from hookwatch._errors import ProfileError
+from hookwatch._model import MODEL_SPEC_FILE, ModelSpec, build_model
 
 __all__ = ["load_mar_model"]
 
@@ -25,6 +26,14 @@ def load_mar_model(mar: Path) -> tuple[nn.Module, ModelConfig, str]:
 
     with zipfile.ZipFile(mar) as archive:
         manifest = json.loads(archive.read("MAR-INF/MANIFEST.json"))["model"]
+        if MODEL_SPEC_FILE in archive.namelist():
+            # Written by `hookwatch archive`: built the way the worker builds it.
+            config_name = manifest.get("configFile")
+            raw = yaml.safe_load(archive.read(config_name)) if config_name else None
+            with tempfile.TemporaryDirectory() as tmp:
+                archive.extractall(tmp)
+                built = build_model(ModelSpec.load(Path(tmp) / MODEL_SPEC_FILE), Path(tmp))
+            return built, read_model_config(raw or {}), str(manifest.get("modelName", mar.stem))
         for key in ("modelFile", "serializedFile"):
             if key not in manifest:
                 raise ProfileError(f"expected an eager-mode .mar with a {key}, got {manifest}")
