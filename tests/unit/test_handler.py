@@ -117,3 +117,41 @@ def test_a_missing_input_section_fails_the_load(model_dir: Path) -> None:
     del config["handler"]["input"]
     with pytest.raises(ConfigError, match=r"handler\.input: expected a mapping"):
         load_handler_class()().initialize(FakeContext(model_dir, config))
+
+
+def test_an_archive_from_hookwatch_archive_is_built_by_the_handler(tmp_path: Path) -> None:
+    """The adapter builds the model from hookwatch-model.json: a class with constructor
+    arguments and a keyword-argument forward, which TorchServe's own loader cannot build."""
+    import zipfile
+
+    import numpy as np
+
+    from hookwatch.tools.own_model import ModelRef, archive_model
+
+    reference = tmp_path / "ref.npy"
+    np.save(reference, np.random.default_rng(0).normal(size=(64, 8)).astype(np.float32))
+    mar = archive_model(
+        ModelRef.parse(str(ROOT / "models/regression/model.py:RegressionMLP")),
+        "regression",
+        ROOT / "models/regression/model-config.yaml",
+        reference,
+        tmp_path / "store",
+        tmp_path / "build",
+        args={"inputs": 8},
+        say=lambda *_: None,
+    )
+    model_dir = tmp_path / "extracted"
+    with zipfile.ZipFile(mar) as archive:
+        archive.extractall(model_dir)
+        config = yaml.safe_load(archive.read("model-config.yaml"))
+    context = FakeContext(model_dir, config, model_name="regression", serialized_file="weights.pt")
+    handler = load_handler("hookwatch_handler")()
+    handler.initialize(context)
+    try:
+        out = handler.handle([{"body": {"data": [0.5] * 8}}, {"body": {"data": [1]}}], context)
+        assert set(out[0]) == {"values"} and out[1]["code"] == 400
+        monitor = handler.service.monitor
+        assert monitor.drift is not None  # the archived profile loaded
+        assert monitor.config.layers == ("body.1", "body.3")  # layer_types: [GELU]
+    finally:
+        handler.service.close()
