@@ -32,6 +32,7 @@ __all__ = [
     "DRIFT_ALARMS",
     "DRIFT_BIN_SAMPLES",
     "DRIFT_DETECTED",
+    "DRIFT_DETECTOR_USABLE",
     "DRIFT_PROFILE_LOADED",
     "DRIFT_REFERENCE_BIN_SAMPLES",
     "DRIFT_SCORE",
@@ -205,6 +206,15 @@ DRIFT_PROFILE_LOADED = GaugeSpec(
     "no profile (or drift is switched off): it serves, without drift signals.",
     multiprocess_mode="livemin",
 )
+DRIFT_DETECTOR_USABLE = GaugeSpec(
+    "hookwatch_drift_detector_usable",
+    ("model", "level", "detector"),
+    "",
+    "1 for each detector of the loaded drift profile; 0 for one the profile left out because "
+    "it has nothing to test (every feature constant on the reference: a dead layer, a softmax "
+    "at exactly 1.0), which therefore never alarms. The minimum over live workers.",
+    multiprocess_mode="livemin",
+)
 DRIFT_SCORE = GaugeSpec(
     "hookwatch_drift_score",
     ("model", "level", "detector"),
@@ -282,6 +292,7 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     REFERENCE_ACTIVATION_STATISTIC,
     REFERENCE_NONFINITE,
     DRIFT_PROFILE_LOADED,
+    DRIFT_DETECTOR_USABLE,
     DRIFT_SCORE,
     DRIFT_THRESHOLD,
     DRIFT_DETECTED,

@@ -296,3 +296,23 @@ def test_reference_statistics_are_exported_for_alert_thresholds(metrics: MetricS
         statistic="zero_fraction",
     ) == pytest.approx(zero)
     assert value(metrics, cat.REFERENCE_NONFINITE.name, model="r", layer="act", kind="nan") == 0
+
+
+def test_a_layer_constant_on_the_reference_is_left_out_visibly(
+    tmp_path: Path, metrics: MetricSet
+) -> None:
+    fc = nn.Linear(4, 8)
+    with torch.no_grad():
+        fc.bias.fill_(-100.0)  # every unit dead: the ReLU's output is all zeros
+    model = nn.Sequential(OrderedDict(fc=fc, act=nn.ReLU(), out=nn.Linear(8, 3))).eval()
+    config = MonitoringConfig.from_mapping({"layers": ["act"], "drift": {"window": 20}})
+    profile = build_profile(model, config, [torch.randn(64, 4) for _ in range(4)], "dead")
+    assert "act" in profile.left_out and "constant" in profile.left_out["act"]
+    assert "act" not in profile.references and "input" in profile.references
+    loaded = DriftProfile.load(profile.save(tmp_path / "p.npz"))
+    assert loaded.left_out == profile.left_out
+    monitor = Monitor(model, config, "dead", metrics, drift=tracker_for(loaded, config, "dead"))
+    monitor.close()
+    usable = cat.DRIFT_DETECTOR_USABLE.name
+    assert value(metrics, usable, model="dead", level="activation", detector="act") == 0
+    assert value(metrics, usable, model="dead", level="input", detector="input") == 1

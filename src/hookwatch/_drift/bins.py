@@ -25,6 +25,7 @@ __all__ = [
     "BinnedReference",
     "ChiSquare",
     "CodeArray",
+    "DegenerateReference",
     "FloatArray",
     "IntArray",
     "bin_counts",
@@ -40,6 +41,10 @@ CodeArray = NDArray[np.uint8]
 #: Aggregations of per-feature statistics into one detector score.
 AGGREGATIONS = ("mean", "max")
 MAX_BINS = 64
+
+
+class DegenerateReference(ValueError):
+    """A detector with nothing to test: every feature is constant on the reference."""
 
 
 def expect(cond: bool, expected: str, got: object) -> None:
@@ -188,6 +193,10 @@ class BinnedReference:
                 all_edges.append(np.asarray(edges, dtype=np.float64))
             else:
                 dropped.append(j)
+        if not kept:
+            raise DegenerateReference(
+                f"every one of its {x.shape[1]} features is constant on the {n} reference samples"
+            )
         padded = np.full((len(kept), bins - 1), np.inf)
         for i, e in enumerate(all_edges):
             padded[i, : len(e)] = e

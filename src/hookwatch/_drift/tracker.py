@@ -110,6 +110,8 @@ class DriftTracker:
     #: Per layer, the reference mean of each per-sample statistic (``STATISTICS`` order),
     #: exported so alert thresholds compare production with the model's own reference.
     statistics: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    #: Detectors the profile left out (nothing to test on the reference), and why.
+    left_out: Mapping[str, str] = field(default_factory=dict)
     _windows: dict[str, SlidingWindow] = field(default_factory=dict)
     _tally: dict[str, IntArray] = field(default_factory=dict)
     _since: dict[str, int] = field(default_factory=dict)

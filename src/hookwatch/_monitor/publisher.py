@@ -18,7 +18,7 @@ from hookwatch._drift import DriftTracker, IntArray
 from hookwatch._metrics import CounterChild, MetricSet
 from hookwatch._monitor.gate import RequestCounts
 from hookwatch._monitor.processor import DriftTally, LayerTally, Processed
-from hookwatch._names import NONFINITE_KINDS, STATISTICS, SUMMARY_STATISTICS
+from hookwatch._names import NONFINITE_KINDS, STATISTICS, SUMMARY_STATISTICS, level_of
 
 __all__ = ["Publisher", "Snapshot"]
 
@@ -81,8 +81,17 @@ class Publisher:
         m.set(cat.DRIFT_PROFILE_LOADED, 1 if drift is not None else 0, model=name)
         if drift is None:
             return
+        for detector in drift.left_out:
+            m.set(
+                cat.DRIFT_DETECTOR_USABLE,
+                0,
+                model=name,
+                level=level_of(detector),
+                detector=detector,
+            )
         for detector, ref in drift.references.items():
             labels = {"model": name, "level": ref.level, "detector": detector}
+            m.set(cat.DRIFT_DETECTOR_USABLE, 1, **labels)
             m.set(cat.DRIFT_THRESHOLD, drift.calibration.thresholds[detector], **labels)
             m.set(cat.DRIFT_DETECTED, 0, **labels)
             m.touch(cat.DRIFT_WINDOWS, **labels)

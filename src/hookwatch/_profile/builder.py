@@ -18,7 +18,7 @@ from numpy.typing import NDArray
 from torch import nn
 
 from hookwatch._config import MonitoringConfig, as_monitoring_config
-from hookwatch._drift import BinnedReference, Projection, derive
+from hookwatch._drift import BinnedReference, DegenerateReference, Projection, derive
 from hookwatch._errors import ProfileError
 from hookwatch._hooks import Capture, Gate, HookSet, resolve_layers
 from hookwatch._names import OUTPUT_LAYER, STATISTICS, level_of
@@ -207,6 +207,7 @@ def build_profile(
         raise ProfileError(f"expected at least 2 reference samples, got {n}")
     pick = np.sort(codes_rng.choice(n, size=min(n, max_codes), replace=False))
     projections: dict[str, Projection] = {}
+    left_out: dict[str, str] = {}
     head = config.output.head
     for layer in config.watched:
         values: NDArray[Any] = sample[layer]
@@ -227,15 +228,27 @@ def build_profile(
         for name, x in derive(layer, values, OUTPUT_LAYER, head).items():
             if name != layer and name in config.watched:
                 raise ValueError(f"expected no watched layer named like detector {name!r}")
-            if name == "class_mix":
-                classes = sample[layer].shape[1]
-                ref = BinnedReference.categorical(name, level_of(name), x[:, 0], classes, n)
-            elif name == "output" and head == "logits" and x.shape[1] > config.max_features:
-                ref = _top_classes(x, config.max_features, bins, n, aggregation)
-            else:
-                ref = BinnedReference.fit(
-                    name, level_of(name), x, bins, max_codes=n, aggregation=aggregation
+            try:
+                if name == "class_mix":
+                    classes = sample[layer].shape[1]
+                    ref = BinnedReference.categorical(name, level_of(name), x[:, 0], classes, n)
+                elif name == "output" and head == "logits" and x.shape[1] > config.max_features:
+                    ref = _top_classes(x, config.max_features, bins, n, aggregation)
+                else:
+                    ref = BinnedReference.fit(
+                        name, level_of(name), x, bins, max_codes=n, aggregation=aggregation
+                    )
+            except DegenerateReference as error:
+                # A dead layer, or a softmax at exactly 1.0: nothing to test. Leave it out
+                # and say so, rather than serve a detector that can never move (or crash).
+                left_out[name] = str(error)
+                log.warning(
+                    "hookwatch: drift detector %r of model %r is left out: %s",
+                    name,
+                    model_name,
+                    error,
                 )
+                continue
             # Aligned calibration sample: the same reference rows for every detector.
             references[name] = BinnedReference(
                 ref.name,
@@ -259,6 +272,7 @@ def build_profile(
         projections=projections,
         head=head,
         statistics=collector.statistics(),
+        left_out=left_out,
     )
 
 

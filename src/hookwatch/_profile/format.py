@@ -56,6 +56,8 @@ class DriftProfile:
     #: Per watched layer, the reference mean of each per-sample statistic (``STATISTICS``
     #: order): what alert thresholds compare production with.
     statistics: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    #: Detectors with nothing to test on the reference, and why (a layer constant on it).
+    left_out: Mapping[str, str] = field(default_factory=dict)
 
     def header(self) -> dict[str, Any]:
         return {
@@ -69,6 +71,7 @@ class DriftProfile:
             "created": self.created,
             "head": self.head,
             "statistics": {layer: list(values) for layer, values in self.statistics.items()},
+            "left_out": dict(self.left_out),
             "detectors": [
                 {
                     "name": r.name,
@@ -166,6 +169,7 @@ class DriftProfile:
                 layer: tuple(float(v) for v in values)
                 for layer, values in header.get("statistics", {}).items()
             },
+            left_out={str(k): str(v) for k, v in header.get("left_out", {}).items()},
         )
 
     def check(self, config: MonitoringConfig) -> None:
@@ -207,6 +211,7 @@ class DriftProfile:
             head=self.head,
             projections=self.projections,
             statistics=self.statistics,
+            left_out=self.left_out,
         )
 
     def size_bytes(self) -> int:

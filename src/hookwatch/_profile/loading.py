@@ -52,6 +52,14 @@ def tracker_for(profile: DriftProfile, config: MonitoringConfig, model_name: str
         drift.calibration_windows,
         seed=config.seed or 0,
     )
+    for detector, reason in profile.left_out.items():
+        log.warning(
+            "hookwatch: drift detector %r of model %r was left out of its profile (%s); it "
+            "never alarms (hookwatch_drift_detector_usable 0)",
+            detector,
+            model_name,
+            reason,
+        )
     log.info(
         "hookwatch: drift profile of model %r loaded (%d detectors, window %d, false alarm "
         "rate %g, calibrated in %.1f s)",

@@ -384,6 +384,8 @@ def _profile(args: argparse.Namespace) -> int:
         f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB): {len(profile.references)} "
         f"detectors over layers {', '.join(profile.layers)}, {profile.n_seen} reference samples"
     )
+    for detector, reason in profile.left_out.items():
+        print(f"  left out: detector {detector}: {reason} (it can never alarm)")
     for p in profile.projections.values():
         print(
             f"  {p.layer}: {p.input_width} features projected to {p.width} "

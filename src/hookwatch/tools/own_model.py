@@ -552,6 +552,8 @@ def archive_model(
         f"  drift profile from {profile.n_seen} reference samples: {len(profile.references)} "
         f"detectors ({detectors})"
     )
+    for detector, reason in profile.left_out.items():
+        say(f"  left out: detector {detector}: {reason} (it can never alarm)")
     return mar
 
 
