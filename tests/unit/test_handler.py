@@ -22,10 +22,6 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIG = yaml.safe_load((ROOT / "models/digits/model-config.yaml").read_text())
 
 
-def load_handler_class() -> Any:
-    return load_handler("hookwatch_handler")
-
-
 @pytest.fixture
 def model_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     # TorchServe's worker imports the model file from the extracted model dir on sys.path.
@@ -45,7 +41,7 @@ def make_config(**monitoring: Any) -> dict[str, Any]:
 @pytest.fixture
 def handler(model_dir: Path) -> Iterator[tuple[Any, FakeContext]]:
     context = FakeContext(model_dir, make_config(sample_rate=1.0))
-    instance = load_handler_class()()
+    instance = load_handler("hookwatch_handler")()
     instance.initialize(context)
     yield instance, context
     instance.service.close()
@@ -109,14 +105,14 @@ def test_a_batch_of_only_bad_items_runs_no_forward(handler: tuple[Any, FakeConte
 def test_an_unknown_layer_fails_the_load_with_close_matches(model_dir: Path) -> None:
     context = FakeContext(model_dir, make_config(layers=["act1", "fc_1"]))
     with pytest.raises(ConfigError, match=r"'fc_1'.*close matches: fc1, fc2"):
-        load_handler_class()().initialize(context)
+        load_handler("hookwatch_handler")().initialize(context)
 
 
 def test_a_missing_input_section_fails_the_load(model_dir: Path) -> None:
     config = make_config()
     del config["handler"]["input"]
     with pytest.raises(ConfigError, match=r"handler\.input: expected a mapping"):
-        load_handler_class()().initialize(FakeContext(model_dir, config))
+        load_handler("hookwatch_handler")().initialize(FakeContext(model_dir, config))
 
 
 def test_an_archive_from_hookwatch_archive_is_built_by_the_handler(tmp_path: Path) -> None:

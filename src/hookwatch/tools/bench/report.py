@@ -201,7 +201,7 @@ def render(result: BenchResult) -> str:
     add("### Memory")
     add("")
     add(
-        "In process, the demo model served through `ClassifierService.handle` (one request at "
+        "In process, the demo model served through `ModelService.handle` (one request at "
         "a time; after 1,000 warm-up requests), unmonitored and at 100 % sampling; each in a "
         "fresh child process:"
     )
