@@ -316,3 +316,29 @@ def test_a_projected_profile_round_trips_and_the_monitor_captures_its_width(
             assert metrics.sample_values()[faults] == 0
         finally:
             monitor.close()
+
+
+def test_a_profile_that_would_bin_its_reference_differently_once_stored_is_refused() -> None:
+    import dataclasses
+
+    from hookwatch._profile.builder import verify_stored
+
+    torch.manual_seed(0)
+    model = _model()
+    config = _config()
+    batches = [torch.rand(64, 1, 8, 8) * 16 for _ in range(4)]
+    features: dict[str, list[np.ndarray]] = {}
+    for batch in capture_features(model, config, batches):
+        for layer, x in batch.items():
+            features.setdefault(layer, []).append(x)
+    rows = {layer: np.concatenate(x) for layer, x in features.items()}
+    profile = build_profile(model, config, batches, "digits")  # verified inside: passes
+    pick = np.arange(len(rows["act1"]))
+    verify_stored(profile, rows, pick)
+    # Stored edges that moved (as float32 rounding moved them) no longer bin the reference
+    # into the codes its counts and calibration came from.
+    ref = profile.references["act1"]
+    moved = dataclasses.replace(ref, edges=ref.edges * 1.05)
+    tampered = dataclasses.replace(profile, references={**profile.references, "act1": moved})
+    with pytest.raises(ProfileError, match=r"detector 'act1': expected the stored profile"):
+        verify_stored(tampered, rows, pick)

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import tempfile
 import time
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -261,7 +263,7 @@ def build_profile(
                 ref.kept,
                 ref.categories,
             )
-    return DriftProfile(
+    profile = DriftProfile(
         model=model_name,
         references=references,
         layers=tuple(config.watched),
@@ -274,6 +276,39 @@ def build_profile(
         statistics=collector.statistics(),
         left_out=left_out,
     )
+    verify_stored(profile, sample, pick)
+    return profile
+
+
+def verify_stored(
+    profile: DriftProfile, rows: Mapping[str, NDArray[Any]], pick: NDArray[Any]
+) -> None:
+    """Refuse a profile that, once written and read back, bins its own reference differently.
+
+    ``rows`` are the captured reference features per layer, ``pick`` the calibration samples
+    among them. They go through what a worker applies, from the stored file (projection,
+    derived detectors, bin edges), in the same batch as when the profile was built; the codes
+    must be the ones the counts and the calibration were made from. Edges stored at a lower
+    precision than they were fitted in failed exactly this way (profile format 2).
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        stored = DriftProfile.load(profile.save(Path(tmp) / "profile.npz"))
+    for layer in profile.layers:
+        values: NDArray[Any] = rows[layer]
+        projection = stored.projections.get(layer)
+        if projection is not None:
+            values = projection.apply(values)
+        for name, x in derive(layer, values, OUTPUT_LAYER, stored.head).items():
+            if name not in stored.references:
+                continue
+            codes = stored.references[name].encode(x)[pick]
+            moved = float((codes != profile.references[name].codes).any(axis=1).mean())
+            if moved > 0:
+                raise ProfileError(
+                    f"detector {name!r}: expected the stored profile to bin its reference as "
+                    f"built, got {moved:.1%} of the reference samples in other bins; refusing "
+                    "to write a profile whose scores would be wrong"
+                )
 
 
 def _top_classes(
