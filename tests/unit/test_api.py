@@ -169,15 +169,19 @@ def test_the_api_example_serves_and_exports_what_the_torchserve_handler_does(
         status, answer = _post(f"http://127.0.0.1:{app}/", body)
         assert status == 200 and len(answer["class"]) == 2
     assert _post(f"http://127.0.0.1:{app}/", b'{"data": [1, 2, 3]}')[0] == 400
-    # Published every flush_interval_s (1 s): wait for the counts to arrive.
+    # Published every flush_interval_s (1 s): wait until the counts of every request (the
+    # last one a reject) have arrived; a publish can fall between any two requests.
+    expected = (
+        'hookwatch_requests_total{model="tabular"} 121.0',  # 1 probe + 60 x 2
+        'hookwatch_requests_rejected_total{model="tabular"} 1.0',  # the 400 is no request
+    )
     deadline = time.monotonic() + 10
     while True:
         text = _get(f"http://127.0.0.1:{metrics_port}/metrics")
-        if 'hookwatch_requests_total{model="tabular"} 121.0' in text or time.monotonic() > deadline:
+        if all(line in text for line in expected) or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    # 1 probe + 60 x 2; the 400 is a reject, not a request.
-    assert 'hookwatch_requests_total{model="tabular"} 121.0' in text
+    assert expected[0] in text
     assert 'hookwatch_requests_rejected_total{model="tabular"} 1.0' in text
     assert 'hookwatch_drift_profile_loaded{model="tabular"} 1.0' in text
     assert 'hookwatch_captures_total{layer="act",model="tabular"} 121.0' in text
