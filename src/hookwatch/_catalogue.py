@@ -33,6 +33,7 @@ __all__ = [
     "DRIFT_BIN_SAMPLES",
     "DRIFT_DETECTED",
     "DRIFT_DETECTOR_USABLE",
+    "DRIFT_FIRST_ALARM",
     "DRIFT_PROFILE_LOADED",
     "DRIFT_REFERENCE_BIN_SAMPLES",
     "DRIFT_SCORE",
@@ -240,6 +241,16 @@ DRIFT_DETECTED = GaugeSpec(
     "max by (model) (...) is the calibrated any-detector alarm of one worker.",
     multiprocess_mode="livemax",
 )
+DRIFT_FIRST_ALARM = GaugeSpec(
+    "hookwatch_drift_first_alarm",
+    ("model", "level", "detector"),
+    "",
+    "1 for the detector(s) that alarmed first in the current alarm episode of a worker (it "
+    "starts when a detector alarms while none does, and ends when none does; detectors alarming "
+    "on the same samples share it), 0 otherwise: which layer moved first. The maximum over "
+    "live workers.",
+    multiprocess_mode="livemax",
+)
 DRIFT_WINDOWS = CounterSpec(
     "hookwatch_drift_windows_total",
     ("model", "level", "detector"),
@@ -296,6 +307,7 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     DRIFT_SCORE,
     DRIFT_THRESHOLD,
     DRIFT_DETECTED,
+    DRIFT_FIRST_ALARM,
     DRIFT_WINDOWS,
     DRIFT_ALARMS,
     DRIFT_WINDOW_SAMPLES,

@@ -188,3 +188,30 @@ def test_projection_leaves_out_directions_without_reference_variance() -> None:
     assert full.residual and full.width == 4
     moved = x + 0.5 * rng.normal(size=x.shape)
     assert full.apply(moved)[:, 3].mean() > 20 * full.apply(x)[:, 3].mean()
+
+
+def test_the_detector_that_alarms_first_is_remembered_for_the_episode() -> None:
+    x = _correlated(1000, seed=9)
+    refs = {name: BinnedReference.fit(name, "activation", x, bins=8) for name in ("early", "late")}
+    cal = calibrate(list(refs.values()), window=40, false_alarm_rate=0.01, windows=1000)
+    tracker = DriftTracker(refs, cal, step=40)
+    shifted = _correlated(40, seed=10, shift=2.0)
+    for name in refs:
+        tracker.new_round()
+        tracker.update(name, x[:40])
+    assert tracker.first_alarms == frozenset()
+    tracker.new_round()
+    assert tracker.update("early", shifted)[-1].is_drift
+    tracker.new_round()
+    assert tracker.update("late", shifted)[-1].is_drift
+    assert tracker.first_alarms == {"early"}  # "late" joined an episode already running
+    # Both quiet again: the episode ends; the next one starts with whoever alarms then, and
+    # detectors alarming in the same round share it.
+    for name in refs:
+        tracker.new_round()
+        tracker.update(name, x[40:80])
+    assert tracker.first_alarms == frozenset()
+    tracker.new_round()
+    tracker.update("late", shifted)
+    tracker.update("early", shifted)
+    assert tracker.first_alarms == {"early", "late"}

@@ -288,3 +288,28 @@ def test_request_counts_are_exported_on_publish_and_exact_across_threads(
     run(monitor, net, batches=5)
     monitor.close()
     assert value(metrics, "hookwatch_requests_total", model="m") == 1605
+
+
+def test_the_first_detector_to_alarm_is_exported(metrics: MetricSet) -> None:
+    from collections import OrderedDict
+
+    from hookwatch._profile import build_profile, tracker_for
+
+    torch.manual_seed(0)
+    net = nn.Sequential(OrderedDict(fc=nn.Linear(4, 8), act=nn.ReLU(), out=nn.Linear(8, 3)))
+    config = MonitoringConfig.from_mapping(
+        {"layers": ["act"], "sample_rate": 1.0, "drift": {"window": 20, "step": 20}}
+    )
+    profile = build_profile(net.eval(), config, [torch.randn(100, 4) for _ in range(4)], "m")
+    monitor = Monitor(net, config, "m", metrics, drift=tracker_for(profile, config, "m"))
+    with torch.inference_mode(), monitor.request(20):
+        net(torch.randn(20, 4))
+    monitor.flush()
+    first = "hookwatch_drift_first_alarm"
+    assert value(metrics, first, model="m", level="input", detector="input") == 0
+    # Only the input's scale moves at first: a shift the input detector sees before the rest.
+    with torch.inference_mode(), monitor.request(20):
+        net(torch.randn(20, 4) * 6)
+    monitor.flush()
+    monitor.close()
+    assert value(metrics, first, model="m", level="input", detector="input") == 1

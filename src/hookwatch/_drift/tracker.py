@@ -115,6 +115,13 @@ class DriftTracker:
     _windows: dict[str, SlidingWindow] = field(default_factory=dict)
     _tally: dict[str, IntArray] = field(default_factory=dict)
     _since: dict[str, int] = field(default_factory=dict)
+    #: Detectors whose latest verdict alarmed.
+    _alarming: set[str] = field(default_factory=set)
+    #: The detectors that alarmed first in the current alarm episode (an episode starts when
+    #: a detector alarms while none is alarming, and ends when none is); empty between.
+    first_alarms: frozenset[str] = frozenset()
+    _round: int = 0
+    _episode_round: int = -1
 
     def __post_init__(self) -> None:
         expect(self.step >= 1, "a step of at least 1", self.step)
@@ -160,6 +167,24 @@ class DriftTracker:
         """Features each projected layer must capture: its projection's input width."""
         return {layer: p.input_width for layer, p in self.projections.items()}
 
+    def new_round(self) -> None:
+        """Verdicts until the next call count as simultaneous (the capture thread calls it once
+        per drain), so detectors that alarm on the same samples share "first"."""
+        self._round += 1
+
+    def _track_episode(self, result: DriftResult) -> None:
+        if not result.is_drift:
+            self._alarming.discard(result.detector)
+            if not self._alarming:
+                self.first_alarms = frozenset()
+            return
+        if not self._alarming:
+            self._episode_round = self._round
+            self.first_alarms = frozenset()
+        if self._episode_round == self._round:
+            self.first_alarms = self.first_alarms | {result.detector}
+        self._alarming.add(result.detector)
+
     def take_counts(self) -> dict[str, IntArray]:
         """Bin counts ``[F, K]`` per tallied detector since the last call, then forget them."""
         taken, self._tally = self._tally, {}
@@ -169,4 +194,6 @@ class DriftTracker:
         ref = self.references[name]
         score = float(ref.score(self._windows[name].counts))
         threshold = self.calibration.thresholds[name]
-        return DriftResult(name, ref.level, score > threshold, score, threshold, self.window)
+        result = DriftResult(name, ref.level, score > threshold, score, threshold, self.window)
+        self._track_episode(result)
+        return result

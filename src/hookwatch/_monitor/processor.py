@@ -60,6 +60,9 @@ class Processed:
     drift: dict[str, DriftTally] = field(default_factory=dict)
     #: Fleet bin counts ``[F, K]`` per tallied detector.
     bins: dict[str, IntArray] = field(default_factory=dict)
+    #: The detectors that alarmed first in the current alarm episode, as of the last drain
+    #: with verdicts (None: no verdict since the last take).
+    first_alarms: frozenset[str] | None = None
 
 
 class CaptureProcessor:
@@ -94,6 +97,8 @@ class CaptureProcessor:
         self._faults: dict[str, int] = defaultdict(int)
 
     def process(self, records: Sequence[Record]) -> None:
+        if self.drift is not None:
+            self.drift.new_round()
         by_layer: dict[str, list[Capture]] = defaultdict(list)
         for record in records:
             for layer, capture in record.items():
@@ -188,6 +193,7 @@ class CaptureProcessor:
             results = self.drift.update(layer, features)
             if results:
                 with self._lock:
+                    self._pending.first_alarms = self.drift.first_alarms
                     drift = self._pending.drift
                     for result in results:
                         pending = drift.get(result.detector)

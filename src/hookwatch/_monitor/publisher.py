@@ -53,6 +53,8 @@ class Publisher:
         #: Fleet-wide drift counters per (detector, kept feature, bin), bound at declare().
         self._bin_counters: dict[str, dict[tuple[int, int], CounterChild]] = {}
         self._published: dict[str, int] = {}
+        #: Level of each detector of the loaded profile (for the first-alarm gauges).
+        self._levels: dict[str, str] = {}
         # Publishing runs on the capture thread's tick and from flush(): one lock keeps the
         # differences exact.
         self._lock = threading.Lock()
@@ -92,6 +94,8 @@ class Publisher:
         for detector, ref in drift.references.items():
             labels = {"model": name, "level": ref.level, "detector": detector}
             m.set(cat.DRIFT_DETECTOR_USABLE, 1, **labels)
+            m.set(cat.DRIFT_FIRST_ALARM, 0, **labels)
+            self._levels[detector] = ref.level
             m.set(cat.DRIFT_THRESHOLD, drift.calibration.thresholds[detector], **labels)
             m.set(cat.DRIFT_DETECTED, 0, **labels)
             m.touch(cat.DRIFT_WINDOWS, **labels)
@@ -169,6 +173,10 @@ class Publisher:
             self._publish_layer(layer, tally)
         for detector in sorted(processed.drift):
             self._publish_drift(processed.drift[detector])
+        if processed.first_alarms is not None:
+            for detector, level in self._levels.items():
+                first = 1 if detector in processed.first_alarms else 0
+                m.set(cat.DRIFT_FIRST_ALARM, first, model=name, level=level, detector=detector)
         self._publish_bins(processed.bins)
         m.set(cat.CAPTURE_QUEUE_DEPTH, snapshot.queue_depth, model=name)
         for layer, count in snapshot.faults.items():
