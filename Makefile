@@ -14,9 +14,10 @@ PYTEST_ARGS ?=
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-deps: ## install the system parts if missing: Prometheus/promtool, docker-compose (for config checks), Java
+deps: ## install the system parts if missing: Prometheus/promtool, docker-compose (for config checks), Java, curl
 	@missing=""; \
 	command -v prometheus >/dev/null && command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	command -v curl >/dev/null || missing="$$missing curl"; \
 	command -v docker-compose >/dev/null || missing="$$missing docker-compose"; \
 	command -v java >/dev/null || missing="$$missing openjdk-17-jre-headless"; \
 	if [ -n "$$missing" ]; then \
