@@ -119,13 +119,15 @@ class Monitor:
         self.processor.process(records)
 
     def _publish(self) -> None:
-        faults = dict(self.gate.counts().hook_faults)
+        # One copy of the gate's tallies: the request counts and hook faults of one moment.
+        counts = self.gate.counts()
+        faults = dict(counts.hook_faults)
         for layer, count in self.processor.faults.items():
             faults[layer] = faults.get(layer, 0) + count
         faults[ALL_LAYERS] = self.worker.faults
         self.publisher.publish(
             Snapshot(
-                counts=self.gate.counts(),
+                counts=counts,
                 processed=self.processor.take(),
                 queue_depth=self.worker.depth,
                 faults=faults,

@@ -560,9 +560,7 @@ def archive_model(
 def build_dir_for_preprocess(extra_files: Sequence[Path], ref: ModelRef) -> Path:
     """Where a preprocess module is looked up at archive time: beside the extra files (which is
     where it lies in the model directory once archived), else beside the model file."""
-    for extra in extra_files:
-        return extra.resolve().parent
-    return ref.path.resolve().parent
+    return (extra_files[0] if extra_files else ref.path).resolve().parent
 
 
 def mar_model_name(mar: Path) -> str:
