@@ -33,10 +33,13 @@ __all__ = [
     "DRIFT_BIN_SAMPLES",
     "DRIFT_DETECTED",
     "DRIFT_DETECTOR_USABLE",
+    "DRIFT_EVIDENCE",
+    "DRIFT_EVIDENCE_THRESHOLD",
     "DRIFT_FIRST_ALARM",
     "DRIFT_PROFILE_LOADED",
     "DRIFT_REFERENCE_BIN_SAMPLES",
     "DRIFT_SCORE",
+    "DRIFT_SEQUENTIAL_ALARMS",
     "DRIFT_THRESHOLD",
     "DRIFT_WINDOWS",
     "DRIFT_WINDOW_SAMPLES",
@@ -263,6 +266,31 @@ DRIFT_ALARMS = CounterSpec(
     "windows",
     "Verdicts over threshold; rate(alarms) / rate(windows) is the alarm share actually seen.",
 )
+DRIFT_SEQUENTIAL_ALARMS = CounterSpec(
+    "hookwatch_drift_sequential_alarms_total",
+    ("model", "level", "detector"),
+    "alarms",
+    "Alarms of the detector's anytime-valid test (drift.sequential): on clean traffic, all "
+    "detectors of all workers together raise at most one per drift.run_length sampled "
+    "requests in expectation. The drift alert pages on it.",
+)
+DRIFT_EVIDENCE = GaugeSpec(
+    "hookwatch_drift_evidence",
+    ("model", "level", "detector"),
+    "",
+    "Natural log of the anytime-valid test's evidence against the reference (its "
+    "Shiryaev-Roberts statistic, 0 when below 1); it alarms and restarts from 0 on reaching "
+    "hookwatch_drift_evidence_threshold. The maximum over live workers.",
+    multiprocess_mode="livemax",
+)
+DRIFT_EVIDENCE_THRESHOLD = GaugeSpec(
+    "hookwatch_drift_evidence_threshold",
+    ("model", "level", "detector"),
+    "",
+    "Natural log of the evidence at which the detector's anytime-valid test alarms: "
+    "log(drift.run_length x detectors).",
+    multiprocess_mode="livemax",
+)
 DRIFT_WINDOW_SAMPLES = GaugeSpec(
     "hookwatch_drift_window_samples",
     ("model",),
@@ -310,6 +338,9 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     DRIFT_FIRST_ALARM,
     DRIFT_WINDOWS,
     DRIFT_ALARMS,
+    DRIFT_SEQUENTIAL_ALARMS,
+    DRIFT_EVIDENCE,
+    DRIFT_EVIDENCE_THRESHOLD,
     DRIFT_WINDOW_SAMPLES,
     DRIFT_BIN_SAMPLES,
     DRIFT_REFERENCE_BIN_SAMPLES,

@@ -126,6 +126,15 @@ class DriftConfig:
     #: With "pca", the most features per sample captured from a wide layer and projected: it
     #: bounds the copy a sampled forward makes and the size of the projection in the profile.
     projection_width: int = 4096
+    #: Anytime-valid alarms (hookwatch._drift.sequential) beside the sliding windows; the
+    #: drift alert pages on them.
+    sequential: bool = True
+    #: Expected sampled requests between two false alarms of the sequential tests, all
+    #: detectors together (per worker, and so for the fleet's samples too). The default is
+    #: 30 days at 10 sampled requests per second (100 requests/s at 10 % sampling).
+    run_length: int = 25_920_000
+    #: Probability that the reference-sampling bounds the sequential tests rest on hold.
+    reference_confidence: float = 0.99
 
     @property
     def effective_step(self) -> int:
@@ -159,6 +168,12 @@ class DriftConfig:
         rate = _number(keyed, "drift.false_alarm_rate", cls.false_alarm_rate, 0.0, 0.5)
         _expect(rate > 0.0, "drift.false_alarm_rate", "a number in (0, 0.5]", rate)
         window = _integer(keyed, "drift.window", cls.window, 2, 100_000)
+        sequential = raw.get("sequential", True)
+        _expect(isinstance(sequential, bool), "drift.sequential", "true or false", sequential)
+        confidence = _number(
+            keyed, "drift.reference_confidence", cls.reference_confidence, 0.5, 1.0
+        )
+        _expect(confidence < 1.0, "drift.reference_confidence", "a number in [0.5, 1)", confidence)
         return cls(
             enabled=enabled,
             window=window,
@@ -172,6 +187,9 @@ class DriftConfig:
             projection_width=_integer(
                 keyed, "drift.projection_width", cls.projection_width, 1, 65_536
             ),
+            sequential=sequential,
+            run_length=_integer(keyed, "drift.run_length", cls.run_length, 100, 10**15),
+            reference_confidence=confidence,
         )
 
 

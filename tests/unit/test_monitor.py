@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
 
 import pytest
@@ -313,3 +314,31 @@ def test_the_first_detector_to_alarm_is_exported(metrics: MetricSet) -> None:
     monitor.flush()
     monitor.close()
     assert value(metrics, first, model="m", level="input", detector="input") == 1
+
+
+def test_sequential_alarms_and_evidence_are_exported(metrics: MetricSet) -> None:
+    from collections import OrderedDict
+
+    from hookwatch._profile import build_profile, tracker_for
+
+    torch.manual_seed(0)
+    net = nn.Sequential(OrderedDict(fc=nn.Linear(4, 8), act=nn.ReLU(), out=nn.Linear(8, 3)))
+    config = MonitoringConfig.from_mapping(
+        {"layers": ["act"], "sample_rate": 1.0, "drift": {"window": 50, "run_length": 1000}}
+    )
+    profile = build_profile(net.eval(), config, [torch.randn(500, 4) for _ in range(4)], "m")
+    tracker = tracker_for(profile, config, "m")
+    monitor = Monitor(net, config, "m", metrics, drift=tracker)
+    labels = {"model": "m", "level": "input", "detector": "input"}
+    threshold = value(metrics, "hookwatch_drift_evidence_threshold", **labels)
+    assert threshold == pytest.approx(math.log(1000 * len(profile.references)))
+    assert value(metrics, "hookwatch_drift_sequential_alarms_total", **labels) == 0
+    for _ in range(20):
+        with torch.inference_mode(), monitor.request(20):
+            net(torch.randn(20, 4) * 4)
+    monitor.flush()
+    monitor.close()
+    alarms = value(metrics, "hookwatch_drift_sequential_alarms_total", **labels)
+    assert alarms >= 1 and alarms == tracker.sequential["input"].alarms
+    evidence = value(metrics, "hookwatch_drift_evidence", **labels)
+    assert 0 <= evidence < threshold

@@ -22,6 +22,7 @@ from hookwatch._drift.bins import (
 from hookwatch._drift.calibration import Calibration, calibrate
 from hookwatch._drift.features import derive, softmax
 from hookwatch._drift.projection import Projection
+from hookwatch._drift.sequential import SequentialAlarm, SequentialTest, reference_tolerance
 from hookwatch._drift.tracker import DriftResult, DriftTracker, SlidingWindow
 
 __all__ = [
@@ -36,11 +37,14 @@ __all__ = [
     "FloatArray",
     "IntArray",
     "Projection",
+    "SequentialAlarm",
+    "SequentialTest",
     "SlidingWindow",
     "bin_counts",
     "calibrate",
     "derive",
     "encode",
     "expected_shares",
+    "reference_tolerance",
     "softmax",
 ]

@@ -13,6 +13,7 @@ from hookwatch._drift.bins import BinnedReference, CodeArray, IntArray, bin_coun
 from hookwatch._drift.calibration import Calibration
 from hookwatch._drift.features import derive
 from hookwatch._drift.projection import Projection
+from hookwatch._drift.sequential import SequentialTest
 from hookwatch._names import OUTPUT_LAYER
 
 __all__ = ["DriftResult", "DriftTracker", "SlidingWindow"]
@@ -112,6 +113,8 @@ class DriftTracker:
     statistics: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     #: Detectors the profile left out (nothing to test on the reference), and why.
     left_out: Mapping[str, str] = field(default_factory=dict)
+    #: Per detector, its anytime-valid test (fed the same codes as its window); empty: off.
+    sequential: Mapping[str, SequentialTest] = field(default_factory=dict)
     _windows: dict[str, SlidingWindow] = field(default_factory=dict)
     _tally: dict[str, IntArray] = field(default_factory=dict)
     _since: dict[str, int] = field(default_factory=dict)
@@ -144,6 +147,9 @@ class DriftTracker:
                 continue
             window = self._windows[name]
             codes = ref.encode(x)
+            test = self.sequential.get(name)
+            if test is not None:
+                test.update(codes)
             if name in self.tallied:
                 counts = bin_counts(codes[None], ref.n_bins)[0]
                 pending = self._tally.get(name)
@@ -184,6 +190,10 @@ class DriftTracker:
         if self._episode_round == self._round:
             self.first_alarms = self.first_alarms | {result.detector}
         self._alarming.add(result.detector)
+
+    def sequential_state(self) -> dict[str, tuple[int, float]]:
+        """Per detector with a sequential test: its alarms so far and its current log evidence."""
+        return {name: (t.alarms, t.log_evidence) for name, t in self.sequential.items()}
 
     def take_counts(self) -> dict[str, IntArray]:
         """Bin counts ``[F, K]`` per tallied detector since the last call, then forget them."""

@@ -63,6 +63,9 @@ class Processed:
     #: The detectors that alarmed first in the current alarm episode, as of the last drain
     #: with verdicts (None: no verdict since the last take).
     first_alarms: frozenset[str] | None = None
+    #: Per detector with a sequential test: its alarms so far (cumulative) and its current
+    #: log evidence, as of the last drain.
+    sequential: dict[str, tuple[int, float]] = field(default_factory=dict)
 
 
 class CaptureProcessor:
@@ -115,6 +118,9 @@ class CaptureProcessor:
                 self._fault("processing", layer, error, "capture for that layer is off")
         if self.drift is not None:
             counts = self.drift.take_counts()
+            sequential = self.drift.sequential_state()
+            with self._lock:
+                self._pending.sequential = sequential
             if counts:
                 with self._lock:
                     bins = self._pending.bins

@@ -100,6 +100,11 @@ class Publisher:
             m.set(cat.DRIFT_DETECTED, 0, **labels)
             m.touch(cat.DRIFT_WINDOWS, **labels)
             m.touch(cat.DRIFT_ALARMS, **labels)
+            test = drift.sequential.get(detector)
+            if test is not None:
+                m.touch(cat.DRIFT_SEQUENTIAL_ALARMS, **labels)
+                m.set(cat.DRIFT_EVIDENCE, 0, **labels)
+                m.set(cat.DRIFT_EVIDENCE_THRESHOLD, test.log_threshold, **labels)
         m.set(cat.DRIFT_WINDOW_SAMPLES, drift.window, model=name)
         for layer, values in drift.statistics.items():
             if layer not in watched:
@@ -177,6 +182,11 @@ class Publisher:
             for detector, level in self._levels.items():
                 first = 1 if detector in processed.first_alarms else 0
                 m.set(cat.DRIFT_FIRST_ALARM, first, model=name, level=level, detector=detector)
+        for detector, (alarms, evidence) in processed.sequential.items():
+            labels = {"model": name, "level": self._levels[detector], "detector": detector}
+            m.inc(cat.DRIFT_SEQUENTIAL_ALARMS, self._delta(f"seq:{detector}", alarms), **labels)
+            # Below 1 (log < 0, or -inf just after an alarm) the test holds no evidence.
+            m.set(cat.DRIFT_EVIDENCE, max(evidence, 0.0), **labels)
         self._publish_bins(processed.bins)
         m.set(cat.CAPTURE_QUEUE_DEPTH, snapshot.queue_depth, model=name)
         for layer, count in snapshot.faults.items():

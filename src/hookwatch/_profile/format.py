@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import zipfile
 from collections.abc import Mapping
@@ -23,7 +24,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from hookwatch._config import MonitoringConfig
-from hookwatch._drift import BinnedReference, Calibration, DriftTracker, Projection, calibrate
+from hookwatch._drift import (
+    BinnedReference,
+    Calibration,
+    DriftTracker,
+    Projection,
+    SequentialTest,
+    calibrate,
+)
 from hookwatch._errors import ProfileError
 from hookwatch._names import OUTPUT_LAYER
 
@@ -201,7 +209,15 @@ class DriftProfile:
         false_alarm_rate: float,
         windows: int = 4000,
         seed: int = 0,
+        run_length: int | None = None,
+        reference_confidence: float = 0.99,
     ) -> DriftTracker:
+        """A tracker for these references; with ``run_length``, anytime-valid tests too.
+
+        ``run_length`` is the expected number of samples between false alarms of all
+        detectors together; ``reference_confidence`` the probability that the reference
+        bounds hold (see ``hookwatch._drift.sequential``).
+        """
         calibration = self.calibrate(window, false_alarm_rate, windows, seed)
         return DriftTracker(
             self.references,
@@ -212,7 +228,30 @@ class DriftProfile:
             projections=self.projections,
             statistics=self.statistics,
             left_out=self.left_out,
+            sequential=(
+                {}
+                if run_length is None
+                else self.sequential_tests(run_length, reference_confidence, window)
+            ),
         )
+
+    def sequential_tests(
+        self, run_length: int, reference_confidence: float, memory: int
+    ) -> dict[str, SequentialTest]:
+        """One anytime-valid test per detector, splitting the false alarm budget evenly."""
+        if not 0.0 < reference_confidence < 1.0:
+            raise ProfileError(
+                f"expected a reference confidence in (0, 1), got {reference_confidence!r}"
+            )
+        if run_length < 2:
+            raise ProfileError(f"expected a run length of at least 2, got {run_length!r}")
+        refs = list(self.references.values())
+        features = sum(r.n_features for r in refs)
+        log_threshold = math.log(run_length * len(refs))
+        log_features_over_delta = math.log(features / (1.0 - reference_confidence))
+        return {
+            r.name: SequentialTest(r, log_threshold, log_features_over_delta, memory) for r in refs
+        }
 
     def size_bytes(self) -> int:
         buffer = io.BytesIO()

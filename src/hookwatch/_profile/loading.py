@@ -51,6 +51,8 @@ def tracker_for(profile: DriftProfile, config: MonitoringConfig, model_name: str
         drift.false_alarm_rate,
         drift.calibration_windows,
         seed=config.seed or 0,
+        run_length=drift.run_length if drift.sequential else None,
+        reference_confidence=drift.reference_confidence,
     )
     for detector, reason in profile.left_out.items():
         log.warning(

@@ -1,0 +1,99 @@
+"""The anytime-valid drift test: run length on clean streams, power, streaming arithmetic."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from hookwatch._drift import BinnedReference, SequentialTest, reference_tolerance
+from hookwatch._drift.sequential import _roberts
+
+FEATURES = 4
+
+
+def _reference(n: int = 2000, seed: int = 0) -> BinnedReference:
+    rng = np.random.default_rng(seed)
+    return BinnedReference.fit("layer", "activation", rng.normal(size=(n, FEATURES)), bins=10)
+
+
+def _test(ref: BinnedReference, run_length: float) -> SequentialTest:
+    return SequentialTest(ref, math.log(run_length), math.log(FEATURES / 0.01), memory=200)
+
+
+def test_roberts_block_equals_the_recursion_sample_by_sample() -> None:
+    rng = np.random.default_rng(1)
+    log_e = rng.normal(scale=0.7, size=(32, 3))
+    r0 = np.array([0.0, 0.3, 7.0])
+    block = _roberts(r0, np.exp(log_e))
+    r = r0.copy()
+    for t in range(32):
+        r = np.exp(log_e[t]) * (r + 1)
+        assert np.allclose(block[t], r, rtol=1e-9)
+
+
+def test_clean_streams_stay_far_below_the_stated_false_alarm_rate() -> None:
+    """At a run length of 500 samples a clean stream of 200,000 may alarm 400 times in
+    expectation; the reference tolerance keeps it far below. Over several reference draws."""
+    alarms = 0
+    for seed in range(3):
+        ref = _reference(seed=seed)
+        test = _test(ref, 500)
+        rng = np.random.default_rng(100 + seed)
+        alarms += len(test.update(ref.encode(rng.normal(size=(200_000, FEATURES)))))
+    assert alarms <= 3 * 200_000 / 500 * 0.1, alarms
+
+
+def test_without_the_reference_tolerance_a_finite_reference_alarms_on_clean_traffic() -> None:
+    """What the tolerance is for: betting on the reference's shares as if they were exact, a
+    long clean stream finds the reference's own sampling error and alarms over and over."""
+    ref = _reference(n=300)
+    test = _test(ref, 500)
+    test._tolerance = np.zeros_like(test._tolerance)
+    rng = np.random.default_rng(7)
+    alarms = test.update(ref.encode(rng.normal(size=(200_000, FEATURES))))
+    assert len(alarms) > 200_000 / 500, len(alarms)
+
+
+@pytest.mark.parametrize(("shift", "within"), [(1.0, 300), (0.5, 2000)])
+def test_a_mean_shift_alarms_soon_at_a_thirty_day_run_length(shift: float, within: int) -> None:
+    ref = _reference()
+    test = _test(ref, 25_920_000 * 10)
+    rng = np.random.default_rng(3)
+    assert test.update(ref.encode(rng.normal(size=(2000, FEATURES)))) == []
+    alarms = test.update(ref.encode(rng.normal(size=(within, FEATURES)) + shift))
+    assert alarms and alarms[0].position <= 2000 + within
+    assert (alarms[0].detector, alarms[0].level) == ("layer", "activation")
+
+
+def test_a_shift_within_the_reference_tolerance_is_not_an_alarm() -> None:
+    ref = _reference(n=500)
+    test = _test(ref, 25_920_000 * 10)
+    rng = np.random.default_rng(4)
+    assert test.update(ref.encode(rng.normal(size=(50_000, FEATURES)) + 0.05)) == []
+
+
+def test_results_do_not_depend_on_how_the_stream_is_cut() -> None:
+    ref = _reference()
+    rng = np.random.default_rng(5)
+    codes = ref.encode(
+        np.concatenate([rng.normal(size=(3000, FEATURES)), rng.normal(size=(3000, FEATURES)) + 0.7])
+    )
+    whole = _test(ref, 1e6)
+    expected = [a.position for a in whole.update(codes)]
+    pieces = _test(ref, 1e6)
+    got: list[int] = []
+    cuts = np.cumsum(rng.integers(1, 90, size=400))
+    for part in np.split(codes, cuts[cuts < len(codes)]):
+        got += [a.position for a in pieces.update(part)]
+    assert expected and got == expected
+    assert math.isclose(whole.log_evidence, pieces.log_evidence, rel_tol=1e-9, abs_tol=1e-9)
+
+
+def test_the_tolerance_shrinks_like_one_over_root_n() -> None:
+    small, large = (
+        reference_tolerance(np.array([10]), 1000, 10.0),
+        reference_tolerance(np.array([10]), 4000, 10.0),
+    )
+    assert math.isclose(float(small[0] / large[0]), 2.0)
