@@ -316,7 +316,9 @@ def test_the_first_detector_to_alarm_is_exported(metrics: MetricSet) -> None:
     assert value(metrics, first, model="m", level="input", detector="input") == 1
 
 
-def test_sequential_alarms_and_evidence_are_exported(metrics: MetricSet) -> None:
+def test_sequential_alarms_and_evidence_are_exported(
+    metrics: MetricSet, caplog: pytest.LogCaptureFixture
+) -> None:
     from collections import OrderedDict
 
     from hookwatch._profile import build_profile, tracker_for
@@ -342,3 +344,9 @@ def test_sequential_alarms_and_evidence_are_exported(metrics: MetricSet) -> None
     assert alarms >= 1 and alarms == tracker.sequential["input"].alarms
     evidence = value(metrics, "hookwatch_drift_evidence", **labels)
     assert 0 <= evidence < threshold
+    # Each alarm is logged for the on-call, once per detector a minute however often it
+    # alarms, and the tracker holds none once they were taken.
+    logged = [r.getMessage() for r in caplog.records if "drift alarm on 'input'" in r.getMessage()]
+    assert len(logged) == 1, logged
+    assert "anytime-valid" in logged[0] and "model 'm'" in logged[0]
+    assert tracker.take_alarms() == []

@@ -97,3 +97,32 @@ def test_the_tolerance_shrinks_like_one_over_root_n() -> None:
         reference_tolerance(np.array([10]), 4000, 10.0),
     )
     assert math.isclose(float(small[0] / large[0]), 2.0)
+
+
+def test_the_tracker_hands_over_its_sequential_alarms_once_and_holds_a_bounded_list() -> None:
+    from hookwatch._drift import DriftTracker, calibrate
+    from hookwatch._drift.tracker import MAX_PENDING_ALARMS
+
+    ref = _reference()
+    rng = np.random.default_rng(9)
+
+    def tracker() -> DriftTracker:
+        return DriftTracker(
+            {"layer": ref},
+            calibrate([ref], 50, windows=200),
+            10,
+            sequential={"layer": _test(ref, 100)},
+        )
+
+    t = tracker()
+    shifted = rng.normal(size=(3000, FEATURES)) + 2.0
+    t.update("layer", shifted)
+    alarms = t.take_alarms()
+    assert alarms and [a.position for a in alarms] == sorted(a.position for a in alarms)
+    assert alarms[-1].position <= 3000 and t.take_alarms() == []
+    # Never taken: the list stops growing; the test still counts every alarm.
+    untaken = tracker()
+    for _ in range(40):
+        untaken.update("layer", shifted)
+    assert len(untaken._alarms) == MAX_PENDING_ALARMS
+    assert untaken.sequential["layer"].alarms > MAX_PENDING_ALARMS

@@ -13,10 +13,14 @@ from hookwatch._drift.bins import BinnedReference, CodeArray, IntArray, bin_coun
 from hookwatch._drift.calibration import Calibration
 from hookwatch._drift.features import derive
 from hookwatch._drift.projection import Projection
-from hookwatch._drift.sequential import SequentialTest
+from hookwatch._drift.sequential import SequentialAlarm, SequentialTest
 from hookwatch._names import OUTPUT_LAYER
 
-__all__ = ["DriftResult", "DriftTracker", "SlidingWindow"]
+__all__ = ["MAX_PENDING_ALARMS", "DriftResult", "DriftTracker", "SlidingWindow"]
+
+#: Sequential alarms a tracker holds until they are taken; later ones are still counted by
+#: their test (``sequential_state``), just not listed.
+MAX_PENDING_ALARMS = 256
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,8 @@ class DriftTracker:
     sequential: Mapping[str, SequentialTest] = field(default_factory=dict)
     _windows: dict[str, SlidingWindow] = field(default_factory=dict)
     _tally: dict[str, IntArray] = field(default_factory=dict)
+    #: Sequential alarms not yet taken, oldest first (at most MAX_PENDING_ALARMS).
+    _alarms: list[SequentialAlarm] = field(default_factory=list)
     _since: dict[str, int] = field(default_factory=dict)
     #: Detectors whose latest verdict alarmed.
     _alarming: set[str] = field(default_factory=set)
@@ -149,7 +155,9 @@ class DriftTracker:
             codes = ref.encode(x)
             test = self.sequential.get(name)
             if test is not None:
-                test.update(codes)
+                raised = test.update(codes)
+                if raised and len(self._alarms) < MAX_PENDING_ALARMS:
+                    self._alarms.extend(raised[: MAX_PENDING_ALARMS - len(self._alarms)])
             if name in self.tallied:
                 counts = bin_counts(codes[None], ref.n_bins)[0]
                 pending = self._tally.get(name)
@@ -194,6 +202,15 @@ class DriftTracker:
     def sequential_state(self) -> dict[str, tuple[int, float]]:
         """Per detector with a sequential test: its alarms so far and its current log evidence."""
         return {name: (t.alarms, t.log_evidence) for name, t in self.sequential.items()}
+
+    def take_alarms(self) -> list[SequentialAlarm]:
+        """The sequential tests' alarms since the last call, oldest first, then forget them.
+
+        Kept only until taken and at most ``MAX_PENDING_ALARMS`` of them (a shift alarms again
+        after every restart), so a caller that never takes them holds a bounded list.
+        """
+        taken, self._alarms = self._alarms, []
+        return taken
 
     def take_counts(self) -> dict[str, IntArray]:
         """Bin counts ``[F, K]`` per tallied detector since the last call, then forget them."""

@@ -119,6 +119,19 @@ class CaptureProcessor:
         if self.drift is not None:
             counts = self.drift.take_counts()
             sequential = self.drift.sequential_state()
+            for alarm in self.drift.take_alarms():
+                # An alarm is the paging event; on a lasting shift the restarted test alarms
+                # again every few dozen samples, hence one line per detector a minute.
+                self._log.warning(
+                    f"alarm:{alarm.detector}",
+                    "hookwatch: drift alarm on %r (level %s) of model %r: its anytime-valid "
+                    "test's evidence reached e^%.1f after %d sampled requests",
+                    alarm.detector,
+                    alarm.level,
+                    self.model_name,
+                    alarm.log_evidence,
+                    alarm.position,
+                )
             with self._lock:
                 self._pending.sequential = sequential
             if counts:
