@@ -132,6 +132,11 @@ class SequentialTest:
         #: log of the mean Shiryaev-Roberts statistic after the latest sample (-inf: restarted).
         self.log_evidence = -math.inf
 
+    def state_bytes(self) -> int:
+        """Memory of the test's state: O(features x bins), whatever the traffic."""
+        arrays = (self._weighted, self._r, self._table, self._q, self._inv_q, self._tolerance)
+        return sum(a.nbytes for a in arrays)
+
     def update(self, codes: CodeArray) -> list[SequentialAlarm]:
         """Advance over ``codes`` ``[B, F]`` (oldest first); the alarms they raised.
 

@@ -91,6 +91,9 @@ class SlidingWindow:
     def full(self) -> bool:
         return self.filled == self.size
 
+    def state_bytes(self) -> int:
+        return self._codes.nbytes + self._offsets.nbytes + self._positions.nbytes
+
 
 @dataclass
 class DriftTracker:
@@ -176,6 +179,12 @@ class DriftTracker:
                     self._since[name] = 0
                     results.append(self.evaluate(name))
         return results
+
+    def state_bytes(self) -> int:
+        """Memory of the streaming state (windows, their counts' inputs, sequential tests):
+        bounded by the window, features and bins, whatever the traffic."""
+        windows = sum(w.state_bytes() for w in self._windows.values())
+        return windows + sum(t.state_bytes() for t in self.sequential.values())
 
     def feature_widths(self) -> dict[str, int]:
         """Features each projected layer must capture: its projection's input width."""

@@ -1,22 +1,18 @@
-"""``make eval-drift``: hookwatch's drift detectors against alibi-detect baselines, one table.
+"""``make eval-drift``: hookwatch's drift detection measured through its own path, against
+alibi-detect's tests given the same information, over several draws. Writes
+``docs/eval-drift.md`` and the numbers behind it, ``docs/eval-drift.json``.
 
-Everything runs in process (model, serving hooks, drift code; no TorchServe). The demo CNN is
-trained exactly as ``make mar`` trains it, the profile is built from the held-out reference
-images, and every scenario is a pool of shifted held-out test images.
-
-Protocol, per window size W and scenario: ``streams`` streams of W clean requests followed by 2W
-shifted ones; every detector judges the sliding window of the last W requests every W/4
-requests. A verdict on a window of shifted requests only counts toward the detection rate; the
-first alarm after the shift began gives the requests until the first alarm. Clean windows are W
-distinct held-out images each, drawn without replacement, so each is an i.i.d. sample of clean
-traffic. All detectors see exactly the same windows.
+Everything runs in process (model, serving hooks, the saved profile, the worker's tracker; no
+TorchServe). Each draw (seed) splits the digits anew, trains the demo CNN as ``make mar`` does,
+builds and saves the profile from its held-out reference, and shifts its test digits into the
+scenarios. Baselines run in ``.venv-eval`` (``baselines.py``), in two processes beside the
+hookwatch measurements.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import math
+import json
 import os
 import platform
 import subprocess
@@ -24,681 +20,609 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from numpy.typing import NDArray
 
-from hookwatch._config import MonitoringConfig, read_model_config
-from hookwatch._drift import Calibration, DriftTracker, Projection, bin_counts, derive
-from hookwatch._profile import DriftProfile, build_profile, capture_features
-from hookwatch.tools.demo.build import reference_split, train
-from hookwatch.tools.demo.data import load_split
-from hookwatch.tools.evaluation.scenarios import Scenario, build_scenarios
+from hookwatch._config import DriftConfig, read_model_config
+from hookwatch.tools.evaluation import report
+from hookwatch.tools.evaluation.draws import Draw, make_draw, with_budget
+from hookwatch.tools.evaluation.protocol import (
+    FULL,
+    JUDGEMENTS,
+    Windows,
+    any_verdict,
+    calibrated,
+    clean_windows,
+    make_windows,
+    stream_verdicts,
+    variants,
+)
+from hookwatch.tools.evaluation.significance import compare, interval
+from hookwatch.tools.evaluation.timeline import (
+    clean_run,
+    delays,
+    null_reference,
+    online_streams,
+    tracker,
+)
 
 #: The repository this harness evaluates: src/hookwatch/tools/evaluation/run.py is 4 levels in.
 ROOT = Path(__file__).resolve().parents[4]
-WINDOWS = (20, 50, 100, 200, 500)
-EVALS_PER_STREAM = 8  # every W/4 requests over 2W shifted requests
 PENULTIMATE = "act3"
+#: Baseline methods: (key in the baseline output, table name).
+ENSEMBLES = (("ks_or", "KS-OR"), ("mmd_or", "MMD-OR"))
+#: A shift is harmful when the model's accuracy drops by at least this much (share).
+HARMFUL_DROP = 0.02
+#: Sampled requests per second behind the simulated days: 100 requests/s at 10 % sampling.
+SAMPLED_PER_SECOND = 10
 #: The wide-layer comparison: a feature budget below the widths of the input and act2/act3.
 WIDE_BUDGET = 16
-WIDE_WINDOWS = (50, 100, 200)
-#: Levels whose features a projection can change (the output's detectors stay per class).
 WIDE_LEVELS = ("input", "activation")
-IntArray = NDArray[np.int64]
+#: Run lengths at which the anytime-valid guarantee is checked on counted false alarms.
+RUN_LENGTH_CHECKS = (1_000, 10_000)
 
 
-@dataclass
-class Pools:
-    """Per-detector bin codes and the baselines' inputs for every pool sample, concatenated."""
-
-    offsets: dict[str, int]
-    sizes: dict[str, int]
-    codes: dict[str, NDArray[np.uint8]]
-    #: Captured features per watched layer (for the streaming cross-check).
-    raw: dict[str, NDArray[np.float32]]
-    softmax: NDArray[np.float32]
-    penultimate: NDArray[np.float32]
-
-
-def _batches(x: NDArray[np.float32], size: int = 256) -> list[torch.Tensor]:
-    return [torch.from_numpy(x[i : i + size]) for i in range(0, len(x), size)]
-
-
-def _captured(
-    model: torch.nn.Module, config: MonitoringConfig, x: NDArray[np.float32]
-) -> dict[str, NDArray[np.float32]]:
-    parts: dict[str, list[NDArray[np.float32]]] = {}
-    for batch in capture_features(model, config, _batches(x)):
-        for layer, values in batch.items():
-            parts.setdefault(layer, []).append(values)
-    return {layer: np.concatenate(v) for layer, v in parts.items()}
-
-
-def _derived(
-    config: MonitoringConfig,
-    raw: dict[str, NDArray[np.float32]],
-    projections: Mapping[str, Projection] | None = None,
-) -> dict[str, NDArray[np.float64]]:
-    derived: dict[str, NDArray[np.float64]] = {}
-    for layer in config.watched:
-        projection = None if projections is None else projections.get(layer)
-        features = raw[layer] if projection is None else projection.apply(raw[layer])
-        derived.update(derive(layer, features))
-    return derived
-
-
-def _features(
-    model: torch.nn.Module, config: MonitoringConfig, x: NDArray[np.float32]
-) -> dict[str, NDArray[np.float64]]:
-    return _derived(config, _captured(model, config, x))
-
-
-def _pools(
-    model: torch.nn.Module,
-    config: MonitoringConfig,
-    profile: DriftProfile,
-    scenarios: list[Scenario],
-) -> Pools:
-    codes: dict[str, list[NDArray[np.uint8]]] = {name: [] for name in profile.references}
-    raw: dict[str, list[NDArray[np.float32]]] = {layer: [] for layer in config.watched}
-    softmax, penultimate = [], []
-    offsets, sizes = {}, {}
-    start = 0
-    for scenario in scenarios:
-        captured = _captured(model, config, scenario.images)
-        for layer in config.watched:
-            raw[layer].append(captured[layer])
-        derived = _derived(config, captured, profile.projections)
-        for name, ref in profile.references.items():
-            codes[name].append(ref.encode(derived[name]))
-        softmax.append(derived["output"].astype(np.float32))
-        penultimate.append(derived[PENULTIMATE].astype(np.float32))
-        offsets[scenario.name] = start
-        sizes[scenario.name] = len(scenario.images)
-        start += len(scenario.images)
-    return Pools(
-        offsets,
-        sizes,
-        {k: np.concatenate(v) for k, v in codes.items()},
-        {k: np.concatenate(v) for k, v in raw.items()},
-        np.concatenate(softmax),
-        np.concatenate(penultimate),
-    )
-
-
-def _sequence(
-    scenario: Scenario, length: int, labels: IntArray, rng: np.random.Generator
-) -> IntArray:
-    """Pool indices of ``length`` requests: permutations of the pool, cycled only if needed."""
-    size = len(scenario.images)
-    if scenario.weights is None:
-        reps = math.ceil(length / size)
-        return np.concatenate([rng.permutation(size) for _ in range(reps)])[:length]
-    # Class-prior shift: draw each request's class from the shifted prior, then take that
-    # class's images in a random order (cycled only once a class runs out).
-    classes = np.unique(labels)
-    prior = np.array([scenario.weights[labels == c].sum() for c in classes])
-    drawn = rng.choice(classes, size=length, p=prior / prior.sum())
-    out = np.empty(length, dtype=np.int64)
-    for c in classes:
-        slots = np.flatnonzero(drawn == c)
-        members = np.flatnonzero(labels == c)
-        reps = math.ceil(len(slots) / len(members)) if len(slots) else 0
-        order = (
-            np.concatenate([rng.permutation(members) for _ in range(reps)]) if reps else members[:0]
-        )
-        out[slots] = order[: len(slots)]
-    return out
-
-
-def _clean_windows(pools: Pools, w: int, count: int, rng: np.random.Generator) -> IntArray:
-    """``count`` windows of ``w`` distinct clean held-out samples, as pool indices."""
-    off, size = pools.offsets["clean"], pools.sizes["clean"]
-    return np.stack([off + rng.choice(size, w, replace=False) for _ in range(count)])
-
-
-def _windows(
-    scenarios: list[Scenario],
-    pools: Pools,
-    labels: IntArray,
-    w: int,
-    clean_windows: int,
-    streams: int,
-    seed: int,
-) -> dict[str, Any]:
-    rng = np.random.default_rng(seed + w)
-    clean_off, clean_size = pools.offsets["clean"], pools.sizes["clean"]
-    out: dict[str, Any] = {"clean": _clean_windows(pools, w, clean_windows, rng)}
-    step = max(1, w // 4)
-    for scenario in scenarios:
-        if not scenario.drifted:
-            continue
-        off = pools.offsets[scenario.name]
-        windows, positions, stream_list = [], [], []
-        for _ in range(streams):
-            prefix = clean_off + rng.choice(clean_size, w, replace=False)
-            shifted = off + _sequence(scenario, 2 * w, labels, rng)
-            stream = np.concatenate([prefix, shifted])
-            stream_list.append(stream)
-            for k in range(1, EVALS_PER_STREAM + 1):
-                end = w + k * step
-                windows.append(stream[end - w : end])
-                positions.append(k * step)
-        out[scenario.name] = (np.stack(windows), np.asarray(positions), stream_list)
-    return out
-
-
-def _hookwatch(
-    profile: DriftProfile, pools: Pools, idx: IntArray, thresholds: dict[str, float]
-) -> tuple[NDArray[np.bool_], dict[str, NDArray[np.bool_]]]:
-    fired: dict[str, NDArray[np.bool_]] = {}
-    for name, ref in profile.references.items():
-        scores = np.concatenate(
-            [
-                ref.score(bin_counts(pools.codes[name][idx[i : i + 200]], ref.n_bins))
-                for i in range(0, len(idx), 200)
-            ]
-        )
-        fired[name] = scores > thresholds[name]
-    return np.any(np.stack(list(fired.values())), axis=0), fired
-
-
-def _streaming_check(
-    profile: DriftProfile,
-    pools: Pools,
-    windows: dict[str, Any],
-    calibration: Calibration,
-    alarms: NDArray[np.bool_],
-    layout: list[tuple[str, int, int]],
-    w: int,
-) -> str:
-    """Replay the first stream of each scenario through the real streaming DriftTracker."""
-    step = max(1, w // 4)
-    mismatches = compared = 0
-    for name, lo, _ in layout:
-        if name == "clean":
-            continue
-        stream = windows[name][2][0]
-        tracker = DriftTracker(
-            profile.references, calibration, step, projections=profile.projections
-        )
-        verdicts: dict[str, list[bool]] = {}
-        for layer, features in pools.raw.items():
-            for result in tracker.update(layer, features[stream]):
-                verdicts.setdefault(result.detector, []).append(result.is_drift)
-        # The tracker's first verdict is on the clean prefix; then one per step, as in the table.
-        streamed = np.any([v[1 : 1 + EVALS_PER_STREAM] for v in verdicts.values()], axis=0)
-        expected = alarms[lo : lo + EVALS_PER_STREAM]
-        mismatches += int(np.sum(streamed != expected))
-        compared += len(expected)
-    return (
-        f"Replaying one stream per scenario through the streaming `DriftTracker` at W={w} "
-        f"gives the same verdicts as the batch computation in {compared - mismatches} of "
-        f"{compared} windows."
-    )
-
-
-def _summarise(alarms: NDArray[Any], positions: NDArray[Any], w: int) -> tuple[float, float]:
-    """Detection rate on fully shifted windows, and the median requests until the first alarm."""
-    alarms = alarms.reshape(-1, EVALS_PER_STREAM).astype(bool)
-    positions = positions.reshape(-1, EVALS_PER_STREAM)
-    full = positions[0] >= w
-    rate = float(alarms[:, full].mean())
-    firsts = [
-        float(p[a][0]) if a.any() else math.inf for a, p in zip(alarms, positions, strict=True)
-    ]
-    return rate, float(np.median(firsts))
-
-
-def _shards(sizes: list[int], n_ref: int, shards: int) -> list[list[int]]:
-    """Window sizes split over ``shards`` processes by their MMD cost, ~(n_ref + W)^2 each."""
-    loads = [0] * shards
-    out: list[list[int]] = [[] for _ in range(shards)]
-    for w in sorted(sizes, key=lambda w: -((n_ref + w) ** 2)):
-        i = loads.index(min(loads))
-        out[i].append(w)
-        loads[i] += (n_ref + w) ** 2
-    return [shard for shard in out if shard]
-
-
-def _baselines(
-    payload: dict[str, Any], python: str, workdir: Path, sizes: list[int]
-) -> list[tuple[subprocess.Popen[bytes], Path]]:
-    """Start the baseline script, one process per shard of window sizes (each one thread)."""
-    source = workdir / "baselines-in.npz"
-    np.savez(source, **payload)
-    script = Path(__file__).with_name("baselines.py")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    shards = _shards(sizes, len(payload["ref_penultimate"]), max(1, min(2, os.cpu_count() or 1)))
-    started = []
-    for i, shard in enumerate(shards):
-        out = workdir / f"baselines-out-{i}.npz"
-        cmd = [python, str(script), str(source), str(out), ",".join(map(str, shard))]
-        started.append((subprocess.Popen(cmd, env=env), out))
-    return started
-
-
-def _fmt_rate(x: float) -> str:
-    return f"{100 * x:.0f} %"
-
-
-def _fmt_delay(x: float, w: int) -> str:
-    return f"> {2 * w}" if math.isinf(x) else f"{x:.0f}"
-
-
-@dataclass
-class WideRun:
-    """Input and hidden-layer verdicts at a small feature budget, truncated and projected."""
-
-    profiles: dict[str, DriftProfile]
-    #: Per variant and W: whether any input or hidden-layer detector fired, per judged window.
-    fired: dict[tuple[str, int], NDArray[np.bool_]]
-    #: Per variant and W: share of clean reference-drawn windows where one of them fired.
-    clean: dict[tuple[str, int], float]
-
-
-def _any_level(
-    profile: DriftProfile, fired: dict[str, NDArray[np.bool_]], levels: tuple[str, ...]
-) -> NDArray[np.bool_]:
-    """Per window, whether any detector of the given levels fired."""
-    chosen = [f for name, f in fired.items() if profile.references[name].level in levels]
-    result: NDArray[np.bool_] = np.any(np.stack(chosen), axis=0)
-    return result
-
-
-def _wide_layers(
-    model: torch.nn.Module,
-    config: MonitoringConfig,
-    x_ref: NDArray[np.float32],
-    scenarios: list[Scenario],
-    payload: dict[str, Any],
-    args: argparse.Namespace,
-) -> WideRun:
-    """Rerun hookwatch's own detectors with ``max_features`` at :data:`WIDE_BUDGET`, once
-    keeping the first features of each layer and once its principal components."""
-    run = WideRun({}, {}, {})
-    started = time.perf_counter()
-    for variant in ("none", "pca"):
-        drift = dataclasses.replace(config.drift, projection=variant)
-        cfg = dataclasses.replace(config, max_features=WIDE_BUDGET, drift=drift)
-        profile = _saved(build_profile(model, cfg, _batches(x_ref), "digits", bins=drift.bins))
-        pools = _pools(model, cfg, profile, scenarios)
-        run.profiles[variant] = profile
-        for w in (w for w in WIDE_WINDOWS if w in args.windows):
-            calibration = profile.calibrate(
-                w, config.drift.false_alarm_rate, args.calibration_windows, args.seed
-            )
-            _, fired = _hookwatch(profile, pools, payload[f"windows_{w}"], calibration.thresholds)
-            run.fired[variant, w] = _any_level(profile, fired, WIDE_LEVELS)
-            rng = np.random.default_rng(args.seed + 20_000 + w)
-            clean = _clean_windows(pools, w, args.hookwatch_clean_windows, rng)
-            _, clean_fired = _hookwatch(profile, pools, clean, calibration.thresholds)
-            run.clean[variant, w] = float(_any_level(profile, clean_fired, WIDE_LEVELS).mean())
-        print(
-            f"wide layers, projection {variant}: done at {time.perf_counter() - started:.0f} s",
-            flush=True,
-        )
-    return run
-
-
-def _wide_table(run: Run) -> list[str]:
-    wide = run.wide
-    if wide is None or not wide.fired:
-        return []
-    pca = wide.profiles["pca"]
-    kept = []
-    for layer, ref in wide.profiles["none"].references.items():
-        if ref.level not in WIDE_LEVELS:
-            continue
-        projection = pca.projections.get(layer)
-        width = ref.n_features + len(ref.dropped)
-        if projection is None:
-            kept.append(f"`{layer}` {width} features either way")
-        else:
-            rest = " and the residual distance" if projection.residual else ""
-            kept.append(
-                f"`{layer}` its first {width} of {projection.input_width} features, or "
-                f"{projection.components.shape[1]} principal components keeping "
-                f"{100 * projection.explained:.1f} % of the reference variance{rest}"
-            )
-    windows = sorted({w for _, w in wide.fired})
-    lines = [
-        "## Wide layers: principal components against the first features",
-        "",
-        f"The same model, reference and windows with `max_features: {WIDE_BUDGET}`, below the "
-        "widths of the input (64 pixels), act2 (32 channels) and act3 (64 units), once with "
-        "`drift.projection: none` and once with `pca` (the default). Each profile is calibrated "
-        "on all its detectors as above; the cells count a window as detected when an input or "
-        "hidden-layer detector fires (the output's detectors are the same in both). Kept: "
-        + "; ".join(kept)
-        + " (with `none`, an input too large to keep whole is reduced to its channel mean).",
-        "",
-        "| scenario | " + " | ".join(f"W={w} first features | W={w} PCA" for w in windows) + " |",
-        "|---|" + "---|---|" * len(windows),
-        "| clean (false alarms, "
-        f"{run.args.hookwatch_clean_windows} windows) | "
-        + " | ".join(
-            f"{100 * wide.clean['none', w]:.1f} % | {100 * wide.clean['pca', w]:.1f} %"
-            for w in windows
-        )
-        + " |",
-    ]
-    for scenario in run.scenarios:
-        if not scenario.drifted:
-            continue
-        cells = []
-        for w in windows:
-            a, b = next((lo, hi) for name, lo, hi in run.layout[w] if name == scenario.name)
-            positions = run.per_w[w][scenario.name][1]
-            for variant in ("none", "pca"):
-                rate = _summarise(wide.fired[variant, w][a:b], positions, w)[0]
-                cells.append(_fmt_rate(rate))
-        lines.append(f"| {scenario.name} | " + " | ".join(cells) + " |")
-    return [*lines, ""]
-
-
-def _saved(profile: DriftProfile) -> DriftProfile:
-    """The profile as a worker gets it: written to its file and read back. Every figure of the
-    table comes from what the file holds, not from the builder's in-memory arrays."""
-    with tempfile.TemporaryDirectory() as tmp:
-        return DriftProfile.load(profile.save(Path(tmp) / "drift-profile.npz"))
-
-
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "eval-drift.md")
     parser.add_argument("--baseline-python", default=str(ROOT / ".venv-eval" / "bin" / "python"))
-    parser.add_argument("--clean-windows", type=int, default=100)
-    parser.add_argument("--streams", type=int, default=4)
-    parser.add_argument("--hookwatch-clean-windows", type=int, default=2000)
+    parser.add_argument("--seeds", type=int, default=5, help="draws: splits, models, references")
+    parser.add_argument("--windows", type=int, nargs="+", default=[50, 100, 200])
+    parser.add_argument("--streams", type=int, default=4, help="streams per scenario and draw")
+    parser.add_argument("--clean-windows", type=int, default=100, help="per draw and W, all")
+    parser.add_argument("--hookwatch-clean-windows", type=int, default=1000)
     parser.add_argument("--calibration-windows", type=int, default=4000)
-    parser.add_argument("--windows", type=int, nargs="+", default=list(WINDOWS))
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--permutations", type=int, default=100)
+    parser.add_argument("--days", type=float, default=6.0, help="simulated days per draw")
+    parser.add_argument("--check-samples", type=int, default=200_000)
+    parser.add_argument("--online-streams", type=int, default=2)
+    parser.add_argument("--online-prefix", type=int, default=200)
+    parser.add_argument("--online-length", type=int, default=2000)
+    parser.add_argument("--online-clean", type=int, default=20_000)
+    parser.add_argument("--ert", type=int, default=1000, help="run length of the online table")
+    parser.add_argument("--online-window", type=int, default=50)
+    parser.add_argument("--no-wide", action="store_true", help="skip the wide-layer section")
     parser.add_argument(
-        "--no-wide", action="store_true", help="skip the truncation/projection comparison"
+        "--render", type=Path, help="only rewrite the markdown from this results .json"
     )
-    args = parser.parse_args(argv)
-    started = time.perf_counter()
-    torch.set_num_threads(1)
+    return parser
 
-    config = read_model_config(ROOT / "models/digits/model-config.yaml").monitoring
-    far = config.drift.false_alarm_rate
-    split = load_split()
-    fit, x_ref, _ = reference_split(split)
-    model, accuracy = train(fit)
-    profile = _saved(
-        build_profile(model, config, _batches(x_ref), "digits", bins=config.drift.bins)
-    )
-    scenarios = build_scenarios(split.x_test, split.y_test, args.seed)
-    pools = _pools(model, config, profile, scenarios)
-    print(
-        f"model trained (held-out accuracy {accuracy:.2%}); {len(scenarios)} scenario pools",
-        flush=True,
-    )
 
-    per_w = {
-        w: _windows(scenarios, pools, split.y_test, w, args.clean_windows, args.streams, args.seed)
-        for w in args.windows
-    }
+# ---------------------------------------------------------------------------- baselines
+
+
+def _jobs(
+    draw: Draw, windows: Mapping[int, Windows], args: argparse.Namespace, workdir: Path
+) -> list[tuple[Path, float]]:
+    """The draw's baseline jobs and their rough costs (seconds here, for sharing them out)."""
+    reps = list(draw.reps)
+    common: dict[str, Any] = {"seed": np.int64(draw.seed), "p_val": np.float64(0.01)}
     payload: dict[str, Any] = {
-        "ref_softmax": _features(model, config, x_ref)["output"].astype(np.float32),
-        "ref_penultimate": _features(model, config, x_ref)[PENULTIMATE].astype(np.float32),
-        "pool_softmax": pools.softmax,
-        "pool_penultimate": pools.penultimate,
-        "p_val": np.float64(far),
+        **common,
+        "kind": "windows",
+        "reps": np.array(reps),
+        "permutations": np.int64(args.permutations),
     }
-    layout: dict[int, list[tuple[str, int, int]]] = {}
-    for w, windows in per_w.items():
-        parts, rows = [], []
-        cursor = 0
-        for name, value in windows.items():
-            idx = value if name == "clean" else value[0]
-            parts.append(idx)
-            rows.append((name, cursor, cursor + len(idx)))
-            cursor += len(idx)
-        payload[f"windows_{w}"] = np.concatenate(parts)
-        layout[w] = rows
-    python = args.baseline_python if Path(args.baseline_python).exists() else sys.executable
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = _baselines(payload, python, Path(tmp), list(args.windows))
-        results: dict[int, dict[str, Any]] = {}
+    for rep in reps:
+        payload[f"ref_{rep}"] = draw.ref_reps[rep]
+        payload[f"pool_{rep}"] = draw.reps[rep]
+    cost = 0.0
+    for w, win in windows.items():
+        judged = win.judged()
+        payload[f"windows_{w}"] = judged
+        cost += len(judged) * (0.08 + 0.0002 * w)
+    jobs = [(workdir / f"windows-{draw.seed}.npz", cost)]
+    np.savez(jobs[0][0], **payload)
+    streams = online_streams(
+        draw, args.online_prefix, args.online_length, args.online_streams, draw.seed
+    )
+    rng = np.random.default_rng(draw.seed + 7)
+    online = {
+        **common,
+        "kind": "online",
+        "ert": np.float64(args.ert),
+        "window": np.int64(args.online_window),
+        # alibi-detect asks for bootstraps well beyond the run time; the CVM detector's
+        # per-feature level is 1/ert over the softmax's 10 features.
+        "cvm_bootstraps": np.int64(20 * args.ert),
+        "mmd_bootstraps": np.int64(10 * args.ert),
+        "prefix": np.int64(args.online_prefix),
+        "streams": np.concatenate(list(streams.values())),
+        "clean": rng.choice(draw.pool("clean"), args.online_clean),
+        "ref_output": draw.ref_reps["output"],
+        "pool_output": draw.reps["output"],
+        "ref_penultimate": draw.ref_reps[PENULTIMATE],
+        "pool_penultimate": draw.reps[PENULTIMATE],
+    }
+    path = workdir / f"online-{draw.seed}.npz"
+    np.savez(path, **online)
+    jobs.append((path, 60.0))
+    return jobs
+
+
+def _start_baselines(jobs: list[tuple[Path, float]], python: str) -> list[subprocess.Popen[bytes]]:
+    """Two processes (one per core), jobs shared out by cost, each one thread."""
+    shards: list[list[Path]] = [[], []]
+    loads = [0.0, 0.0]
+    for path, cost in sorted(jobs, key=lambda j: -j[1]):
+        i = loads.index(min(loads))
+        shards[i].append(path)
+        loads[i] += cost
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    script = Path(__file__).with_name("baselines.py")
+    return [
+        subprocess.Popen([python, str(script), *map(str, shard)], env=env)
+        for shard in shards
+        if shard
+    ]
+
+
+# ---------------------------------------------------------------------------- hookwatch
+
+
+def _rates(verdicts: NDArray[np.bool_]) -> NDArray[np.float64]:
+    """Per stream, the share of its fully shifted judgements that alarmed."""
+    rates: NDArray[np.float64] = np.asarray(
+        verdicts.reshape(-1, JUDGEMENTS)[:, FULL].mean(axis=1), dtype=np.float64
+    )
+    return rates
+
+
+def _first(verdicts: NDArray[np.bool_], step: int) -> NDArray[np.float64]:
+    """Per stream, shifted requests until the first alarm (inf: none in 2W)."""
+    rows = verdicts.reshape(-1, JUDGEMENTS)
+    at: NDArray[np.float64] = step * (rows.argmax(axis=1) + 1).astype(np.float64)
+    at[~rows.any(axis=1)] = np.inf
+    return at
+
+
+HookwatchCells = dict[tuple[str, int], dict[str, Any]]
+
+
+def _hookwatch_cells(
+    draw: Draw, windows: Mapping[int, Windows], args: argparse.Namespace
+) -> HookwatchCells:
+    """Per variant and W: verdicts on every judged window (streams, then clean windows), and
+    the alarm share on the extra clean windows, all through the tracker."""
+    far = draw.config.drift.false_alarm_rate
+    out: HookwatchCells = {}
+    for variant in variants(draw.profile, PENULTIMATE):
+        for w, win in windows.items():
+            started = time.perf_counter()
+            calibration = calibrated(draw.profile, variant, w, far, args.calibration_windows)
+            calibration_s = time.perf_counter() - started
+            judged: list[NDArray[np.bool_]] = []
+            for streams in win.streams.values():
+                for stream in streams:
+                    v = stream_verdicts(
+                        draw.profile, variant.detectors, calibration, draw.raw, stream, win.step
+                    )
+                    # The first verdict judges the clean prefix; the next 8 are the judgements.
+                    judged.append(any_verdict(v)[1 : 1 + JUDGEMENTS])
+            # One window per verdict: the concatenated clean windows judged every W samples.
+            clean = stream_verdicts(
+                draw.profile, variant.detectors, calibration, draw.raw, win.clean.ravel(), w
+            )
+            judged.append(any_verdict(clean))
+            extra = clean_windows(
+                draw, w, args.hookwatch_clean_windows, np.random.default_rng(draw.seed + 99 * w)
+            )
+            more = stream_verdicts(
+                draw.profile, variant.detectors, calibration, draw.raw, extra.ravel(), w
+            )
+            out[variant.name, w] = {
+                "verdicts": np.concatenate(judged),
+                "clean_extra": float(any_verdict(more).mean()),
+                "per_detector_level": calibration.per_detector_rate,
+                "calibration_s": calibration_s,
+            }
+    return out
+
+
+def _timeline(draw: Draw, args: argparse.Namespace) -> dict[str, Any]:
+    """Simulated days at the library defaults, run-length checks, and detection delays."""
+    defaults = DriftConfig()
+    window, step = defaults.window, defaults.effective_step
+    started = time.perf_counter()
+    null, raw = null_reference(draw, seed=draw.seed + 17)
+    pool = np.arange(len(next(iter(raw.values()))))
+    null_calibration = null.calibrate(
+        window, defaults.false_alarm_rate, defaults.calibration_windows, 0
+    )
+    per_day = SAMPLED_PER_SECOND * 86_400
+    trackers = {"defaults": tracker(null, null_calibration, step, defaults.run_length, window)}
+    samples = {"defaults": round(args.days * per_day)}
+    for run_length in RUN_LENGTH_CHECKS:
+        name = f"run length {run_length}"
+        trackers[name] = tracker(null, null_calibration, step, run_length, window)
+        samples[name] = args.check_samples
+    runs = clean_run(raw, pool, trackers, samples, seed=draw.seed + 31)
+    days_s = time.perf_counter() - started
+    calibration = draw.profile.calibrate(
+        window, defaults.false_alarm_rate, defaults.calibration_windows, 0
+    )
+    streams = online_streams(
+        draw, args.online_prefix, args.online_length, args.online_streams, draw.seed
+    )
+    window_delays, shipped = delays(
+        draw, streams, args.online_prefix, calibration, step, defaults.run_length, window
+    )
+    _, at_ert = delays(draw, streams, args.online_prefix, calibration, step, args.ert, window)
+    ert_clean = clean_run(
+        draw.raw,
+        draw.pool("clean"),
+        {"ert": tracker(draw.profile, calibration, step, args.ert, window)},
+        {"ert": args.online_clean},
+        # The same draws as the alibi-detect detectors' clean stream (see _jobs).
+        seed=draw.seed + 7,
+        chunk=args.online_clean,
+    )["ert"]
+    return {
+        "runs": runs,
+        "days_s": days_s,
+        "per_day": per_day,
+        "window": window_delays,
+        "shipped": shipped,
+        "at_ert": at_ert,
+        "ert_clean": ert_clean,
+    }
+
+
+def _wide(draw: Draw, windows: Mapping[int, Windows], args: argparse.Namespace) -> dict[str, Any]:
+    """Input and hidden-layer detectors at a small feature budget, first features against
+    principal components, through the tracker (one draw)."""
+    from hookwatch._profile import build_profile
+    from hookwatch.tools.demo.build import reference_split
+    from hookwatch.tools.demo.data import load_split
+    from hookwatch.tools.evaluation.draws import batches, captured, saved
+
+    _, x_ref, _ = reference_split(load_split(seed=draw.seed), seed=draw.seed)
+    out: dict[str, Any] = {"profiles": {}, "fired": {}, "clean": {}}
+    for projection in ("none", "pca"):
+        config = with_budget(draw.config, WIDE_BUDGET, projection)
+        profile = saved(build_profile(draw.model, config, batches(x_ref), "digits"))
+        raw = captured(draw.model, config, np.concatenate([s.images for s in draw.scenarios]))
+        chosen = tuple(n for n, r in profile.references.items() if r.level in WIDE_LEVELS)
+        out["profiles"][projection] = profile
+        for w, win in windows.items():
+            calibration = profile.calibrate(
+                w, config.drift.false_alarm_rate, args.calibration_windows, 0
+            )
+            rows = []
+            for streams in win.streams.values():
+                for stream in streams:
+                    v = stream_verdicts(
+                        profile, tuple(profile.references), calibration, raw, stream, win.step
+                    )
+                    rows.append(any_verdict({d: v[d] for d in chosen})[1 : 1 + JUDGEMENTS])
+            out["fired"][projection, w] = np.concatenate(rows)
+            extra = clean_windows(
+                draw, w, args.hookwatch_clean_windows, np.random.default_rng(draw.seed + 99 * w)
+            )
+            v = stream_verdicts(
+                profile, tuple(profile.references), calibration, raw, extra.ravel(), w
+            )
+            out["clean"][projection, w] = float(any_verdict({d: v[d] for d in chosen}).mean())
+    return out
+
+
+# ---------------------------------------------------------------------------- assembly
+
+
+def _cells(
+    draws: list[Draw],
+    windows: list[dict[int, Windows]],
+    hookwatch: list[HookwatchCells],
+    baseline: list[dict[str, Any]],
+    args: argparse.Namespace,
+) -> list[dict[str, Any]]:
+    """One row per shifted scenario and W: rates with intervals, first alarms, paired tests."""
+    rng = np.random.default_rng(12345)
+    names = [v.name for v in variants(draws[0].profile, PENULTIMATE)]
+    reps = list(draws[0].reps)
+    cells = []
+    for scenario in (s for s in draws[0].scenarios if s.drifted):
+        drop = float(np.mean([d.accuracy["clean"] - d.accuracy[scenario.name] for d in draws]))
         for w in args.windows:
-            t0 = time.perf_counter()
-            calibration = profile.calibrate(w, far, args.calibration_windows, args.seed)
-            cal_s = time.perf_counter() - t0
-            idx = payload[f"windows_{w}"]
-            alarms, fired = _hookwatch(profile, pools, idx, calibration.thresholds)
-            rng = np.random.default_rng(args.seed + 10_000 + w)
-            many = _clean_windows(pools, w, args.hookwatch_clean_windows, rng)
-            many_alarms, _ = _hookwatch(profile, pools, many, calibration.thresholds)
-            check = _streaming_check(profile, pools, per_w[w], calibration, alarms, layout[w], w)
-            results[w] = {
-                "streaming_check": check,
-                "hookwatch": alarms,
-                "fired": fired,
-                "far_many": float(many_alarms.mean()),
-                "calibration_s": cal_s,
-                "level": calibration.per_detector_rate,
+            step = max(1, w // 4)
+            verdicts: dict[str, list[NDArray[np.bool_]]] = {}
+            for i in range(len(draws)):
+                rows = windows[i][w].layout()[scenario.name]
+                for name in names:
+                    verdicts.setdefault(name, []).append(hookwatch[i][name, w]["verdicts"][rows])
+                for key, label in ENSEMBLES:
+                    verdicts.setdefault(label, []).append(baseline[i][f"{key}_{w}"][rows] < 0.01)
+                for test in ("ks", "mmd"):
+                    p = baseline[i][f"{test}_{w}"][rows]
+                    for r, rep in enumerate(reps):
+                        key = f"{test.upper()} {rep}"
+                        verdicts.setdefault(key, []).append(p[:, r] < 0.01)
+            joined = {k: np.concatenate(v) for k, v in verdicts.items()}
+            rates = {k: _rates(v) for k, v in joined.items()}
+            methods = {
+                k: {
+                    "rate": float(r.mean()),
+                    "interval": interval(r, rng),
+                    "first_alarm": float(np.median(_first(joined[k], step))),
+                }
+                for k, r in rates.items()
             }
-            print(f"hookwatch W={w}: calibrated in {cal_s:.1f} s", flush=True)
-        wide = (
-            _wide_layers(model, config, x_ref, scenarios, payload, args)
-            if not args.no_wide
-            else None
+            best = {
+                test: max(
+                    (k for k in rates if k.startswith(test + " ")), key=lambda k: rates[k].mean()
+                )
+                for test in ("KS", "MMD")
+            }
+            against = {label: label for _, label in ENSEMBLES} | {
+                f"best {t}": best[t] for t in ("KS", "MMD")
+            }
+            comparisons = {}
+            for label, key in against.items():
+                c = compare(rates["hookwatch"], rates[key], rng)
+                comparisons[label] = {
+                    "against": key,
+                    "difference": c.difference,
+                    "p": c.p,
+                    "verdict": c.verdict,
+                }
+            cells.append(
+                {
+                    "scenario": scenario.name,
+                    "w": w,
+                    "accuracy_drop": drop,
+                    "harmful": drop >= HARMFUL_DROP,
+                    "streams": len(rates["hookwatch"]),
+                    "methods": methods,
+                    "best": best,
+                    "comparisons": comparisons,
+                }
+            )
+    return cells
+
+
+def _false_alarms(
+    draws: list[Draw],
+    windows: list[dict[int, Windows]],
+    hookwatch: list[HookwatchCells],
+    baseline: list[dict[str, Any]],
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """Per W and method: share of the shared clean windows that alarmed, per draw."""
+    names = [v.name for v in variants(draws[0].profile, PENULTIMATE)]
+    reps = list(draws[0].reps)
+    out: dict[str, Any] = {}
+    for w in args.windows:
+        per: dict[str, list[float]] = {}
+        for i in range(len(draws)):
+            rows = windows[i][w].layout()["clean"]
+            for name in names:
+                per.setdefault(name, []).append(
+                    float(hookwatch[i][name, w]["verdicts"][rows].mean())
+                )
+            per.setdefault("hookwatch, extra windows", []).append(
+                hookwatch[i]["hookwatch", w]["clean_extra"]
+            )
+            for key, label in ENSEMBLES:
+                per.setdefault(label, []).append(
+                    float((baseline[i][f"{key}_{w}"][rows] < 0.01).mean())
+                )
+            for test in ("ks", "mmd"):
+                p = baseline[i][f"{test}_{w}"][rows]
+                for r, rep in enumerate(reps):
+                    per.setdefault(f"{test.upper()} {rep}", []).append(
+                        float((p[:, r] < 0.01).mean())
+                    )
+        out[str(w)] = per
+    return out
+
+
+def _streaming(
+    draws: list[Draw], hookwatch: list[HookwatchCells], args: argparse.Namespace
+) -> dict[str, Any]:
+    """Per W: the worker's streaming state in bytes (sliding windows and anytime-valid tests,
+    as a worker builds them) and how long calibration at load took (median over draws)."""
+    defaults = DriftConfig()
+    out: dict[str, Any] = {}
+    for w in args.windows:
+        profile = draws[0].profile
+        calibration = profile.calibrate(w, defaults.false_alarm_rate, 500, 0)
+        state = tracker(profile, calibration, max(1, w // 4), defaults.run_length, w)
+        out[str(w)] = {
+            "state_kib": state.state_bytes() / 1024,
+            "calibration_s": float(
+                np.median([h["hookwatch", w]["calibration_s"] for h in hookwatch])
+            ),
+        }
+    return out
+
+
+def _delay_summary(values: list[NDArray[np.float64]]) -> dict[str, float]:
+    joined = np.concatenate(values)
+    return {
+        "median": float(np.median(joined)),
+        "detected": float(np.isfinite(joined).mean()),
+        "streams": len(joined),
+    }
+
+
+def _timeline_summary(
+    draws: list[Draw],
+    timelines: list[dict[str, Any]],
+    baseline: list[dict[str, Any]],
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    defaults = DriftConfig()
+    per_day = timelines[0]["per_day"]
+    days = []
+    for draw, t in zip(draws, timelines, strict=True):
+        run = t["runs"]["defaults"]
+        days.append(
+            {
+                "seed": draw.seed,
+                "days": run.samples / per_day,
+                "sequential_alarms": run.sequential_alarms,
+                "first_sequential_alarm_days": None
+                if run.first_sequential_alarm is None
+                else run.first_sequential_alarm / per_day,
+                "window_rounds": run.rounds,
+                "window_alarmed_rounds": run.alarmed_rounds,
+                "first_window_alarm_hours": None
+                if run.first_window_alarm is None
+                else run.first_window_alarm / per_day * 24,
+            }
         )
-        baseline: dict[str, Any] = {}
-        for proc, out in procs:
+    checks = {}
+    for name in timelines[0]["runs"]:
+        if name == "defaults":
+            continue
+        runs = [t["runs"][name] for t in timelines]
+        samples = sum(r.samples for r in runs)
+        run_length = int(name.split()[-1])
+        checks[name] = {
+            "run_length": run_length,
+            "samples": samples,
+            "alarms": sum(r.sequential_alarms for r in runs),
+            "bound": samples / run_length,
+        }
+    scenarios = list(timelines[0]["window"].first)
+    delays_table: dict[str, dict[str, Any]] = {}
+    offset = 0
+    for name in scenarios:
+        streams = len(timelines[0]["window"].first[name])
+        rows = slice(offset, offset + streams)
+        offset += streams
+        delays_table[name] = {
+            "window": _delay_summary([t["window"].first[name] for t in timelines]),
+            "shipped": _delay_summary([t["shipped"].first[name] for t in timelines]),
+            "at_ert": _delay_summary([t["at_ert"].first[name] for t in timelines]),
+        }
+        for test in ("cvm", "mmd"):
+            first = [b[f"{test}_first"][rows] for b in baseline]
+            values = [
+                np.where(f >= 0, f - args.online_prefix + 1, np.inf).astype(np.float64)
+                for f in first
+            ]
+            delays_table[name][test] = _delay_summary(values)
+    clean = {
+        "samples": args.online_clean * len(draws),
+        "hookwatch": sum(t["ert_clean"].sequential_alarms for t in timelines),
+        "cvm": int(sum(int(b["cvm_clean_alarms"]) for b in baseline)),
+        "mmd": int(sum(int(b["mmd_clean_alarms"]) for b in baseline)),
+        "early": {
+            "hookwatch": int(
+                sum(int(sum(v.sum() for v in t["at_ert"].early.values())) for t in timelines)
+            ),
+            "cvm": int(sum(int(b["cvm_early"].sum()) for b in baseline)),
+            "mmd": int(sum(int(b["mmd_early"].sum()) for b in baseline)),
+        },
+    }
+    return {
+        "defaults": {
+            "window": defaults.window,
+            "step": defaults.effective_step,
+            "run_length": defaults.run_length,
+            "false_alarm_rate": defaults.false_alarm_rate,
+            "sampled_per_second": SAMPLED_PER_SECOND,
+        },
+        "days": days,
+        "checks": checks,
+        "delays": delays_table,
+        "online_clean": clean,
+        "seconds": [t["days_s"] for t in timelines],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.render is not None:
+        args.out.write_text(report.markdown(json.loads(args.render.read_text())) + "\n")
+        return 0
+    started = time.perf_counter()
+    config = read_model_config(ROOT / "models/digits/model-config.yaml").monitoring
+    python = args.baseline_python
+    if not Path(python).exists():
+        raise SystemExit(
+            f"expected the benchmark environment's Python at {python} (make eval-drift)"
+        )
+    draws: list[Draw] = []
+    windows: list[dict[int, Windows]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        jobs: list[tuple[Path, float]] = []
+        for seed in range(args.seeds):
+            draw = make_draw(seed, config)
+            draws.append(draw)
+            rng = np.random.default_rng(seed)
+            windows.append(
+                {
+                    w: make_windows(draw, w, args.streams, args.clean_windows, rng)
+                    for w in args.windows
+                }
+            )
+            jobs += _jobs(draw, windows[-1], args, Path(tmp))
+            print(
+                f"draw {seed}: held-out accuracy {draw.accuracy['clean']:.1%} "
+                f"({time.perf_counter() - started:.0f} s)",
+                flush=True,
+            )
+        procs = _start_baselines(jobs, python)
+        hookwatch: list[HookwatchCells] = []
+        timelines: list[dict[str, Any]] = []
+        for draw in draws:
+            hookwatch.append(_hookwatch_cells(draw, windows[draw.seed], args))
+            print(
+                f"hookwatch draw {draw.seed}: windows done ({time.perf_counter() - started:.0f} s)",
+                flush=True,
+            )
+            timelines.append(_timeline(draw, args))
+            print(
+                f"hookwatch draw {draw.seed}: timeline done "
+                f"({time.perf_counter() - started:.0f} s)",
+                flush=True,
+            )
+        wide = None if args.no_wide else _wide(draws[0], windows[0], args)
+        for proc in procs:
             if proc.wait() != 0:
-                raise RuntimeError(f"baselines exited with {proc.returncode}")
-            baseline.update(np.load(out))
-    impl = baseline.pop("impl").tobytes().decode()
-    elapsed = time.perf_counter() - started
-
-    run = Run(
-        args,
-        scenarios,
-        per_w,
-        layout,
-        results,
-        baseline,
-        impl,
-        profile,
-        accuracy,
-        far,
-        elapsed,
-        wide,
-    )
-    lines = _table(run)
+                raise SystemExit(f"the baselines exited with status {proc.returncode}")
+        baseline: list[dict[str, Any]] = []
+        impl = ""
+        checked = 0
+        for draw in draws:
+            merged: dict[str, Any] = {}
+            for kind in ("windows", "online"):
+                with np.load(Path(tmp) / f"{kind}-{draw.seed}.out.npz") as data:
+                    merged.update({k: data[k] for k in data.files})
+            impl = merged.pop("impl").tobytes().decode()
+            checked += int(merged.pop("checked"))
+            baseline.append(merged)
+    results: dict[str, Any] = {
+        "meta": {
+            "seconds": time.perf_counter() - started,
+            "cores": os.cpu_count(),
+            "machine": platform.machine(),
+            "python": platform.python_version(),
+            "baselines": impl,
+            "alibi_checked_windows": checked,
+            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        },
+        "setup": report.setup(draws, PENULTIMATE),
+        "false_alarms": _false_alarms(draws, windows, hookwatch, baseline, args),
+        "cells": _cells(draws, windows, hookwatch, baseline, args),
+        "timeline": _timeline_summary(draws, timelines, baseline, args),
+        "streaming": _streaming(draws, hookwatch, args),
+        "wide": None
+        if wide is None
+        else report.wide_summary(wide, draws[0], windows[0], args.windows),
+        "scenarios": [{"name": s.name, "description": s.description} for s in draws[0].scenarios],
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines) + "\n")
-    print(f"wrote {args.out} in {elapsed:.0f} s", flush=True)
+    args.out.with_suffix(".json").write_text(json.dumps(results, indent=1, default=float) + "\n")
+    args.out.write_text(report.markdown(results) + "\n")
+    print(f"wrote {args.out} in {results['meta']['seconds']:.0f} s", flush=True)
     return 0
-
-
-@dataclass
-class Run:
-    """Everything one ``make eval-drift`` run measured, for the table writer."""
-
-    args: argparse.Namespace
-    scenarios: list[Scenario]
-    per_w: dict[int, dict[str, Any]]
-    layout: dict[int, list[tuple[str, int, int]]]
-    results: dict[int, dict[str, Any]]
-    baseline: dict[str, Any]
-    impl: str
-    profile: DriftProfile
-    accuracy: float
-    far: float
-    elapsed: float
-    wide: WideRun | None = None
-
-
-DETECTORS = ("hookwatch", "ks", "mmd")
-
-
-def _rows(run: Run) -> tuple[list[str], list[str], list[str], list[str], int]:
-    """Markdown rows: false alarms, detection; the cells hookwatch loses; how many it wins."""
-    far_rows: list[str] = []
-    rows: list[str] = []
-    lost: list[str] = []
-    close: list[str] = []
-    wins = 0
-    one = 1 / (run.args.streams * 5)  # one judged window, as a rate
-    for scenario in run.scenarios:
-        for w in run.args.windows:
-            a, b = next((lo, hi) for name, lo, hi in run.layout[w] if name == scenario.name)
-            verdicts = {
-                "hookwatch": run.results[w]["hookwatch"][a:b],
-                "ks": run.baseline[f"ks_{w}"][a:b],
-                "mmd": run.baseline[f"mmd_{w}"][a:b],
-            }
-            if not scenario.drifted:
-                shares = [_fmt_rate(float(np.mean(verdicts[d]))) for d in DETECTORS]
-                many = f"{100 * run.results[w]['far_many']:.1f} %"
-                far_rows.append(f"| {w} | {shares[0]} | {many} | {shares[1]} | {shares[2]} |")
-                continue
-            positions = run.per_w[w][scenario.name][1]
-            summary = {d: _summarise(v, positions, w) for d, v in verdicts.items()}
-            best = max(summary["ks"][0], summary["mmd"][0])
-            ok = summary["hookwatch"][0] >= best
-            wins += ok
-            mine = _fmt_rate(summary["hookwatch"][0])
-            if not ok:
-                lost.append(f"{scenario.name} W={w} ({mine} vs {_fmt_rate(best)})")
-            elif summary["hookwatch"][0] < 1.0 and summary["hookwatch"][0] - best <= one + 1e-9:
-                close.append(f"{scenario.name} W={w} ({mine} vs {_fmt_rate(best)})")
-            fired = run.results[w]["fired"]
-            levels = sorted(
-                {run.profile.references[n].level for n, f in fired.items() if f[a:b].any()}
-            )
-            rates = " | ".join(_fmt_rate(summary[d][0]) for d in DETECTORS)
-            delays = " | ".join(_fmt_delay(summary[d][1], w) for d in DETECTORS)
-            verdict = "yes" if ok else "**no**"
-            fired_levels = ", ".join(levels) or "-"
-            rows.append(
-                f"| {scenario.name} | {w} | {rates} | {delays} | {verdict} | {fired_levels} |"
-            )
-    return far_rows, rows, lost, close, wins
-
-
-def _table(run: Run) -> list[str]:
-    args, profile = run.args, run.profile
-    far_rows, rows, lost, close, wins = _rows(run)
-    cells = len(rows)
-    features = sum(r.n_features for r in profile.references.values())
-    refs = list(profile.references.values())
-    memory = ", ".join(
-        f"W={w}: {sum(w * r.n_features + r.n_features * r.n_bins * 8 for r in refs) / 1024:.0f} KiB"
-        for w in args.windows
-    )
-    calibration = ", ".join(f"W={w} {run.results[w]['calibration_s']:.1f} s" for w in args.windows)
-    streams = args.streams
-    lines = [
-        "# Drift detection: hookwatch against alibi-detect baselines",
-        "",
-        f"Written by `make eval-drift` in {run.elapsed:.0f} s ({os.cpu_count()} cores, "
-        f"{platform.machine()}, Python {platform.python_version()}). Baselines: {run.impl}. "
-        "Do not edit by hand.",
-        "",
-        "## Setup",
-        "",
-        f"- Model: the demo DigitsCNN trained as `make mar` trains it (held-out accuracy "
-        f"{run.accuracy:.1%}).",
-        f"- Reference: the {profile.references['input'].n_ref} held-out training images the model "
-        f"was not fitted on; profile: {profile.bins} reference-quantile bins per feature, "
-        f"{features} features over {len(profile.references)} detectors, "
-        f"{profile.size_bytes() / 1024:.0f} KiB, written to its file and read back as a worker "
-        "loads it before any figure below is computed.",
-        f"- Target false alarm rate {100 * run.far:g} % of windows for each of the three: "
-        "hookwatch over all its detectors together (max-statistic calibration on resampled "
-        "reference windows); KSDrift with Bonferroni over the 10 classes; MMDDrift with 100 "
-        "permutations.",
-        "- **hookwatch**: chi-square per feature against reference-quantile bins, averaged per "
-        "detector, on the input pixels, act1/act2 channel means, act3 units, softmax, "
-        "confidence, entropy and predicted-class mix; one alarm if any detector fires.",
-        "- **KS (BBSDs)**: alibi-detect `KSDrift` on the softmax outputs (black-box shift "
-        "detection, Rabanser et al. 2019).",
-        f"- **MMD**: alibi-detect `MMDDrift` (PyTorch backend) on the penultimate layer "
-        f"({PENULTIMATE}, 64 units).",
-        f"- Each shifted scenario: {streams} streams of W clean then 2W shifted requests, judged "
-        f"every W/4 requests on the last W. Detection rate: share of the {streams * 5} judged "
-        "windows holding shifted requests only that alarm. First alarm: median number of "
-        "shifted requests before the first alarm (`> 2W`: most streams had none).",
-        "",
-        "## False alarms on clean held-out traffic",
-        "",
-        f"Share of clean windows (W distinct held-out images each) that alarm: "
-        f"{args.clean_windows} windows per size for all three, and "
-        f"{args.hookwatch_clean_windows} more for hookwatch alone.",
-        "",
-        f"| W | hookwatch | hookwatch, {args.hookwatch_clean_windows} windows | KS (BBSDs) | MMD |",
-        "|---|---|---|---|---|",
-        *far_rows,
-        "",
-        "## Detection",
-        "",
-        f"hookwatch detects at least as often as the best baseline in {wins} of {cells} cells.",
-        "",
-        "| scenario | W | hookwatch | KS | MMD | hookwatch first alarm | KS first alarm "
-        "| MMD first alarm | >= best baseline | hookwatch levels that fired |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-        *rows,
-        "",
-    ]
-    judged = streams * 5
-    lines += ["## Notes", ""]
-    if lost:
-        lines += [
-            "- Cells where hookwatch detects less often than the best baseline: "
-            + "; ".join(lost)
-            + f". Each rate comes from {judged} overlapping windows of {streams} streams, so one "
-            f"window is {100 / judged:.0f} points and a binomial 95 % interval at 25 % is about "
-            f"+-{196 * math.sqrt(0.25 * 0.75 / judged):.0f} points: differences this small are "
-            "within sampling noise.",
-        ]
-    if close:
-        lines += [
-            "- Ties or wins by at most one window, within sampling noise: "
-            + "; ".join(close)
-            + f". With {judged} judged windows per cell these are not evidence either way.",
-        ]
-    if any(cell.startswith("prior-shift") for cell in lost + close):
-        lines += [
-            "- The class-prior shift changes which digits arrive, not how any digit looks: only "
-            "the class mix and the softmax move, by a few samples in a small window, and every "
-            "detector is close to chance there at small W.",
-        ]
-    lines += [
-        "- hookwatch alarms at the first judgement (W/4 shifted requests) in most cells: the "
-        "protocol cannot resolve a faster alarm, so its first-alarm column is an upper bound.",
-        "- Small pixel noise is seen at the input level only: pixels that are always 0 in the "
-        "reference turn non-zero. The model's outputs barely move (which is why the softmax and "
-        "penultimate-layer baselines miss it), so it is input drift without an output shift.",
-        f"- Baseline false alarm rates rest on {args.clean_windows} windows per size; hookwatch's "
-        f"second column on {args.hookwatch_clean_windows}. At W >= 200 the clean windows are "
-        f"drawn from {len(run.scenarios[0].images)} "
-        "held-out images, so they overlap heavily and the estimate is close to a single draw.",
-        "",
-    ]
-    lines += _wide_table(run)
-    lines += [
-        "## Scenarios",
-        "",
-        *[f"- `{s.name}`: {s.description}" for s in run.scenarios],
-        "",
-        "## Bounded streaming",
-        "",
-        "Per detector the tracker keeps the last W samples' bin codes (one byte per feature) "
-        f"and the bin counts, whatever the traffic: {memory}. Calibration at load: "
-        f"{calibration}. {run.results[args.windows[0]]['streaming_check']}",
-    ]
-    return lines
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ class Scenario:
     description: str
     #: Images of the pool ``[P, 1, 8, 8]``.
     images: Images
+    #: The digit each pool image shows; None where no answer is right (not a digit at all).
+    labels: NDArray[np.int64] | None
     #: Sampling weight of each pool image (None: uniform); the class-prior shift uses it.
     weights: NDArray[np.float64] | None = None
     drifted: bool = True
@@ -110,29 +112,42 @@ def letters(count: int, seed: int, font_dir: Path = FONT_DIR) -> Images:
 
 
 def build_scenarios(x_test: Images, y_test: NDArray[np.int64], seed: int = 0) -> list[Scenario]:
+    y = y_test
     return [
-        Scenario("clean", "held-out digits, no change", x_test, drifted=False),
+        Scenario("clean", "held-out digits, no change", x_test, y, drifted=False),
         Scenario(
-            "noise-low", "Gaussian pixel noise, sigma 1 (of 16)", gaussian_noise(x_test, 1.0, seed)
+            "noise-low",
+            "Gaussian pixel noise, sigma 1 (of 16)",
+            gaussian_noise(x_test, 1.0, seed),
+            y,
         ),
         Scenario(
-            "noise-mid", "Gaussian pixel noise, sigma 2", gaussian_noise(x_test, 2.0, seed + 1)
+            "noise-mid", "Gaussian pixel noise, sigma 2", gaussian_noise(x_test, 2.0, seed + 1), y
         ),
         Scenario(
-            "noise-high", "Gaussian pixel noise, sigma 4", gaussian_noise(x_test, 4.0, seed + 2)
+            "noise-high",
+            "Gaussian pixel noise, sigma 4",
+            gaussian_noise(x_test, 4.0, seed + 2),
+            y,
         ),
-        Scenario("blur", "Gaussian blur, sigma 0.6 px", blur(x_test, 0.6)),
-        Scenario("rotate-15", "rotation by 15 degrees", rotate(x_test, 15.0)),
-        Scenario("rotate-30", "rotation by 30 degrees", rotate(x_test, 30.0)),
-        Scenario("rotate-45", "rotation by 45 degrees", rotate(x_test, 45.0)),
-        Scenario("brightness", "brightness +2 (of 16), clipped", brightness(x_test, 2.0)),
-        Scenario("contrast", "contrast x0.6 around mid-grey", contrast(x_test, 0.6)),
-        Scenario("invert", "inverted images (16 - x)", invert(x_test)),
+        Scenario("blur", "Gaussian blur, sigma 0.6 px", blur(x_test, 0.6), y),
+        Scenario("rotate-15", "rotation by 15 degrees", rotate(x_test, 15.0), y),
+        Scenario("rotate-30", "rotation by 30 degrees", rotate(x_test, 30.0), y),
+        Scenario("rotate-45", "rotation by 45 degrees", rotate(x_test, 45.0), y),
+        Scenario("brightness", "brightness +2 (of 16), clipped", brightness(x_test, 2.0), y),
+        Scenario("contrast", "contrast x0.6 around mid-grey", contrast(x_test, 0.6), y),
+        Scenario("invert", "inverted images (16 - x)", invert(x_test), y),
         Scenario(
             "prior-shift",
-            "digits 0-2 three times as frequent (no accuracy loss)",
+            "digits 0-2 three times as frequent",
             x_test,
+            y,
             weights=prior_shift(y_test, (0, 1, 2), 3.0),
         ),
-        Scenario("letters", "out of distribution: DejaVu capital letters", letters(540, seed)),
+        Scenario(
+            "letters",
+            "out of distribution: DejaVu capital letters (no answer is right)",
+            letters(len(x_test), seed),
+            None,
+        ),
     ]
