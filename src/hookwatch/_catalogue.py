@@ -13,11 +13,15 @@ from typing import ClassVar, Literal
 
 from hookwatch._names import (
     ALL_LAYERS,
+    CLASS_STATISTICS,
     LEVELS,
     NONFINITE_KINDS,
+    OTHER_CLASS,
     OUTPUT_DETECTORS,
     SUMMARY_STATISTICS,
+    class_labels,
     drift_detectors,
+    unit_layers,
 )
 
 __all__ = [
@@ -29,6 +33,7 @@ __all__ = [
     "CAPTURE_QUEUE_CAPACITY",
     "CAPTURE_QUEUE_DEPTH",
     "CATALOGUE",
+    "CLASS_ACTIVATION_STATISTIC",
     "DRIFT_ALARMS",
     "DRIFT_BIN_SAMPLES",
     "DRIFT_DETECTED",
@@ -50,12 +55,17 @@ __all__ = [
     "MONITOR_FAULTS",
     "MULTIPROCESS_MEANING",
     "REFERENCE_ACTIVATION_STATISTIC",
+    "REFERENCE_DEAD_UNITS",
     "REFERENCE_NONFINITE",
+    "REFERENCE_SATURATED_UNITS",
     "REQUESTS",
     "REQUESTS_REJECTED",
     "REQUESTS_SAMPLED",
     "SAMPLES_PER_LABEL_SET",
     "SERIES_PER_MODEL_TARGET",
+    "UNIT_ACTIVE_SAMPLES",
+    "UNIT_METRICS",
+    "UNIT_SATURATED_SAMPLES",
     "CounterSpec",
     "FleetBins",
     "GaugeSpec",
@@ -202,6 +212,47 @@ REFERENCE_NONFINITE = GaugeSpec(
     "0), from the drift profile. Absent without a profile.",
     multiprocess_mode="livemax",
 )
+CLASS_ACTIVATION_STATISTIC = SummarySpec(
+    "hookwatch_class_activation_statistic",
+    ("model", "layer", "class", "statistic"),
+    "",
+    "Per-sample activation statistic (mean, zero_fraction) of finite samples, by the class "
+    "the model predicted for the sample (logits head; monitoring.max_classes classes, the "
+    "rest as class=other). delta(_sum)/delta(_count) is the class's fleet-wide average.",
+)
+UNIT_ACTIVE_SAMPLES = CounterSpec(
+    "hookwatch_unit_active_samples_total",
+    ("model", "layer", "unit"),
+    "samples",
+    "Captured samples on which the unit (a channel of a conv map, a unit of a flat layer; "
+    "the first monitoring.max_units of each hidden layer) was non-zero. A unit whose "
+    "increase over a range is 0 while hookwatch_captures_total rose never fired there: a "
+    "pruning candidate.",
+)
+UNIT_SATURATED_SAMPLES = CounterSpec(
+    "hookwatch_unit_saturated_samples_total",
+    ("model", "layer", "unit"),
+    "samples",
+    "Captured samples on which the unit sat at or above the largest value it took on the "
+    "reference data, and was non-zero. A unit whose increase equals the layer's captures "
+    "over a range was saturated throughout (a sigmoid at 1, a ReLU6 at 6). Needs a profile.",
+)
+REFERENCE_DEAD_UNITS = GaugeSpec(
+    "hookwatch_reference_dead_units",
+    ("model", "layer"),
+    "",
+    "Share of the layer's tracked units that were zero on every reference sample, from the "
+    "drift profile: what production's never-active share is compared with.",
+    multiprocess_mode="livemax",
+)
+REFERENCE_SATURATED_UNITS = GaugeSpec(
+    "hookwatch_reference_saturated_units",
+    ("model", "layer"),
+    "",
+    "Share of the layer's tracked units that held one non-zero value on every reference "
+    "sample, from the drift profile.",
+    multiprocess_mode="livemax",
+)
 DRIFT_PROFILE_LOADED = GaugeSpec(
     "hookwatch_drift_profile_loaded",
     ("model",),
@@ -330,6 +381,11 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     MONITOR_FAULTS,
     REFERENCE_ACTIVATION_STATISTIC,
     REFERENCE_NONFINITE,
+    CLASS_ACTIVATION_STATISTIC,
+    UNIT_ACTIVE_SAMPLES,
+    UNIT_SATURATED_SAMPLES,
+    REFERENCE_DEAD_UNITS,
+    REFERENCE_SATURATED_UNITS,
     DRIFT_PROFILE_LOADED,
     DRIFT_DETECTOR_USABLE,
     DRIFT_SCORE,
@@ -358,6 +414,8 @@ def exposed_names() -> frozenset[str]:
 
 #: Metrics with one series per (fleet detector, feature, bin) of the profile.
 FLEET_METRICS: tuple[str, ...] = (DRIFT_BIN_SAMPLES.name, DRIFT_REFERENCE_BIN_SAMPLES.name)
+#: Metrics with one series per tracked unit of each hidden layer (``max_units`` at most).
+UNIT_METRICS: tuple[str, ...] = (UNIT_ACTIVE_SAMPLES.name, UNIT_SATURATED_SAMPLES.name)
 
 
 #: Where each label's values come from. None comes from request content.
@@ -377,6 +435,11 @@ LABELS: dict[str, str] = {
     "last), as fixed by the drift profile; only `monitoring.drift.fleet_detectors`.",
     "bin": "index of the reference-quantile bin, `0` up to `drift.bins - 1` (for `class_mix` "
     "the predicted class); only bins the profile has.",
+    "unit": "index of the unit (channel of a conv map, unit of a flat layer), `0` up to "
+    "`max_units - 1`; hidden layers only (not `input`, not `output`).",
+    "class": "the predicted class (its index in the logits) for the `max_classes` classes most "
+    f"often predicted on the reference (the first ones without a profile), `{OTHER_CLASS}` for "
+    "the rest; logits head only.",
 }
 
 #: Label values some metrics add to the configured ones.
@@ -426,10 +489,17 @@ class FleetBins:
         return sum(self.bound(d) for d in self.detectors)
 
 
-def label_domains(watched: tuple[str, ...] | list[str]) -> dict[str, tuple[str, ...]]:
-    """Label values per label (``model`` excluded) for a model watching ``watched``."""
+def label_domains(
+    watched: tuple[str, ...] | list[str], max_units: int = 64, max_classes: int = 20
+) -> dict[str, tuple[str, ...]]:
+    """Label values per label (``model`` excluded) for a model watching ``watched``.
+
+    The per-unit metrics carry hidden layers only; their bound is taken over those.
+    """
     return {
         "layer": tuple(watched),
+        "unit": tuple(str(i) for i in range(max_units)),
+        "class": class_labels(max_classes),
         "statistic": SUMMARY_STATISTICS,
         "kind": NONFINITE_KINDS,
         # One level per detector: the (level, detector) pairs number len(detectors), but the
@@ -459,6 +529,15 @@ def series_per_model(
         count = SAMPLES_PER_LABEL_SET[spec.kind]
         if spec.name in FLEET_METRICS:
             out[spec.name] = count * fleet_total
+            continue
+        if spec.name in UNIT_METRICS:
+            out[spec.name] = count * len(unit_layers(watched)) * len(values["unit"])
+            continue
+        if spec is CLASS_ACTIVATION_STATISTIC:
+            # Two of the statistics only, for every watched layer and class slot.
+            out[spec.name] = (
+                count * len(values["layer"]) * len(values["class"]) * len(CLASS_STATISTICS)
+            )
             continue
         for label in spec.labels:
             if label == "model":

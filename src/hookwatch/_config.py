@@ -239,6 +239,12 @@ class MonitoringConfig:
     #: The most layers the patterns may resolve to: each costs series and capture work.
     max_layers: int = 32
     output: OutputSpec = OutputSpec()
+    #: Units (channels of a conv map, units of a flat layer) per hidden layer whose activity is
+    #: counted for the dead/saturated views; 0 switches them off. Each costs two series.
+    max_units: int = 64
+    #: Predicted classes whose activation statistics are kept apart (logits head); the rest
+    #: share the ``other`` class; 0 switches per-class statistics off.
+    max_classes: int = 20
 
     @property
     def resolved(self) -> bool:
@@ -308,6 +314,8 @@ class MonitoringConfig:
             enabled=flags["enabled"],
             seed=seed,
             drift=drift,
+            max_units=_integer(raw, "max_units", 64, 0, 4096),
+            max_classes=_integer(raw, "max_classes", 20, 0, 256),
         )
 
 

@@ -29,6 +29,12 @@ SUMMARY_STATISTICS: tuple[str, ...] = STATISTICS[:5]
 #: Values of the ``kind`` label of the non-finite counter.
 NONFINITE_KINDS: tuple[str, ...] = ("nan", "inf")
 
+#: Statistics exported per predicted class (the ``statistic`` label of the per-class summary):
+#: the two a pruning or debugging question asks first, at a fraction of the series.
+CLASS_STATISTICS: tuple[str, ...] = ("mean", "zero_fraction")
+#: ``class`` label value shared by every class past ``max_classes``.
+OTHER_CLASS = "other"
+
 #: Levels a drift detector belongs to (the ``level`` label).
 LEVELS: tuple[str, ...] = ("input", "activation", "output", "prediction")
 #: Detectors derived from the model's output logits, in the order they are built.
@@ -41,6 +47,17 @@ def drift_detectors(watched: tuple[str, ...] | list[str]) -> tuple[str, ...]:
     if OUTPUT_LAYER in watched:
         names.extend(OUTPUT_DETECTORS)
     return tuple(names)
+
+
+def unit_layers(watched: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """Layers whose units are tracked (dead, saturated): the hidden ones, not the model's
+    input pixels or output logits."""
+    return tuple(w for w in watched if w not in (INPUT_LAYER, OUTPUT_LAYER))
+
+
+def class_labels(max_classes: int) -> tuple[str, ...]:
+    """Values of the ``class`` label: a slot per tracked class, then the shared one."""
+    return (*(str(i) for i in range(max_classes)), OTHER_CLASS) if max_classes else ()
 
 
 def level_of(detector: str) -> str:

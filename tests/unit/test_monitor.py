@@ -146,10 +146,10 @@ def test_a_processing_fault_switches_one_layer_off_visibly(
     monitor = Monitor(net, config, "m", metrics)
     original = monitor.processor._process_layer
 
-    def flaky(layer: str, items: list) -> None:  # type: ignore[type-arg]
+    def flaky(layer: str, items: list, predicted: dict) -> None:  # type: ignore[type-arg]
         if layer == "act":
             raise ValueError("broken statistic")
-        original(layer, items)
+        original(layer, items, predicted)
 
     monkeypatch.setattr(monitor.processor, "_process_layer", flaky)
     with caplog.at_level(logging.WARNING, logger="hookwatch"):

@@ -94,7 +94,7 @@ def test_save_load_round_trip_and_version_check(tmp_path: Path) -> None:
     header["version"] = VERSION + 1
     arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
     np.savez(tmp_path / "future.npz", **arrays)
-    with pytest.raises(ProfileError, match="expected profile version 1 or 2 or 3, got 4"):
+    with pytest.raises(ProfileError, match="expected profile version 1 or 2 or 3 or 4, got 5"):
         DriftProfile.load(tmp_path / "future.npz")
     (tmp_path / "junk.npz").write_bytes(b"not a profile")
     with pytest.raises(ProfileError, match="expected a hookwatch-drift-profile"):

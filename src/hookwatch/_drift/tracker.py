@@ -15,6 +15,7 @@ from hookwatch._drift.features import derive
 from hookwatch._drift.projection import Projection
 from hookwatch._drift.sequential import SequentialAlarm, SequentialTest
 from hookwatch._names import OUTPUT_LAYER
+from hookwatch._views import UnitReference
 
 __all__ = ["MAX_PENDING_ALARMS", "DriftResult", "DriftTracker", "SlidingWindow"]
 
@@ -120,6 +121,9 @@ class DriftTracker:
     statistics: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     #: Detectors the profile left out (nothing to test on the reference), and why.
     left_out: Mapping[str, str] = field(default_factory=dict)
+    #: Per hidden layer, its units on the reference (carried to the units view, like
+    #: ``statistics``: the profile is the one source of reference values).
+    units: Mapping[str, UnitReference] = field(default_factory=dict)
     #: Per detector, its anytime-valid test (fed the same codes as its window); empty: off.
     sequential: Mapping[str, SequentialTest] = field(default_factory=dict)
     _windows: dict[str, SlidingWindow] = field(default_factory=dict)

@@ -21,7 +21,8 @@ from hookwatch._metrics import MetricSet, default_metrics
 from hookwatch._monitor.gate import Record, RequestCounts, RequestGate, RequestScope
 from hookwatch._monitor.processor import CaptureProcessor
 from hookwatch._monitor.publisher import Publisher, Snapshot
-from hookwatch._names import ALL_LAYERS, OUTPUT_LAYER
+from hookwatch._names import ALL_LAYERS, OUTPUT_LAYER, unit_layers
+from hookwatch._views import ClassSlots
 
 __all__ = ["DRAIN_BATCH", "DRAIN_GAP_S", "Monitor"]
 
@@ -81,8 +82,17 @@ class Monitor:
         if config.output.head == "logits":
             # Softmax, confidence and entropy need every class's logit, not max_features.
             widths[OUTPUT_LAYER] = config.drift.projection_width
+        classes = _class_slots(config, drift)
         self.processor = CaptureProcessor(
-            model_name, config.max_features, drift, widths, on_layer_off=self.hooks.disable
+            model_name,
+            config.max_features,
+            drift,
+            widths,
+            on_layer_off=self.hooks.disable,
+            units=dict.fromkeys(unit_layers(config.watched), config.max_units)
+            if config.max_units
+            else {},
+            classes=classes,
         )
         self.publisher = Publisher(self.metrics, model_name)
         if config.enabled:
@@ -95,7 +105,7 @@ class Monitor:
                 output_select=config.output.select,
             )
         self.publisher.declare(
-            config.watched if config.enabled else (), self.worker.capacity, drift
+            config.watched if config.enabled else (), self.worker.capacity, drift, classes
         )
         self.worker.start()
 
@@ -164,3 +174,17 @@ class Monitor:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _class_slots(config: MonitoringConfig, drift: DriftTracker | None) -> ClassSlots | None:
+    """The classes with statistics of their own: the ``max_classes`` predicted most often on
+    the reference (the profile's class mix), else the first ones; None without logits."""
+    if not (config.max_classes and config.capture_output and config.output.head == "logits"):
+        return None
+    mix = drift.references.get("class_mix") if drift is not None else None
+    if mix is None:
+        return ClassSlots.by_frequency(None, config.max_classes)
+    if mix.categories:
+        # Many classes: the profile already keeps the most frequent ones, most frequent first.
+        return ClassSlots.tracked(sorted(mix.categories[: config.max_classes]))
+    return ClassSlots.by_frequency([int(c) for c in mix.counts[0]], config.max_classes)

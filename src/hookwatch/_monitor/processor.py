@@ -22,12 +22,23 @@ from hookwatch._capture import RateLimitedLog
 from hookwatch._drift import DriftResult, DriftTracker, IntArray
 from hookwatch._hooks import Capture
 from hookwatch._monitor.gate import Record
-from hookwatch._names import INPUT_LAYER, SUMMARY_STATISTICS
+from hookwatch._names import (
+    CLASS_STATISTICS,
+    INPUT_LAYER,
+    OUTPUT_LAYER,
+    STATISTICS,
+    SUMMARY_STATISTICS,
+)
 from hookwatch._stats import INF_COLUMN, NAN_COLUMN, feature_rows, reduce_rows
+from hookwatch._views import ClassSlots, UnitReference, active_counts
 
 __all__ = ["CaptureProcessor", "DriftTally", "LayerTally", "Processed"]
 
 log = logging.getLogger("hookwatch")
+
+
+#: Columns of a statistics row exported per predicted class.
+CLASS_COLUMNS = [STATISTICS.index(s) for s in CLASS_STATISTICS]
 
 
 @dataclass
@@ -41,6 +52,26 @@ class LayerTally:
     sums: np.ndarray[Any, np.dtype[np.float64]] = field(
         default_factory=lambda: np.zeros(len(SUMMARY_STATISTICS))
     )
+    #: Per tracked unit, the finite samples on which it was active / saturated (None: not
+    #: tracked for this layer, or no reference to tell saturation by).
+    active: IntArray | None = None
+    saturated: IntArray | None = None
+    #: Per class slot, the sums of the CLASS_STATISTICS columns ``[slots, 2]`` and the finite
+    #: samples ``[slots]`` (None: no per-class statistics).
+    class_sums: np.ndarray[Any, np.dtype[np.float64]] | None = None
+    class_counts: IntArray | None = None
+
+    def add_units(self, active: IntArray, saturated: IntArray | None) -> None:
+        self.active = active if self.active is None else self.active + active
+        if saturated is not None:
+            self.saturated = saturated if self.saturated is None else self.saturated + saturated
+
+    def add_classes(self, sums: np.ndarray[Any, np.dtype[np.float64]], counts: IntArray) -> None:
+        if self.class_sums is None or self.class_counts is None:
+            self.class_sums, self.class_counts = sums, counts
+        else:
+            self.class_sums = self.class_sums + sums
+            self.class_counts = self.class_counts + counts
 
 
 @dataclass
@@ -83,9 +114,16 @@ class CaptureProcessor:
         drift: DriftTracker | None = None,
         widths: Mapping[str, int] | None = None,
         on_layer_off: Callable[[str], None] | None = None,
+        units: Mapping[str, int] | None = None,
+        classes: ClassSlots | None = None,
     ) -> None:
         self.model_name = model_name
         self.drift = drift
+        #: Units tracked per hidden layer (at most ``max_units``), and their references.
+        self.units: dict[str, int] = dict(units or {})
+        self._unit_refs: Mapping[str, UnitReference] = drift.units if drift is not None else {}
+        #: Per-class statistics by the output's predicted class (logits head), or None.
+        self.classes = classes
         self._max_features = max_features
         #: Features kept per layer where more than max_features are needed: a projected
         #: layer's input width, every logit of the output.
@@ -102,15 +140,18 @@ class CaptureProcessor:
     def process(self, records: Sequence[Record]) -> None:
         if self.drift is not None:
             self.drift.new_round()
-        by_layer: dict[str, list[Capture]] = defaultdict(list)
-        for record in records:
+        by_layer: dict[str, list[tuple[int, Capture]]] = defaultdict(list)
+        for index, record in enumerate(records):
             for layer, capture in record.items():
-                by_layer[layer].append(capture)
-        for layer, items in by_layer.items():
+                by_layer[layer].append((index, capture))
+        # The output first: its predictions label every layer's rows with a class.
+        order = sorted(by_layer, key=lambda layer: layer != OUTPUT_LAYER)
+        predicted: dict[int, IntArray] = {}
+        for layer in order:
             if layer in self._disabled:
                 continue
             try:
-                self._process_layer(layer, items)
+                self._process_layer(layer, by_layer[layer], predicted)
             except Exception as error:
                 self._disabled.add(layer)
                 if self._on_layer_off is not None:
@@ -155,41 +196,65 @@ class CaptureProcessor:
 
     def _reduce(
         self, layer: str, items: Sequence[Capture]
-    ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any] | None]:
-        """Statistics ``[N, 7]`` and drift features ``[N, F]`` of a layer's captures.
+    ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any] | None, list[int]]:
+        """Statistics ``[N, 7]``, drift features ``[N, F]`` and rows per item, in item order.
 
         Raw copies of small activations are stacked and reduced together in numpy, a batch per
-        sample shape; captures the hook already reduced only move to the host.
+        sample shape; captures the hook already reduced only move to the host. Rows come back
+        in the items' order, so they line up with other layers' rows of the same records.
         """
-        stats: list[np.ndarray[Any, Any]] = []
-        features: list[np.ndarray[Any, Any]] = []
-        groups: dict[tuple[object, ...], list[torch.Tensor]] = defaultdict(list)
-        for c in items:
+        stats: list[np.ndarray[Any, Any] | None] = [None] * len(items)
+        features: list[np.ndarray[Any, Any] | None] = [None] * len(items)
+        groups: dict[tuple[object, ...], list[int]] = defaultdict(list)
+        for i, c in enumerate(items):
             if c.raw is not None:
-                groups[(tuple(c.raw.shape[1:]), c.raw.dtype)].append(c.raw)
+                groups[(tuple(c.raw.shape[1:]), c.raw.dtype)].append(i)
             else:
                 if c.stats is not None:
-                    stats.append(c.stats.cpu().numpy())
+                    stats[i] = c.stats.cpu().numpy()
                 if c.features is not None:
-                    features.append(c.features.cpu().numpy())
-        for tensors in groups.values():
+                    features[i] = c.features.cpu().numpy()
+        width = self.widths.get(layer, self._max_features)
+        for members in groups.values():
+            tensors = [t for t in (items[i].raw for i in members) if t is not None]
             batch = tensors[0] if len(tensors) == 1 else torch.cat(tensors)
             if batch.is_floating_point() and batch.dtype not in (torch.float32, torch.float64):
                 batch = batch.float()  # half precision has no numpy twin on every build
             x = batch.cpu().numpy()
-            stats.append(reduce_rows(x))
-            width = self.widths.get(layer, self._max_features)
-            features.append(feature_rows(x, width, flatten=layer == INPUT_LAYER))
-        feats = (
-            None if not features else np.concatenate(features) if len(features) > 1 else features[0]
-        )
-        return np.concatenate(stats) if len(stats) > 1 else stats[0], feats
+            rows = reduce_rows(x)
+            feats = feature_rows(x, width, flatten=layer == INPUT_LAYER)
+            if len(members) == len(items):
+                # Every item in one batch, already in item order (the usual drain).
+                return rows, feats, [t.shape[0] for t in tensors]
+            cuts = np.cumsum([t.shape[0] for t in tensors])[:-1]
+            for i, r, f in zip(members, np.split(rows, cuts), np.split(feats, cuts), strict=True):
+                stats[i], features[i] = r, f
+        kept = [s for s in stats if s is not None]
+        sizes = [len(s) if s is not None else 0 for s in stats]
+        have = [f for f in features if f is not None]
+        # Features line up with the statistics only when every item has both (always, unless
+        # a hook handed over statistics alone).
+        joined = np.concatenate(have) if have and len(have) == len(kept) else None
+        return np.concatenate(kept) if len(kept) > 1 else kept[0], joined, sizes
 
-    def _process_layer(self, layer: str, items: Sequence[Capture]) -> None:
-        stats, features = self._reduce(layer, items)
+    def _process_layer(
+        self, layer: str, indexed: Sequence[tuple[int, Capture]], predicted: dict[int, IntArray]
+    ) -> None:
+        items = [capture for _, capture in indexed]
+        stats, features, sizes = self._reduce(layer, items)
         nonfinite = (stats[:, NAN_COLUMN] != 0) | (stats[:, INF_COLUMN] != 0)
         finite = stats[~nonfinite] if nonfinite.any() else stats
         sums = finite[:, : len(SUMMARY_STATISTICS)].sum(axis=0, dtype=np.float64)
+        if layer == OUTPUT_LAYER and self.classes is not None and features is not None:
+            starts = np.cumsum([0, *sizes])
+            for (record, _), a, b in zip(indexed, starts[:-1], starts[1:], strict=True):
+                logits = features[a:b]
+                # A sample with non-finite logits has no predicted class (-1).
+                predicted[record] = np.where(
+                    np.isfinite(logits).all(axis=1), logits.argmax(axis=1), -1
+                )
+        units = self._units(layer, features, nonfinite)
+        by_class = self._by_class(indexed, sizes, stats, nonfinite, predicted)
         with self._lock:
             tally = self._pending.layers[layer]
             tally.captures += len(stats)
@@ -197,8 +262,61 @@ class CaptureProcessor:
             tally.inf += float(stats[:, INF_COLUMN].sum())
             tally.finite += len(finite)
             tally.sums += sums
+            if units is not None:
+                tally.add_units(*units)
+            if by_class is not None:
+                tally.add_classes(*by_class)
         if self.drift is not None and layer not in self._drift_off and features is not None:
             self._update_drift(layer, features)
+
+    def _units(
+        self,
+        layer: str,
+        features: np.ndarray[Any, Any] | None,
+        nonfinite: np.ndarray[Any, np.dtype[np.bool_]],
+    ) -> tuple[IntArray, IntArray | None] | None:
+        """Per tracked unit of a hidden layer, its active and saturated finite samples."""
+        count = self.units.get(layer, 0)
+        if not count or features is None:
+            return None
+        x = features[~nonfinite] if nonfinite.any() else features
+        # As many units as the layer has, up to max_units: the series follow the model.
+        active = active_counts(x, count)
+        reference = self._unit_refs.get(layer)
+        if reference is None or reference.width != len(active):
+            return active, None
+        return active, reference.saturated_counts(x)
+
+    def _by_class(
+        self,
+        indexed: Sequence[tuple[int, Capture]],
+        sizes: Sequence[int],
+        stats: np.ndarray[Any, Any],
+        nonfinite: np.ndarray[Any, np.dtype[np.bool_]],
+        predicted: Mapping[int, IntArray],
+    ) -> tuple[np.ndarray[Any, np.dtype[np.float64]], IntArray] | None:
+        """Sums of the per-class statistics and finite samples per class slot."""
+        if self.classes is None or not predicted:
+            return None
+        slots = np.full(len(stats), -1, dtype=np.int64)
+        start = 0
+        for (record, _), size in zip(indexed, sizes, strict=True):
+            classes = predicted.get(record)
+            # Rows of a record whose output was not captured, or whose batch differs from the
+            # output's (a layer with another leading dimension), have no class.
+            if classes is not None and len(classes) == size:
+                slots[start : start + size] = np.where(
+                    classes >= 0, self.classes.slots(classes), -1
+                )
+            start += size
+        keep = (slots >= 0) & ~nonfinite
+        n = len(self.classes.labels)
+        counts = np.bincount(slots[keep], minlength=n).astype(np.int64)
+        sums: np.ndarray[Any, np.dtype[np.float64]] = np.stack(
+            [np.bincount(slots[keep], weights=stats[keep, c], minlength=n) for c in CLASS_COLUMNS],
+            axis=1,
+        ).astype(np.float64)
+        return sums, counts
 
     def _update_drift(self, layer: str, features: np.ndarray[Any, Any]) -> None:
         """Feed the layer's features to its drift windows; a failure ends drift for that layer."""

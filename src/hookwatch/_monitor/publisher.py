@@ -18,7 +18,14 @@ from hookwatch._drift import DriftTracker, IntArray
 from hookwatch._metrics import CounterChild, MetricSet
 from hookwatch._monitor.gate import RequestCounts
 from hookwatch._monitor.processor import DriftTally, LayerTally, Processed
-from hookwatch._names import NONFINITE_KINDS, STATISTICS, SUMMARY_STATISTICS, level_of
+from hookwatch._names import (
+    CLASS_STATISTICS,
+    NONFINITE_KINDS,
+    STATISTICS,
+    SUMMARY_STATISTICS,
+    level_of,
+)
+from hookwatch._views import ClassSlots
 
 __all__ = ["Publisher", "Snapshot"]
 
@@ -55,12 +62,19 @@ class Publisher:
         self._published: dict[str, int] = {}
         #: Level of each detector of the loaded profile (for the first-alarm gauges).
         self._levels: dict[str, str] = {}
+        #: Per-unit counters per hidden layer, bound on first sight of the layer's units.
+        self._unit_counters: dict[tuple[str, str], list[CounterChild]] = {}
+        self._classes: ClassSlots | None = None
         # Publishing runs on the capture thread's tick and from flush(): one lock keeps the
         # differences exact.
         self._lock = threading.Lock()
 
     def declare(
-        self, watched: Sequence[str], queue_capacity: int, drift: DriftTracker | None
+        self,
+        watched: Sequence[str],
+        queue_capacity: int,
+        drift: DriftTracker | None,
+        classes: ClassSlots | None = None,
     ) -> None:
         """Create every series at its starting value, before the first event.
 
@@ -80,9 +94,27 @@ class Publisher:
                 m.touch(cat.ACTIVATION_NONFINITE, model=name, layer=layer, kind=kind)
             for statistic in SUMMARY_STATISTICS:
                 m.touch(cat.ACTIVATION_STATISTIC, model=name, layer=layer, statistic=statistic)
+            for label in classes.labels if classes is not None else ():
+                for statistic in CLASS_STATISTICS:
+                    m.touch(
+                        cat.CLASS_ACTIVATION_STATISTIC,
+                        model=name,
+                        layer=layer,
+                        statistic=statistic,
+                        **{"class": label},
+                    )
+        self._classes = classes
         m.set(cat.DRIFT_PROFILE_LOADED, 1 if drift is not None else 0, model=name)
         if drift is None:
             return
+        for layer, units in drift.units.items():
+            if layer not in watched:
+                continue
+            m.set(cat.REFERENCE_DEAD_UNITS, units.dead_share, model=name, layer=layer)
+            m.set(cat.REFERENCE_SATURATED_UNITS, units.saturated_share, model=name, layer=layer)
+            # The units are known from the profile: their series start at zero.
+            self._units(cat.UNIT_ACTIVE_SAMPLES, layer, units.width)
+            self._units(cat.UNIT_SATURATED_SAMPLES, layer, units.width)
         for detector in drift.left_out:
             m.set(
                 cat.DRIFT_DETECTOR_USABLE,
@@ -210,6 +242,43 @@ class Publisher:
                 statistic=statistic,
                 **labels,
             )
+        self._publish_views(layer, tally)
+
+    def _units(self, spec: cat.CounterSpec, layer: str, width: int) -> list[CounterChild]:
+        """The layer's per-unit counters of ``spec``, bound (at zero) the first time."""
+        bound = self._unit_counters.get((spec.name, layer))
+        if bound is None or len(bound) < width:
+            labels = {"model": self.model_name, "layer": layer}
+            bound = [self.metrics.counter(spec, unit=str(u), **labels) for u in range(width)]
+            self._unit_counters[(spec.name, layer)] = bound
+        return bound
+
+    def _publish_views(self, layer: str, tally: LayerTally) -> None:
+        for spec, counts in (
+            (cat.UNIT_ACTIVE_SAMPLES, tally.active),
+            (cat.UNIT_SATURATED_SAMPLES, tally.saturated),
+        ):
+            if counts is None:
+                continue
+            for child, count in zip(self._units(spec, layer, len(counts)), counts, strict=False):
+                if count:
+                    child.inc(int(count))
+        if tally.class_sums is None or tally.class_counts is None or self._classes is None:
+            return
+        labels = {"model": self.model_name, "layer": layer}
+        for slot, label in enumerate(self._classes.labels):
+            count = int(tally.class_counts[slot])
+            if not count:
+                continue
+            for column, statistic in enumerate(CLASS_STATISTICS):
+                self.metrics.observe_many(
+                    cat.CLASS_ACTIVATION_STATISTIC,
+                    count,
+                    float(tally.class_sums[slot, column]),
+                    statistic=statistic,
+                    **labels,
+                    **{"class": label},
+                )
 
     def _publish_drift(self, tally: DriftTally) -> None:
         result = tally.latest

@@ -23,9 +23,10 @@ from hookwatch._config import MonitoringConfig, as_monitoring_config
 from hookwatch._drift import BinnedReference, DegenerateReference, Projection, derive
 from hookwatch._errors import ProfileError
 from hookwatch._hooks import Capture, Gate, HookSet, resolve_layers
-from hookwatch._names import OUTPUT_LAYER, STATISTICS, level_of
+from hookwatch._names import OUTPUT_LAYER, STATISTICS, level_of, unit_layers
 from hookwatch._profile.format import DriftProfile
 from hookwatch._stats import INF_COLUMN, NAN_COLUMN
+from hookwatch._views import UnitReference
 
 __all__ = ["build_profile", "capture_features"]
 
@@ -275,6 +276,11 @@ def build_profile(
         head=head,
         statistics=collector.statistics(),
         left_out=left_out,
+        units={
+            layer: UnitReference.fit(layer, sample[layer], config.max_units)
+            for layer in unit_layers(config.watched)
+            if config.max_units
+        },
     )
     verify_stored(profile, sample, pick)
     return profile

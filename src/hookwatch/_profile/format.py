@@ -34,16 +34,19 @@ from hookwatch._drift import (
 )
 from hookwatch._errors import ProfileError
 from hookwatch._names import OUTPUT_LAYER
+from hookwatch._views import UnitReference
 
 __all__ = ["FORMAT", "READABLE", "VERSION", "DriftProfile"]
 
 FORMAT = "hookwatch-drift-profile"
-VERSION = 3
+VERSION = 4
 #: Versions this code reads: version 1 predates projections; versions before 3 stored bin
 #: edges as float32 (a confident softmax's edges at 0.99999... rounded to 1.0 and every sample
-#: fell into one bin) and know no output head (logits) and no reference statistics.
-READABLE = (1, 2, 3)
+#: fell into one bin) and know no output head (logits) and no reference statistics; versions
+#: before 4 know no reference units (the dead and saturated shares are then not exported).
+READABLE = (1, 2, 3, 4)
 _FIELDS = ("edges", "counts", "codes")
+_UNIT_FIELDS = ("active", "low", "high")
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,8 @@ class DriftProfile:
     statistics: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     #: Detectors with nothing to test on the reference, and why (a layer constant on it).
     left_out: Mapping[str, str] = field(default_factory=dict)
+    #: Per hidden layer, its units on the reference (activity and range).
+    units: Mapping[str, UnitReference] = field(default_factory=dict)
 
     def header(self) -> dict[str, Any]:
         return {
@@ -92,6 +97,7 @@ class DriftProfile:
                 }
                 for r in self.references.values()
             ],
+            "units": [{"layer": u.layer, "width": u.width} for u in self.units.values()],
             "projections": [
                 {
                     "layer": p.layer,
@@ -118,6 +124,9 @@ class DriftProfile:
         for i, projection in enumerate(self.projections.values()):
             arrays[f"p{i}.mean"] = projection.mean
             arrays[f"p{i}.components"] = projection.components
+        for i, unit in enumerate(self.units.values()):
+            for name in _UNIT_FIELDS:
+                arrays[f"u{i}.{name}"] = getattr(unit, name).astype(np.float64)
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("wb") as handle:
             np.savez_compressed(handle, **arrays)  # type: ignore[arg-type]
@@ -163,9 +172,16 @@ class DriftProfile:
                 explained=float(meta["explained"]),
                 residual=bool(meta["residual"]),
             )
+        units = {
+            meta["layer"]: UnitReference(
+                meta["layer"], *(arrays[f"u{i}.{name}"].astype(np.float64) for name in _UNIT_FIELDS)
+            )
+            for i, meta in enumerate(header.get("units", []))
+        }
         return cls(
             model=header["model"],
             references=references,
+            units=units,
             projections=projections,
             layers=tuple(header["layers"]),
             n_seen=int(header["n_seen"]),
@@ -228,6 +244,7 @@ class DriftProfile:
             projections=self.projections,
             statistics=self.statistics,
             left_out=self.left_out,
+            units=self.units,
             sequential=(
                 {}
                 if run_length is None

@@ -395,6 +395,18 @@ def _profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _units(args: argparse.Namespace) -> int:
+    from hookwatch.tools import units
+
+    found = (
+        units.from_exporter(args.exporter)
+        if args.exporter
+        else units.from_prometheus(args.prometheus, args.range, args.model)
+    )
+    print(units.table(found, args.model))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hookwatch", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -546,6 +558,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop after this long (0: until Ctrl-C)",
     )
     serve.set_defaults(func=_serve)
+
+    units = sub.add_parser(
+        "units",
+        help="list units that never fired or sat saturated, per layer (pruning candidates)",
+    )
+    source = units.add_mutually_exclusive_group(required=True)
+    source.add_argument("--exporter", help="a hookwatch exporter's URL: counts since start")
+    source.add_argument("--prometheus", help="Prometheus' URL: counts over --range, fleet-wide")
+    units.add_argument("--range", default="1h", help="PromQL duration (with --prometheus)")
+    units.add_argument("--model", default=None, help="one model only")
+    units.set_defaults(func=_units)
 
     bench = sub.add_parser("bench", help="measure the monitored handler against the plain one")
     bench.add_argument("--root", type=Path, default=Path.cwd(), help=REPO_ROOT_HINT)

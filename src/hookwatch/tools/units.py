@@ -1,0 +1,160 @@
+"""``hookwatch units``: the pruning candidates per layer, from an exporter or Prometheus.
+
+From a running exporter (``--exporter URL``) the counts are cumulative since each worker
+started; from Prometheus (``--prometheus URL``) they are the increase over ``--range``, summed
+over every worker and replica. A unit that was never active while its layer was captured is a
+pruning candidate; one saturated on every captured sample carries no information either.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.parse
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from hookwatch.tools.devstack import http_get
+
+__all__ = ["LayerUnits", "from_exporter", "from_prometheus", "table"]
+
+ACTIVE = "hookwatch_unit_active_samples_total"
+SATURATED = "hookwatch_unit_saturated_samples_total"
+CAPTURES = "hookwatch_captures_total"
+REFERENCE_DEAD = "hookwatch_reference_dead_units"
+REFERENCE_SATURATED = "hookwatch_reference_saturated_units"
+
+
+@dataclass
+class LayerUnits:
+    """One layer's units: samples captured, per unit its active and saturated samples."""
+
+    model: str
+    layer: str
+    samples: float = 0.0
+    active: dict[int, float] = field(default_factory=dict)
+    saturated: dict[int, float] = field(default_factory=dict)
+    reference_dead: float | None = None
+    reference_saturated: float | None = None
+
+    @property
+    def dead(self) -> list[int]:
+        """Units never active while the layer was captured."""
+        return sorted(u for u, n in self.active.items() if n == 0) if self.samples else []
+
+    @property
+    def stuck(self) -> list[int]:
+        """Units saturated on every captured sample (a rounding margin for Prometheus'
+        extrapolated increases)."""
+        if not self.samples:
+            return []
+        return sorted(u for u, n in self.saturated.items() if n >= 0.999 * self.samples)
+
+
+Key = tuple[str, str]
+
+
+def _collect(
+    rows: Iterable[tuple[str, dict[str, str], float]],
+) -> list[LayerUnits]:
+    layers: dict[Key, LayerUnits] = {}
+    captures: dict[Key, float] = defaultdict(float)
+
+    def layer(labels: dict[str, str]) -> LayerUnits:
+        key = (labels.get("model", ""), labels.get("layer", ""))
+        if key not in layers:
+            layers[key] = LayerUnits(*key)
+        return layers[key]
+
+    for name, labels, value in rows:
+        if name == CAPTURES:
+            captures[(labels.get("model", ""), labels.get("layer", ""))] += value
+        elif name in (ACTIVE, SATURATED):
+            units = layer(labels).active if name == ACTIVE else layer(labels).saturated
+            unit = int(labels["unit"])
+            units[unit] = units.get(unit, 0.0) + value
+        elif name == REFERENCE_DEAD:
+            layer(labels).reference_dead = value
+        elif name == REFERENCE_SATURATED:
+            layer(labels).reference_saturated = value
+    for key, found in layers.items():
+        found.samples = captures.get(key, 0.0)
+    return [layers[k] for k in sorted(layers) if layers[k].active]
+
+
+#: One sample line of the text exposition format: name, optional labels, value.
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def _samples(text: str) -> Iterable[tuple[str, dict[str, str], float]]:
+    """The samples of a ``/metrics`` page (prometheus-client stays the runtime's one importer;
+    hookwatch's label values hold no quotes or escapes)."""
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match is None or line.startswith("#"):
+            continue
+        name, labels, value = match.groups()
+        yield name, dict(_LABEL.findall(labels or "")), float(value)
+
+
+def from_exporter(url: str) -> list[LayerUnits]:
+    """Cumulative counts from an exporter's ``/metrics`` (every worker since it started)."""
+    status, body = http_get(url.rstrip("/") + "/metrics")
+    if status != 200:
+        raise RuntimeError(f"expected 200 from {url}/metrics, got {status}")
+    return _collect(_samples(body.decode()))
+
+
+def _query(url: str, promql: str) -> list[tuple[dict[str, str], float]]:
+    query = urllib.parse.urlencode({"query": promql})
+    status, body = http_get(f"{url.rstrip('/')}/api/v1/query?{query}")
+    payload = json.loads(body) if body.startswith(b"{") else {}
+    if status != 200 or payload.get("status") != "success":
+        raise RuntimeError(f"expected a successful query from {url}, got {status} {body[:200]!r}")
+    return [(r["metric"], float(r["value"][1])) for r in payload["data"]["result"]]
+
+
+def from_prometheus(url: str, window: str, model: str | None = None) -> list[LayerUnits]:
+    """Increases over the last ``window`` (a PromQL duration), over every worker and replica."""
+    match = f'{{model="{model}"}}' if model else ""
+    queries = {
+        ACTIVE: f"sum by (model, layer, unit) (increase({ACTIVE}{match}[{window}]))",
+        SATURATED: f"sum by (model, layer, unit) (increase({SATURATED}{match}[{window}]))",
+        CAPTURES: f"sum by (model, layer) (increase({CAPTURES}{match}[{window}]))",
+        REFERENCE_DEAD: f"max by (model, layer) ({REFERENCE_DEAD}{match})",
+        REFERENCE_SATURATED: f"max by (model, layer) ({REFERENCE_SATURATED}{match})",
+    }
+    rows = [
+        (name, labels, value) for name, q in queries.items() for labels, value in _query(url, q)
+    ]
+    return _collect(rows)
+
+
+def _share(units: list[int], total: int) -> str:
+    return f"{100 * len(units) / total:.0f} %" if total else "-"
+
+
+def _listed(units: list[int], limit: int = 24) -> str:
+    shown = ", ".join(map(str, units[:limit]))
+    return shown + (f" (+{len(units) - limit} more)" if len(units) > limit else "") or "-"
+
+
+def table(layers: list[LayerUnits], model: str | None = None) -> str:
+    chosen = [u for u in layers if model is None or u.model == model]
+    if not chosen:
+        return (
+            "no unit counts yet: no hidden layer has been captured (or monitoring.max_units is 0)"
+        )
+    lines = []
+    for u in chosen:
+        total = len(u.active)
+        ref_dead = "-" if u.reference_dead is None else f"{100 * u.reference_dead:.0f} %"
+        ref_sat = "-" if u.reference_saturated is None else f"{100 * u.reference_saturated:.0f} %"
+        lines += [
+            f"{u.model}/{u.layer}: {total} units tracked, {u.samples:.0f} samples",
+            f"  never active: {_share(u.dead, total)} (reference {ref_dead}): {_listed(u.dead)}",
+            f"  saturated:    {_share(u.stuck, total)} (reference {ref_sat}): {_listed(u.stuck)}",
+        ]
+    return "\n".join(lines)
