@@ -9,17 +9,19 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 MAR := model_store/digits.mar
 PYTEST_ARGS ?=
 
-.PHONY: help deps venv mar run stop test check lint format unit integration clean eval-drift rules docs bench-scrape bench bench-quick
+.PHONY: help deps venv mar run stop test check lint format unit integration clean eval-drift rules docs bench-scrape bench bench-quick dashboards-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-deps: ## install the system parts if missing: Prometheus/promtool, docker-compose (for config checks), Java, curl
+deps: ## install the system parts if missing: Prometheus/promtool, docker-compose (for config checks), Java, curl, Node.js/npm
 	@missing=""; \
 	command -v prometheus >/dev/null && command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v curl >/dev/null || missing="$$missing curl"; \
 	command -v docker-compose >/dev/null || missing="$$missing docker-compose"; \
 	command -v java >/dev/null || missing="$$missing openjdk-17-jre-headless"; \
+	command -v node >/dev/null || missing="$$missing nodejs"; \
+	command -v npm >/dev/null || missing="$$missing npm"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
@@ -68,8 +70,18 @@ unit: $(BIN)/.installed ## unit tests only (no Java, no Prometheus)
 integration: deps $(MAR) ## integration tests against real TorchServe, Prometheus and promtool
 	$(BIN)/pytest -m "integration" $(PYTEST_ARGS)
 
-test: deps $(MAR) check ## install into .venv and run every test
+test: deps $(MAR) check dashboards-check ## install into .venv and run every test
 	$(BIN)/pytest -m "not gpu" $(PYTEST_ARGS)
+
+# Grafana's published dashboard types (npm @grafana/schema, pinned with TypeScript in
+# package-lock.json), installed once per lock file change; the check itself runs offline.
+SCHEMA_CHECK := monitoring/grafana/schema-check
+$(SCHEMA_CHECK)/node_modules/.installed: $(SCHEMA_CHECK)/package.json $(SCHEMA_CHECK)/package-lock.json
+	cd $(SCHEMA_CHECK) && npm ci --no-audit --no-fund --ignore-scripts
+	@touch $@
+
+dashboards-check: deps $(SCHEMA_CHECK)/node_modules/.installed ## tsc: type-check monitoring/grafana/dashboards/*.json against Grafana's Dashboard type
+	cd $(SCHEMA_CHECK) && node check.mjs
 
 bench: $(MAR) ## overhead bench, full (~20 min): writes docs/bench/results.md (QUICK=1: bench-quick)
 	$(BIN)/hookwatch bench $(if $(QUICK),--quick,)

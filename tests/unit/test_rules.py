@@ -5,7 +5,6 @@ promtool is a real component: missing, these tests skip locally and fail under C
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
@@ -17,7 +16,9 @@ import pytest
 import yaml
 
 from hookwatch._catalogue import exposed_names
+from tests import grafana
 from tests.conftest import require_binary
+from tests.grafana import PROMETHEUS_SERIES, TORCHSERVE_METRICS, series_names
 
 ROOT = Path(__file__).resolve().parents[2]
 PROM = ROOT / "monitoring" / "prometheus"
@@ -26,8 +27,6 @@ TEST_FILES = sorted((PROM / "tests").glob("*.yml"))
 RUNBOOK = ROOT / "docs" / "runbook.md"
 RUNBOOK_URL = "https://github.com/hookwatch/hookwatch/blob/main/docs/runbook.md"
 ALERT_NAME = re.compile(r"Hookwatch(?:[A-Z][a-z0-9]*)+")
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
-_IDENT = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
 
 
 def rules() -> Iterator[dict[str, Any]]:
@@ -40,31 +39,32 @@ def alerts() -> list[dict[str, Any]]:
     return [r for r in rules() if "alert" in r]
 
 
-def referenced_metrics(expr: str) -> set[str]:
-    """Series names a PromQL expression reads: hookwatch_* metrics and recorded series."""
-    code = _STRING.sub('""', expr)  # label values are data, not names
-    return {
-        name
-        for name in _IDENT.findall(code)
-        if name.startswith("hookwatch_") or (":" in name and not name.startswith(":"))
-    }
-
-
 def _dashboard_exprs() -> Iterator[tuple[str, str]]:
-    def walk(node: Any) -> Iterator[str]:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                if key == "expr" and isinstance(value, str):
-                    yield value
-                else:
-                    yield from walk(value)
-        elif isinstance(node, list):
-            for item in node:
-                yield from walk(item)
+    """Every query of every dashboard: panel targets and the variables' selectors."""
+    boards = grafana.load()
+    # A wrong path or an empty directory must not make the name check pass vacuously.
+    assert len(boards) >= 3, f"expected the dashboards in {grafana.DASHBOARDS}, found {boards}"
+    for name, board in boards.items():
+        for query in grafana.queries(name, board):
+            yield str(query), query.expr
+        for expr in grafana.variable_exprs(board):
+            yield f"{name} / variables", expr
 
-    for path in sorted((ROOT / "monitoring").rglob("*.json")):
-        for expr in walk(json.loads(path.read_text())):
-            yield str(path.relative_to(ROOT)), expr
+
+def unknown_series(exprs: list[tuple[str, str]], recorded: set[str]) -> list[str]:
+    """One line per series name an expression reads that nothing exports or records."""
+    known = exposed_names() | TORCHSERVE_METRICS | PROMETHEUS_SERIES
+    problems = []
+    for where, expr in exprs:
+        for name in sorted(series_names(str(expr))):
+            if ":" in name and name not in recorded:
+                problems.append(f"{where}: {name} is recorded by no rule")
+            elif ":" not in name and name not in known:
+                problems.append(
+                    f"{where}: {name} is not in hookwatch._catalogue (nor TorchServe's allow-list"
+                    " in tests/grafana.py, nor a series Prometheus writes)"
+                )
+    return problems
 
 
 def _promtool(*args: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -153,37 +153,57 @@ def test_each_alert_has_a_firing_and_a_not_yet_firing_case(alert: str, tmp_path:
     assert result.returncode != 0 and f"alertname: {alert}," in report, report
 
 
-def test_referenced_metrics_parser() -> None:
+def test_series_names_reads_metric_names_only() -> None:
     expr = (
         'sum by (model) (rate(hookwatch_captures_dropped_total{layer="hookwatch_fake"}[5m]))'
-        " / on(model) job:hookwatch_requests:rate5m > 0.5"
+        " / on(model) group_left (layer) job:hookwatch_requests:rate5m > bool 0.5e-3"
+        " and topk(3, max without (instance) (Requests4XX offset 5m)) # not_a_metric here\n"
+        ' or label_replace(up{job=~"$job"}, "a", "$1", "b", "(.*)") unless ALERTS'
+        '[${__range}:1m] + {__name__="ts_queue_latency_microseconds"} * inf'
     )
-    assert referenced_metrics(expr) == {
+    assert series_names(expr) == {
         "hookwatch_captures_dropped_total",
         "job:hookwatch_requests:rate5m",
+        "Requests4XX",
+        "up",
+        "ALERTS",
+        "ts_queue_latency_microseconds",
     }
 
 
 def test_every_metric_in_rules_and_dashboards_is_catalogued() -> None:
-    known = exposed_names()
     recorded = {r["record"] for r in rules() if "record" in r}
     exprs = [(str(path.relative_to(ROOT)), r["expr"]) for path in RULE_FILES for r in _rules(path)]
     exprs += list(_dashboard_exprs())
-    used: set[str] = set()
-    for where, expr in exprs:
-        for name in referenced_metrics(str(expr)):
-            used.add(name)
-            if ":" in name:
-                assert name in recorded, f"{where}: {name} is recorded by no rule"
-            else:
-                assert name in known, f"{where}: {name} is not in hookwatch._catalogue"
-    # The check ran on real expressions: the alerts read these catalogued metrics.
+    assert unknown_series(exprs, recorded) == []
+    used = {name for _, expr in exprs for name in series_names(str(expr))}
+    # The check ran on real expressions: the alerts read these catalogued metrics, the
+    # dashboards the drift ones, a recorded fleet score and TorchServe's own.
     assert {
         "hookwatch_activation_nonfinite_total",
         "hookwatch_captures_dropped_total",
         "hookwatch_activation_statistic_sum",
         "hookwatch_layer_enabled",
+        "hookwatch_drift_evidence_threshold",
+        "model_detector:hookwatch_drift_fleet_score:increase10m",
+        "ts_inference_requests_total",
     } <= used
+    # Every allow-listed TorchServe metric is used: the list names nothing it need not.
+    assert used >= TORCHSERVE_METRICS
+
+
+def test_a_dashboard_naming_an_unknown_metric_fails_the_check() -> None:
+    recorded = {r["record"] for r in rules() if "record" in r}
+    bad = [
+        ("a dashboard", 'sum(rate(hookwatch_not_catalogued_total{model="$model"}[5m]))'),
+        ("a dashboard", "sum(rate(ts_inference_requests[5m]))"),
+        ("a dashboard", "max(model_detector:hookwatch_drift_fleet_score:increase1h)"),
+    ]
+    problems = unknown_series(bad, recorded)
+    assert len(problems) == 3, problems
+    assert "hookwatch_not_catalogued_total is not in hookwatch._catalogue" in problems[0]
+    assert "ts_inference_requests is not" in problems[1]
+    assert "increase1h is recorded by no rule" in problems[2]
 
 
 def _rules(path: Path) -> Iterator[dict[str, Any]]:

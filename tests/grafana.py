@@ -1,0 +1,153 @@
+"""The Grafana dashboards in monitoring/grafana/dashboards, read as the tests need them.
+
+Shared by the unit tests (metric names, conventions, the schema check) and the integration test
+that runs every panel's query against a real Prometheus.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+GRAFANA = ROOT / "monitoring" / "grafana"
+DASHBOARDS = GRAFANA / "dashboards"
+SCHEMA_CHECK = GRAFANA / "schema-check"
+
+#: TorchServe's own metrics (its metrics endpoint, `metrics_mode=prometheus`) that dashboards
+#: may query. They are not hookwatch's, so the catalogue does not list them; kept short and
+#: explicit, and tests/integration/test_dashboards.py checks that TorchServe exposes each one.
+TORCHSERVE_METRICS = frozenset(
+    {
+        "ts_inference_requests_total",
+        "ts_inference_latency_microseconds",
+        "ts_queue_latency_microseconds",
+        "Requests4XX",
+        "Requests5XX",
+        "WorkerLoadTime",
+    }
+)
+#: TorchServe's counters among them (its Java client exports them without a _total suffix).
+TORCHSERVE_COUNTERS = TORCHSERVE_METRICS - {"WorkerLoadTime"}
+#: Series Prometheus writes itself: scrape health and alert states.
+PROMETHEUS_SERIES = frozenset({"up", "ALERTS"})
+
+#: What Grafana puts in for its interval variables when the integration test runs the queries
+#: (a 1 s scrape interval there: a rate interval of a minute spans many scrapes).
+BUILTIN_VALUES: Mapping[str, str] = {
+    "__rate_interval": "1m",
+    "__interval": "15s",
+    "__range": "1h",
+}
+
+
+@dataclass(frozen=True)
+class Query:
+    """One panel target."""
+
+    dashboard: str
+    panel: str
+    ref: str
+    expr: str
+    instant: bool
+
+    def __str__(self) -> str:
+        return f"{self.dashboard} / {self.panel!r} / {self.ref}"
+
+
+def load() -> dict[str, dict[str, Any]]:
+    """Every dashboard, by file name."""
+    return {p.name: json.loads(p.read_text()) for p in sorted(DASHBOARDS.glob("*.json"))}
+
+
+def panels(board: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every panel, rows included, and the panels inside collapsed rows."""
+    for panel in board.get("panels", []):
+        yield panel
+        yield from panel.get("panels", [])
+
+
+def queries(name: str, board: Mapping[str, Any]) -> list[Query]:
+    return [
+        Query(name, panel.get("title", ""), t["refId"], t["expr"], bool(t.get("instant")))
+        for panel in panels(board)
+        for t in panel.get("targets", [])
+    ]
+
+
+def variables(board: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return list(board.get("templating", {}).get("list", []))
+
+
+_LABEL_VALUES = re.compile(r"\s*label_values\((?P<selector>.*),\s*(?P<label>[A-Za-z_]\w*)\s*\)\s*")
+
+
+def label_values(query: str) -> tuple[str, str]:
+    """(selector, label) of a `label_values(selector, label)` variable query."""
+    match = _LABEL_VALUES.fullmatch(query)
+    if match is None:
+        raise ValueError(f"expected label_values(selector, label), got {query!r}")
+    return match["selector"], match["label"]
+
+
+def variable_exprs(board: Mapping[str, Any]) -> list[str]:
+    """The PromQL each query variable runs."""
+    return [label_values(v["query"])[0] for v in variables(board) if v["type"] == "query"]
+
+
+def substitute(text: str, values: Mapping[str, str]) -> str:
+    """``text`` with Grafana's ``$name``, ``${name}`` and ``[[name]]`` replaced from ``values``
+    (the interval variables from BUILTIN_VALUES unless given); an unknown variable is an error.
+    """
+    known = {**BUILTIN_VALUES, **values}
+
+    def value(match: re.Match[str]) -> str:
+        name = match["braced"] or match["bracketed"] or match["plain"]
+        if name not in known:
+            raise KeyError(f"no value for ${name} in {text!r}")
+        return known[name]
+
+    return re.sub(
+        r"\$\{(?P<braced>\w+)(?::\w+)?\}|\[\[(?P<bracketed>\w+)\]\]|\$(?P<plain>\w+)", value, text
+    )
+
+
+# -- metric names in PromQL ----------------------------------------------------------------------
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
+_NAME_MATCHER = re.compile(r"__name__\s*(=~|!=|!~|=)\s*(\"(?:[^\"\\]|\\.)*\")")
+_VARIABLE = re.compile(r"\$\{[^}]*\}|\[\[\w+\]\]|\$\w+")
+_GROUPING = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^()]*\)")
+_NUMBER = re.compile(
+    r"(?<![\w:.])(?:0[xX][0-9a-fA-F]+|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)[a-zA-Z]*"
+)
+_IDENT = re.compile(r"(?<![\w:])[A-Za-z_:][\w:]*(?![\w:])(?!\s*\()")
+_KEYWORDS = frozenset(
+    {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless"}
+    | {"bool", "offset", "atan2", "inf", "nan"}
+    # aggregation operators: `sum by (x) (...)` leaves `sum` before a keyword, not a `(`
+    | {"sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values"}
+    | {"bottomk", "topk", "quantile", "limitk", "limit_ratio"}
+)
+
+
+def series_names(expr: str) -> set[str]:
+    """Metric names a PromQL expression selects: neither functions, keywords, label names nor
+    label values (selection by ``__name__`` is only understood with ``=``)."""
+    names = set()
+    for op, value in _NAME_MATCHER.findall(expr):
+        if op != "=":
+            raise ValueError(f"expected __name__ selected with =, got {op} in {expr!r}")
+        names.add(json.loads(value))
+    code = re.sub(r"#[^\n]*", "", _STRING.sub('""', expr))
+    code = _VARIABLE.sub("", code)
+    code = re.sub(r"\{[^{}]*\}", "", code)  # label matchers
+    code = re.sub(r"\[[^\[\]]*\]", "", code)  # ranges and subqueries
+    code = _GROUPING.sub(r"\1", code)
+    code = _NUMBER.sub("", code)
+    names.update(n for n in _IDENT.findall(code) if n.lower() not in _KEYWORDS)
+    return names

@@ -1,0 +1,227 @@
+"""Grafana dashboards as code: Grafana's published types accept them, and they follow the
+conventions a fleet of multiprocess workers needs. Metric names are checked in test_rules.py,
+every query against a real Prometheus in tests/integration/test_dashboards.py.
+
+The schema check needs Node.js and the npm packages `make dashboards-check` installs: missing,
+those tests skip locally and fail under CI=true.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import grafana
+from tests.conftest import require, require_binary
+from tests.grafana import TORCHSERVE_COUNTERS, label_values, series_names
+
+#: File name -> uid. Links, bookmarks and alert annotations point at uids: changing one breaks
+#: them, so a change must be deliberate and show up here.
+UIDS = {
+    "overview.json": "hookwatch-overview",
+    "activations.json": "hookwatch-activations",
+    "drift.json": "hookwatch-drift",
+}
+BOARDS = grafana.load()
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+
+
+def _visual_panels(board: dict[str, Any]) -> list[dict[str, Any]]:
+    return [p for p in grafana.panels(board) if p["type"] != "row"]
+
+
+def test_the_dashboards_and_their_stable_uids() -> None:
+    assert {name: board["uid"] for name, board in BOARDS.items()} == UIDS
+    for board in BOARDS.values():
+        assert "hookwatch" in board["tags"]
+        assert board["title"].startswith("hookwatch / ")
+
+
+def test_variables_datasource_model_and_layer() -> None:
+    for name, board in BOARDS.items():
+        variables = {v["name"]: v for v in grafana.variables(board)}
+        assert {"datasource", "model", "layer"} <= set(variables), name
+        assert variables["datasource"]["type"] == "datasource"
+        assert variables["datasource"]["query"] == "prometheus"
+        for variable in variables.values():
+            if variable["type"] != "query":
+                continue
+            assert variable["datasource"] == DATASOURCE, (name, variable["name"])
+            selector, _ = label_values(variable["query"])
+            assert series_names(selector), (name, variable["name"])
+        assert label_values(variables["model"]["query"])[1] == "model"
+        # Layers by their own label, or by the drift detector watching each of them.
+        assert label_values(variables["layer"]["query"])[1] in ("layer", "detector"), name
+        # Every variable a query names is defined before it (Grafana resolves them in order).
+        defined: set[str] = set()
+        for variable in grafana.variables(board):
+            used = set(re.findall(r"\$\{?(\w+)", json.dumps(variable.get("query", ""))))
+            assert used <= defined, (name, variable["name"], used - defined)
+            defined.add(variable["name"])
+
+
+def test_every_panel_queries_the_datasource_variable_and_sets_a_unit() -> None:
+    for name, board in BOARDS.items():
+        ids = [p["id"] for p in grafana.panels(board)]
+        assert len(ids) == len(set(ids)), name
+        for panel in _visual_panels(board):
+            where = (name, panel["title"])
+            assert panel["datasource"] == DATASOURCE, where
+            assert panel["targets"], where
+            assert all(t["datasource"] == DATASOURCE for t in panel["targets"]), where
+            refs = [t["refId"] for t in panel["targets"]]
+            assert len(refs) == len(set(refs)), where
+            assert panel["fieldConfig"]["defaults"].get("unit"), where
+            assert panel.get("description"), where
+
+
+def test_panels_fit_the_grid_without_overlapping() -> None:
+    for name, board in BOARDS.items():
+        cells: dict[tuple[int, int], str] = {}
+        for panel in grafana.panels(board):
+            pos = panel["gridPos"]
+            assert pos["x"] >= 0 and pos["w"] > 0 and pos["x"] + pos["w"] <= 24, panel["title"]
+            for x in range(pos["x"], pos["x"] + pos["w"]):
+                for y in range(pos["y"], pos["y"] + pos["h"]):
+                    assert (x, y) not in cells, (name, panel["title"], cells.get((x, y)))
+                    cells[(x, y)] = panel["title"]
+
+
+def test_queries_aggregate_over_workers_and_replicas() -> None:
+    """hookwatch series carry no pid, but one per replica (instance): every panel aggregates,
+    so a fleet of replicas reads as one line per model, layer or detector."""
+    aggregation = re.compile(r"\(*\s*(sum|max|min|avg|count|topk|bottomk)\b")
+    for name, board in BOARDS.items():
+        for query in grafana.queries(name, board):
+            assert aggregation.match(query.expr), query
+
+
+def test_rate_and_increase_only_on_counters() -> None:
+    counter = re.compile(r"\b(rate|irate|increase)\(\s*([A-Za-z_:][\w:]*)")
+    for name, board in BOARDS.items():
+        for query in grafana.queries(name, board):
+            for _, metric in counter.findall(query.expr):
+                assert metric.endswith("_total") or metric in TORCHSERVE_COUNTERS, query
+            # A statistic's _sum falls for negative values: only delta() reads it right.
+            assert "rate(hookwatch_activation_statistic" not in query.expr, query
+            assert "increase(hookwatch_activation_statistic" not in query.expr, query
+
+
+def test_thresholds_and_references_are_series_drawn_dashed() -> None:
+    """A threshold or reference value is a series of its own beside the values, and drawn so
+    that it reads as one."""
+    shown = 0
+    for name, board in BOARDS.items():
+        for panel in _visual_panels(board):
+            legends = [t.get("legendFormat", "") for t in panel["targets"]]
+            marked = [legend for legend in legends if re.search(r"threshold|reference", legend)]
+            if not marked or panel["type"] != "timeseries":
+                continue
+            shown += 1
+            assert len(marked) < len(legends), (name, panel["title"], "values missing")
+            dashed = [
+                o["matcher"]["options"]
+                for o in panel["fieldConfig"]["overrides"]
+                if o["matcher"]["id"] == "byRegexp"
+                and {"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}}
+                in o["properties"]
+            ]
+            assert dashed, (name, panel["title"])
+            for legend in marked:
+                assert any(re.fullmatch(p, legend) for p in dashed), (name, legend)
+    # drift score, evidence, fleet score, five statistics and NaN/Inf against their references
+    assert shown >= 9
+
+
+def test_units_are_set_where_the_quantity_has_one() -> None:
+    units = {
+        (name, p["title"]): p["fieldConfig"]["defaults"]["unit"]
+        for name, board in BOARDS.items()
+        for p in _visual_panels(board)
+    }
+    assert units[("overview.json", "Mean latency (TorchServe)")] == "µs"
+    assert units[("overview.json", "Requests per second")] == "reqps"
+    assert units[("overview.json", "Dropped captures per sampled request")] == "percentunit"
+    assert units[("activations.json", "Zero fraction per layer")] == "percentunit"
+    assert units[("drift.json", "Window alarm share")] == "percentunit"
+
+
+def test_no_units_dashboard_without_its_metrics() -> None:
+    # Never-active and saturated channel shares are not exported yet: no dashboard pretends.
+    for board in BOARDS.values():
+        assert "unit" not in board["title"].lower()
+        for panel in grafana.panels(board):
+            assert not re.search(r"never.active|saturat", panel.get("title", ""), re.I)
+
+
+# -- Grafana's published schema types ------------------------------------------------------------
+
+
+def _schema_check(*paths: Path) -> subprocess.CompletedProcess[str]:
+    node = require_binary("node")
+    require(
+        (grafana.SCHEMA_CHECK / "node_modules" / "@grafana" / "schema").is_dir(),
+        f"npm packages in {grafana.SCHEMA_CHECK} (make dashboards-check installs them)",
+    )
+    return subprocess.run(
+        [node, "check.mjs", *map(str, paths)],
+        capture_output=True,
+        text=True,
+        cwd=grafana.SCHEMA_CHECK,
+        check=False,
+    )
+
+
+def test_schema_check_accepts_the_dashboards() -> None:
+    result = _schema_check()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"{len(UIDS)} dashboard(s) satisfy Dashboard of @grafana/schema" in result.stdout
+
+
+def _line_of(text: str, needle: str) -> int:
+    return next(i for i, line in enumerate(text.splitlines(), 1) if needle in line)
+
+
+@pytest.mark.parametrize(
+    ("break_it", "needle", "message"),
+    [
+        # a grid position that is not one
+        (lambda b: b["panels"][1].update(gridPos="x"), '"gridPos": "x"', "TS2322"),
+        # a threshold mode Grafana does not have
+        (
+            lambda b: b["panels"][1]["fieldConfig"]["defaults"]["thresholds"].update(
+                mode="absolut"
+            ),
+            '"mode": "absolut"',
+            "TS2820",
+        ),
+        # a misspelt property Grafana would silently ignore
+        (lambda b: b.update(refersh="30s"), '"refersh"', "TS2353"),
+        # a variable without a type (reported at the variable's opening brace)
+        (lambda b: b["templating"]["list"][1].pop("type"), '"name": "model"', "TS2741"),
+    ],
+    ids=["gridPos", "threshold-mode", "unknown-property", "variable-type"],
+)
+def test_schema_check_rejects_a_broken_dashboard(
+    tmp_path: Path, break_it: Any, needle: str, message: str
+) -> None:
+    board = json.loads((grafana.DASHBOARDS / "overview.json").read_text())
+    break_it(board)
+    broken = tmp_path / "broken.json"
+    text = json.dumps(board, indent=2, ensure_ascii=False)
+    broken.write_text(text)
+    shutil.copy(grafana.DASHBOARDS / "drift.json", tmp_path / "drift.json")
+    result = _schema_check(tmp_path)
+    report = result.stdout + result.stderr
+    assert result.returncode != 0, report
+    # Reported against the JSON file, on the line of the fault (a missing property: on the
+    # line that opens its object); the sound file beside it raises nothing.
+    line = _line_of(text, needle) - (message == "TS2741")
+    assert re.search(rf"broken\.json\({line},\d+\): error {message}\b", report), report
+    assert "drift.json" not in report, report
