@@ -27,6 +27,7 @@ UIDS = {
     "overview.json": "hookwatch-overview",
     "activations.json": "hookwatch-activations",
     "drift.json": "hookwatch-drift",
+    "units.json": "hookwatch-units",
 }
 BOARDS = grafana.load()
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
@@ -107,7 +108,9 @@ def test_rate_and_increase_only_on_counters() -> None:
     for name, board in BOARDS.items():
         for query in grafana.queries(name, board):
             for _, metric in counter.findall(query.expr):
-                assert metric.endswith("_total") or metric in TORCHSERVE_COUNTERS, query
+                # A summary's _count only grows: a counter too.
+                counter_like = metric.endswith(("_total", "_count"))
+                assert counter_like or metric in TORCHSERVE_COUNTERS, query
             # A statistic's _sum falls for negative values: only delta() reads it right.
             assert "rate(hookwatch_activation_statistic" not in query.expr, query
             assert "increase(hookwatch_activation_statistic" not in query.expr, query
@@ -152,12 +155,22 @@ def test_units_are_set_where_the_quantity_has_one() -> None:
     assert units[("drift.json", "Window alarm share")] == "percentunit"
 
 
-def test_no_units_dashboard_without_its_metrics() -> None:
-    # Never-active and saturated channel shares are not exported yet: no dashboard pretends.
-    for board in BOARDS.values():
-        assert "unit" not in board["title"].lower()
-        for panel in grafana.panels(board):
-            assert not re.search(r"never.active|saturat", panel.get("title", ""), re.I)
+def test_the_units_dashboard_shows_dead_and_saturated_units_and_classes() -> None:
+    board = BOARDS["units.json"]
+    titles = {p["title"] for p in _visual_panels(board)}
+    assert {
+        "Never-active units per layer",
+        "Saturated units per layer",
+        "Pruning candidates: units that never fired in the last hour",
+        "Mean by predicted class",
+    } <= titles
+    exprs = " ".join(q.expr for q in grafana.queries("units.json", board))
+    for metric in (
+        "model_layer:hookwatch_units_never_active:ratio1h",
+        "hookwatch_reference_dead_units",
+        "hookwatch_class_activation_statistic_sum",
+    ):
+        assert metric in exprs, metric
 
 
 # -- Grafana's published schema types ------------------------------------------------------------
