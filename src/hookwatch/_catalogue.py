@@ -18,6 +18,7 @@ from hookwatch._names import (
     NONFINITE_KINDS,
     OTHER_CLASS,
     OUTPUT_DETECTORS,
+    REJECT_REASONS,
     SUMMARY_STATISTICS,
     class_labels,
     drift_detectors,
@@ -126,7 +127,8 @@ REQUESTS = CounterSpec(
     "hookwatch_requests_total",
     ("model",),
     "requests",
-    "Requests the monitored handler received (each item of a batch counts once).",
+    "Requests the monitored handler received, served or rejected (each item of a batch counts "
+    "once).",
 )
 REQUESTS_SAMPLED = CounterSpec(
     "hookwatch_requests_sampled_total",
@@ -136,9 +138,10 @@ REQUESTS_SAMPLED = CounterSpec(
 )
 REQUESTS_REJECTED = CounterSpec(
     "hookwatch_requests_rejected_total",
-    ("model",),
+    ("model", "reason"),
     "requests",
-    "Requests answered with a 4xx because their payload did not match the model's input.",
+    "Requests answered with a 4xx because their payload did not match the model's input, by "
+    "reason (a fixed vocabulary, never text from the request).",
 )
 CAPTURES = CounterSpec(
     "hookwatch_captures_total",
@@ -435,6 +438,8 @@ LABELS: dict[str, str] = {
     "last), as fixed by the drift profile; only `monitoring.drift.fleet_detectors`.",
     "bin": "index of the reference-quantile bin, `0` up to `drift.bins - 1` (for `class_mix` "
     "the predicted class); only bins the profile has.",
+    "reason": ", ".join(f"`{v}`" for v in REJECT_REASONS)
+    + " (docs/security.md says what each means).",
     "unit": "index of the unit (channel of a conv map, unit of a flat layer), `0` up to "
     "`max_units - 1`; hidden layers only (not `input`, not `output`).",
     "class": "the predicted class (its index in the logits) for the `max_classes` classes most "
@@ -499,6 +504,7 @@ def label_domains(
     return {
         "layer": tuple(watched),
         "unit": tuple(str(i) for i in range(max_units)),
+        "reason": REJECT_REASONS,
         "class": class_labels(max_classes),
         "statistic": SUMMARY_STATISTICS,
         "kind": NONFINITE_KINDS,

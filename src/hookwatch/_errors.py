@@ -16,12 +16,18 @@ class ProfileError(HookwatchError, ValueError):
 
 
 class BadInputError(HookwatchError):
-    """A client sent a request the model cannot take: maps to an HTTP 4xx."""
+    """A client sent a request the model cannot take: maps to an HTTP 4xx.
 
-    def __init__(self, expected: str, got: str, status: int = 400) -> None:
+    ``reason`` is one of ``hookwatch._names.REJECT_REASONS``: the reject counter's label.
+    """
+
+    def __init__(
+        self, expected: str, got: str, status: int = 400, reason: str = "unreadable"
+    ) -> None:
         self.expected = expected
         self.got = got
         self.status = status
+        self.reason = reason
         super().__init__(f"expected {expected}, got {got}")
 
     def as_dict(self) -> dict[str, str | int]:

@@ -35,6 +35,22 @@ CLASS_STATISTICS: tuple[str, ...] = ("mean", "zero_fraction")
 #: ``class`` label value shared by every class past ``max_classes``.
 OTHER_CLASS = "other"
 
+#: Why a request was answered with a 4xx (the ``reason`` label of the reject counter): a
+#: fixed vocabulary, never text from the request.
+REJECT_REASONS: tuple[str, ...] = (
+    "too_large",  # the body exceeds the size limit (413)
+    "not_json",  # the body does not parse as JSON (or as the binary encoding)
+    "too_deep",  # nested deeper than the input's shape allows
+    "missing_field",  # no input field in the JSON object
+    "wrong_shape",  # a shape, or a ragged or non-numeric array, other than the input's
+    "not_finite",  # NaN or Infinity
+    "out_of_range",  # outside the input's range, or beyond float32
+    "wrong_type",  # fractional values for an integer input
+    "preprocess",  # the model's own preprocess function refused the payload
+    "unreadable",  # decoding failed in a way hookwatch does not name (logged)
+    "other",  # turned away by serving code that named no reason (Monitor.reject)
+)
+
 #: Levels a drift detector belongs to (the ``level`` label).
 LEVELS: tuple[str, ...] = ("input", "activation", "output", "prediction")
 #: Detectors derived from the model's output logits, in the order they are built.

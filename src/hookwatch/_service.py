@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import logging
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from hookwatch._capture import RateLimitedLog
 from hookwatch._config import HandlerConfig, InputSpec, OutputSpec
 from hookwatch._errors import BadInputError, ConfigError
 from hookwatch._hooks import resolve_layers, select_tensor
@@ -38,6 +41,8 @@ __all__ = [
 
 MAX_BODY_BYTES = 1 << 20
 
+log = logging.getLogger("hookwatch")
+
 
 def _describe(value: Any) -> str:
     if isinstance(value, list):
@@ -49,21 +54,31 @@ def _describe(value: Any) -> str:
     return f"{type(value).__name__} {text[:40]}"
 
 
-def _shape_of(value: Any) -> tuple[int, ...] | None:
-    """Shape of a rectangular nested list of numbers, or None if it is ragged or not numeric."""
+def _shape_of(value: Any, depth: int) -> tuple[int, ...] | None:
+    """Shape of a rectangular nested list of numbers at most ``depth`` levels deep, or None if
+    it is ragged, not numeric or deeper (a request cannot make this recurse without bound)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float):
         return ()
-    if not isinstance(value, list) or not value:
+    if depth <= 0 or not isinstance(value, list) or not value:
         return None
-    inner = _shape_of(value[0])
+    inner = _shape_of(value[0], depth - 1)
     if inner is None:
         return None
     for item in value[1:]:
-        if _shape_of(item) != inner:
+        if _shape_of(item, depth - 1) != inner:
             return None
     return (len(value), *inner)
+
+
+def _depth(value: Any, limit: int) -> int:
+    """Nesting depth of lists in ``value``, counted up to ``limit + 1`` and no further."""
+    depth = 0
+    while isinstance(value, list) and value and depth <= limit:
+        value = value[0]
+        depth += 1
+    return depth
 
 
 def _decode_float32(body: bytes | bytearray, shape: tuple[int, ...]) -> torch.Tensor:
@@ -73,6 +88,7 @@ def _decode_float32(body: bytes | bytearray, shape: tuple[int, ...]) -> torch.Te
             f"{expected} bytes of little-endian float32 (shape {list(shape)}) "
             'or a JSON body sent as "Content-Type: application/json"',
             f"{len(body)} bytes",
+            reason="wrong_shape",
         )
     # astype copies into native order, so the tensor owns its memory, not the request buffer.
     values = np.frombuffer(body, dtype="<f4").astype(np.float32)
@@ -81,7 +97,7 @@ def _decode_float32(body: bytes | bytearray, shape: tuple[int, ...]) -> torch.Te
 
 def _check_values(tensor: torch.Tensor, spec: InputSpec) -> torch.Tensor:
     if not bool(torch.isfinite(tensor).all()):
-        raise BadInputError("finite numbers", "NaN or Infinity")
+        raise BadInputError("finite numbers", "NaN or Infinity", reason="not_finite")
     lo, hi = spec.min_value, spec.max_value
     if lo is not None or hi is not None:
         vmin, vmax = float(tensor.min()), float(tensor.max())
@@ -90,29 +106,43 @@ def _check_values(tensor: torch.Tensor, spec: InputSpec) -> torch.Tensor:
                 f"values in [{lo if lo is not None else -math.inf}, "
                 f"{hi if hi is not None else math.inf}]",
                 f"values in [{vmin:g}, {vmax:g}]",
+                reason="out_of_range",
             )
     if not _DTYPES[spec.dtype].is_floating_point and not bool((tensor == tensor.round()).all()):
-        raise BadInputError(f"whole numbers (input dtype {spec.dtype})", "fractional values")
+        raise BadInputError(
+            f"whole numbers (input dtype {spec.dtype})", "fractional values", reason="wrong_type"
+        )
     return tensor
+
+
+def _too_large(body: bytes | bytearray | str) -> BadInputError:
+    return BadInputError(
+        f"a body of at most {MAX_BODY_BYTES} bytes",
+        f"{len(body)} bytes",
+        status=413,
+        reason="too_large",
+    )
 
 
 def _parse_json(body: Any, expected: str) -> Any:
     """A body as TorchServe hands it over, parsed: JSON sent as application/json arrives
     parsed already, anything else as bytes (or text)."""
-    if isinstance(body, bytes | bytearray):
+    if isinstance(body, bytes | bytearray | str):
         if len(body) > MAX_BODY_BYTES:
+            raise _too_large(body)
+        try:
+            return json.loads(body)
+        except RecursionError:
+            # Python's parser gives up around a thousand levels; no input needs a tenth.
             raise BadInputError(
-                f"a body of at most {MAX_BODY_BYTES} bytes", f"{len(body)} bytes", status=413
-            )
-        try:
-            return json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise BadInputError(expected, f"a body that is not JSON ({error})") from None
-    if isinstance(body, str):
-        try:
-            return json.loads(body)
-        except json.JSONDecodeError as error:
-            raise BadInputError(expected, f"a body that is not JSON ({error})") from None
+                expected, "JSON nested too deeply to parse", reason="too_deep"
+            ) from None
+        except (UnicodeDecodeError, ValueError) as error:
+            # ValueError covers malformed JSON and integers too long to convert.
+            detail = str(error).splitlines()[0][:120] if str(error) else type(error).__name__
+            raise BadInputError(
+                expected, f"a body that is not JSON ({detail})", reason="not_json"
+            ) from None
     return body
 
 
@@ -127,25 +157,41 @@ def decode_payload(body: Any, spec: InputSpec) -> torch.Tensor:
     expected_body = f'a JSON object {{"{spec.field}": <{"x".join(map(str, shape))} numbers>}}'
     if spec.encoding == "float32" and isinstance(body, bytes | bytearray):
         if len(body) > MAX_BODY_BYTES:
-            raise BadInputError(
-                f"a body of at most {MAX_BODY_BYTES} bytes", f"{len(body)} bytes", status=413
-            )
+            raise _too_large(body)
         return _check_values(_decode_float32(body, shape), spec)
     body = _parse_json(body, expected_body)
     if not isinstance(body, dict) or spec.field not in body:
-        raise BadInputError(expected_body, _describe(body))
+        raise BadInputError(expected_body, _describe(body), reason="missing_field")
     values = body[spec.field]
-    got = _shape_of(values)
+    # The payload may nest at most as deep as the shape (or one level, flat).
+    depth = _depth(values, len(shape))
+    if depth > len(shape):
+        raise BadInputError(
+            f"an array nested {len(shape)} levels deep (shape {list(shape)})",
+            f"one nested more than {len(shape)} levels",
+            reason="too_deep",
+        )
+    got = _shape_of(values, len(shape))
     if got is None:
         raise BadInputError(
             f"a rectangular array of numbers of shape {list(shape)} (or {spec.numel} numbers flat)",
             _describe(values) if not isinstance(values, list) else "a ragged or non-numeric list",
+            reason="wrong_shape",
         )
     if got != shape and got != (spec.numel,):
         raise BadInputError(
-            f"shape {list(shape)} (or {spec.numel} numbers flat)", f"shape {list(got)}"
+            f"shape {list(shape)} (or {spec.numel} numbers flat)",
+            f"shape {list(got)}",
+            reason="wrong_shape",
         )
-    return _check_values(torch.tensor(values, dtype=torch.float32).reshape(shape), spec)
+    try:
+        tensor = torch.tensor(values, dtype=torch.float32)
+    except (OverflowError, RuntimeError, TypeError):
+        # Integers beyond what a float32 or an int64 holds.
+        raise BadInputError(
+            "numbers within float32's range", "a number too large to convert", reason="out_of_range"
+        ) from None
+    return _check_values(tensor.reshape(shape), spec)
 
 
 _DTYPES: dict[str, torch.dtype] = {
@@ -219,13 +265,19 @@ class InputPipeline:
         payload = _parse_json(body, "a payload the model's preprocess function accepts")
         try:
             result = self._preprocess(payload)
-        except (ValueError, TypeError, KeyError, IndexError) as error:
+        except (ValueError, TypeError, KeyError, IndexError, RecursionError) as error:
             raise BadInputError(
-                "a payload the model's preprocess function accepts", f"{error}"
+                "a payload the model's preprocess function accepts",
+                f"{error}"[:200] or type(error).__name__,
+                reason="preprocess",
             ) from None
         tensor = result if isinstance(result, torch.Tensor) else torch.as_tensor(result)
         if self.spec.shape is not None and tuple(tensor.shape) != self.spec.shape:
-            raise BadInputError(f"shape {list(self.spec.shape)}", f"shape {list(tensor.shape)}")
+            raise BadInputError(
+                f"shape {list(self.spec.shape)}",
+                f"shape {list(tensor.shape)}",
+                reason="wrong_shape",
+            )
         return tensor
 
     def batch(self, items: Sequence[torch.Tensor] | torch.Tensor) -> torch.Tensor:
@@ -291,6 +343,7 @@ class ModelService:
         self.labels = list(labels) if labels is not None else None
         self.device = device or torch.device("cpu")
         self.output = output or OutputSpec()
+        self._log = RateLimitedLog(log)
 
     @classmethod
     def from_handler_config(
@@ -326,8 +379,23 @@ class ModelService:
                 positions.append(index)
             except BadInputError as error:
                 errors[index] = error
+            except Exception as error:
+                # Whatever a payload makes decoding raise is the payload's fault: a 400 for
+                # that item, never a 5xx for the batch. Logged: it names a decoder gap.
+                errors[index] = BadInputError(
+                    "a payload this model can decode",
+                    f"one that failed decoding ({type(error).__name__})",
+                    reason="unreadable",
+                )
+                self._log.warning(
+                    f"decode:{type(error).__name__}",
+                    "hookwatch: decoding a request failed (%s: %s); answered 400",
+                    type(error).__name__,
+                    str(error)[:200],
+                )
         if errors and self.monitor is not None:
-            self.monitor.reject(len(errors))
+            for reason, count in Counter(e.reason for e in errors.values()).items():
+                self.monitor.reject(count, reason)
         inputs = self.pipeline.batch(tensors).to(self.device) if tensors else None
         return DecodedBatch(len(bodies), inputs, positions, errors)
 

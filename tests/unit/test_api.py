@@ -172,8 +172,8 @@ def test_the_api_example_serves_and_exports_what_the_torchserve_handler_does(
     # Published every flush_interval_s (1 s): wait until the counts of every request (the
     # last one a reject) have arrived; a publish can fall between any two requests.
     expected = (
-        'hookwatch_requests_total{model="tabular"} 121.0',  # 1 probe + 60 x 2
-        'hookwatch_requests_rejected_total{model="tabular"} 1.0',  # the 400 is no request
+        'hookwatch_requests_total{model="tabular"} 122.0',  # 1 probe + 60 x 2 + the 400
+        'hookwatch_requests_rejected_total{model="tabular",reason="other"} 1.0',
     )
     deadline = time.monotonic() + 10
     while True:
@@ -182,7 +182,7 @@ def test_the_api_example_serves_and_exports_what_the_torchserve_handler_does(
             break
         time.sleep(0.2)
     assert expected[0] in text
-    assert 'hookwatch_requests_rejected_total{model="tabular"} 1.0' in text
+    assert 'hookwatch_requests_rejected_total{model="tabular",reason="other"} 1.0' in text
     assert 'hookwatch_drift_profile_loaded{model="tabular"} 1.0' in text
     assert 'hookwatch_captures_total{layer="act",model="tabular"} 121.0' in text
     from_example = series(text, "tabular")

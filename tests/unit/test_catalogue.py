@@ -124,4 +124,6 @@ def test_demo_class_count_is_the_models() -> None:
 
 def test_series_per_model_refuses_an_unbounded_label() -> None:
     with pytest.raises(ValueError, match="expected a bounded value set for label 'statistic'"):
-        catalogue.series_per_model(("input",), domains={"layer": ("input",), "kind": ("nan",)})
+        catalogue.series_per_model(
+            ("input",), domains={"layer": ("input",), "kind": ("nan",), "reason": ("other",)}
+        )

@@ -161,7 +161,7 @@ def test_the_units_dashboard_shows_dead_and_saturated_units_and_classes() -> Non
     assert {
         "Never-active units per layer",
         "Saturated units per layer",
-        "Pruning candidates: units that never fired in the last hour",
+        "Least active units in the last hour",
         "Mean by predicted class",
     } <= titles
     exprs = " ".join(q.expr for q in grafana.queries("units.json", board))

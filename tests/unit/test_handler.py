@@ -92,14 +92,18 @@ def test_bad_items_get_a_clear_4xx_and_the_rest_of_the_batch_is_served(
     monitor = instance.service.monitor
     monitor.flush()
     counts = monitor.counts()
-    assert counts.rejected == 1 and counts.requests == 2
+    # Received: three; the bad one is counted with its reason.
+    assert counts.rejected == 1 and counts.requests == 3
+    assert sum(counts.rejected_by.values()) == 1
 
 
 def test_a_batch_of_only_bad_items_runs_no_forward(handler: tuple[Any, FakeContext]) -> None:
     instance, context = handler
     out = instance.handle([{"body": b""}, {"data": None}], context)
     assert [a["code"] for a in out] == [400, 400]
-    assert instance.service.monitor.counts().requests == 0
+    counts = instance.service.monitor.counts()
+    # Both received and rejected; no forward ran, so none was sampled.
+    assert (counts.requests, counts.rejected, counts.sampled) == (2, 2, 0)
 
 
 def test_an_unknown_layer_fails_the_load_with_close_matches(model_dir: Path) -> None:

@@ -18,6 +18,7 @@ from types import TracebackType
 
 from hookwatch._capture import RateLimitedLog
 from hookwatch._hooks import Capture, Gate
+from hookwatch._names import REJECT_REASONS
 
 __all__ = ["Record", "RequestCounts", "RequestGate", "RequestScope"]
 
@@ -33,12 +34,15 @@ Record = dict[str, Capture]
 class RequestCounts:
     """Cumulative request-path tallies, copied under the gate's lock."""
 
+    #: Every request received: served or rejected.
     requests: int = 0
     sampled: int = 0
     rejected: int = 0
     #: Captures (not records) dropped because the capture buffer was full.
     dropped: int = 0
     hook_faults: dict[str, int] = field(default_factory=dict)
+    #: The rejected ones by reason (``REJECT_REASONS``).
+    rejected_by: dict[str, int] = field(default_factory=dict)
 
 
 class RequestScope:
@@ -93,7 +97,7 @@ class RequestGate:
         self._lock = threading.Lock()
         self._requests = 0
         self._sampled = 0
-        self._rejected = 0
+        self._rejected: dict[str, int] = defaultdict(int)
         self._dropped = 0
         self._hook_faults: dict[str, int] = defaultdict(int)
 
@@ -110,18 +114,23 @@ class RequestGate:
                 self._sampled += batch_size
         return RequestScope(self, sampled)
 
-    def reject(self, count: int = 1) -> None:
+    def reject(self, count: int = 1, reason: str = "other") -> None:
+        """Count ``count`` requests answered with a 4xx before any forward, for ``reason``."""
+        if reason not in REJECT_REASONS:
+            raise ValueError(f"expected a reason in {REJECT_REASONS}, got {reason!r}")
         with self._lock:
-            self._rejected += count
+            self._requests += count
+            self._rejected[reason] += count
 
     def counts(self) -> RequestCounts:
         with self._lock:
             return RequestCounts(
                 self._requests,
                 self._sampled,
-                self._rejected,
+                sum(self._rejected.values()),
                 self._dropped,
                 dict(self._hook_faults),
+                dict(self._rejected),
             )
 
     def _begin_record(self) -> None:

@@ -115,9 +115,10 @@ class Monitor:
         """Count ``batch_size`` requests and decide whether this forward pass is captured."""
         return self.gate.request(batch_size)
 
-    def reject(self, count: int = 1) -> None:
-        """Count requests answered with a 4xx before any forward pass."""
-        self.gate.reject(count)
+    def reject(self, count: int = 1, reason: str = "other") -> None:
+        """Count requests answered with a 4xx before any forward pass, and why (one of
+        ``REJECT_REASONS``: the reject counter's ``reason`` label)."""
+        self.gate.reject(count, reason)
 
     def counts(self) -> RequestCounts:
         """Request-path tallies so far (also before they are published)."""

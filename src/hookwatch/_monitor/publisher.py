@@ -21,6 +21,7 @@ from hookwatch._monitor.processor import DriftTally, LayerTally, Processed
 from hookwatch._names import (
     CLASS_STATISTICS,
     NONFINITE_KINDS,
+    REJECT_REASONS,
     STATISTICS,
     SUMMARY_STATISTICS,
     level_of,
@@ -54,7 +55,6 @@ class Publisher:
         self._counters: dict[str, CounterChild] = {
             "requests": m.counter(cat.REQUESTS, model=name),
             "sampled": m.counter(cat.REQUESTS_SAMPLED, model=name),
-            "rejected": m.counter(cat.REQUESTS_REJECTED, model=name),
             "dropped": m.counter(cat.CAPTURES_DROPPED, model=name),
         }
         #: Fleet-wide drift counters per (detector, kept feature, bin), bound at declare().
@@ -81,8 +81,10 @@ class Publisher:
         Prometheus windows (``delta``, ``increase``) need the zero before the first event.
         """
         m, name = self.metrics, self.model_name
-        for counter in (cat.REQUESTS, cat.REQUESTS_SAMPLED, cat.REQUESTS_REJECTED):
+        for counter in (cat.REQUESTS, cat.REQUESTS_SAMPLED):
             m.touch(counter, model=name)
+        for reason in REJECT_REASONS:
+            m.touch(cat.REQUESTS_REJECTED, model=name, reason=reason)
         m.touch(cat.CAPTURES_DROPPED, model=name)
         m.set(cat.CAPTURE_QUEUE_CAPACITY, queue_capacity, model=name)
         m.set(cat.CAPTURE_QUEUE_DEPTH, 0, model=name)
@@ -199,12 +201,18 @@ class Publisher:
         for key, current in (
             ("requests", counts.requests),
             ("sampled", counts.sampled),
-            ("rejected", counts.rejected),
             ("dropped", counts.dropped),
         ):
             delta = self._delta(key, current)
             if delta:
                 self._counters[key].inc(delta)
+        for reason, current in counts.rejected_by.items():
+            m.inc(
+                cat.REQUESTS_REJECTED,
+                self._delta(f"rejected:{reason}", current),
+                model=name,
+                reason=reason,
+            )
         processed = snapshot.processed
         for layer, tally in processed.layers.items():
             self._publish_layer(layer, tally)

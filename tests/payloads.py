@@ -1,0 +1,143 @@
+"""Bad and boundary request payloads for the fuzz tests: generated (hypothesis) and mutated.
+
+Each payload is ``(content_type, body bytes)``, as a client sends it. ``as_delivered`` turns it
+into what TorchServe's Python worker hands a handler, so in-process tests see what the real
+server would give them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import strategies as st
+
+from hookwatch._service import MAX_BODY_BYTES
+
+Payload = tuple[str, bytes]
+
+CONTENT_TYPES = ("application/json", "application/octet-stream", "text/plain")
+
+
+def valid_body(image: list[Any]) -> bytes:
+    return json.dumps({"data": image}).encode()
+
+
+def as_delivered(content_type: str, body: bytes) -> Any:
+    """What TorchServe 0.12's worker hands the handler: JSON parsed when it parses (raw bytes
+    when it does not), text decoded when it decodes, bytes otherwise."""
+    if content_type == "application/json":
+        try:
+            return json.loads(body.decode("utf-8"))
+        except Exception:
+            return body
+    if content_type.startswith("text"):
+        try:
+            return body.decode("utf-8")
+        except Exception:
+            return body
+    return body
+
+
+_numbers = st.one_of(
+    st.integers(min_value=-(10**40), max_value=10**40),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([0, 16, 16.0000001, -0.0, 1e38, 3.5e38, 1e308, -1e308]),
+)
+_scalars = st.one_of(st.none(), st.booleans(), _numbers, st.text(max_size=20))
+_json_values = st.recursive(
+    _scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=10), st.dictionaries(st.text(max_size=8), inner, max_size=5)
+    ),
+    max_leaves=80,
+)
+
+
+def _encode(value: Any) -> bytes:
+    return json.dumps(value, allow_nan=True).encode()
+
+
+@st.composite
+def _shaped(draw: st.DrawFn) -> bytes:
+    """Arrays of numbers in shapes near the input's, sometimes ragged or holding junk."""
+    shape = draw(st.lists(st.integers(0, 9), min_size=0, max_size=4))
+    fill = draw(st.one_of(_numbers, _scalars))
+
+    def build(dims: list[int]) -> Any:
+        if not dims:
+            return fill
+        return [build(dims[1:]) for _ in range(dims[0])]
+
+    data = build(shape)
+    if draw(st.booleans()) and isinstance(data, list) and data:
+        data[-1] = draw(_scalars)  # ragged or mixed
+    key = draw(st.sampled_from(["data", "data", "Data", "pixels", ""]))
+    return _encode({key: data})
+
+
+@st.composite
+def _mutated(draw: st.DrawFn, valid: bytes) -> bytes:
+    """A valid body with bytes flipped, cut, or inserted."""
+    body = bytearray(valid)
+    for _ in range(draw(st.integers(1, 6))):
+        kind = draw(st.sampled_from(["flip", "cut", "insert", "duplicate"]))
+        if not body:
+            break
+        at = draw(st.integers(0, len(body) - 1))
+        if kind == "flip":
+            body[at] = draw(st.integers(0, 255))
+        elif kind == "cut":
+            del body[at:]
+        elif kind == "insert":
+            body[at:at] = draw(st.binary(min_size=1, max_size=8))
+        else:
+            body[at:at] = body[at : at + draw(st.integers(1, 40))]
+    return bytes(body)
+
+
+def _deep(levels: int, wrapped: bool) -> bytes:
+    nested = "[" * levels + "1" + "]" * levels
+    return (f'{{"data": {nested}}}' if wrapped else nested).encode()
+
+
+def _sized(size: int) -> bytes:
+    """A JSON body of exactly ``size`` bytes (a valid-looking object padded with spaces)."""
+    head = b'{"data": [0]'
+    return head + b" " * (size - len(head) - 1) + b"}"
+
+
+#: Fixed edge cases every fuzz run sends: the deep nesting seen to answer 503 once, bodies at
+#: the size limit, numbers past every range, and odd encodings.
+EDGES: tuple[bytes, ...] = (
+    _deep(100_000, wrapped=True),
+    _deep(50_000, wrapped=False),
+    _deep(990, wrapped=True),
+    _deep(4, wrapped=True),
+    _sized(MAX_BODY_BYTES),
+    _sized(MAX_BODY_BYTES + 1),
+    _sized(2 * MAX_BODY_BYTES),
+    b'{"data": [' + b"9" * 5000 + b"]}",
+    b'{"data": [' + b", ".join([b"1e400"] * 64) + b"]}",
+    b'{"data": [' + b", ".join([b"99999999999999999999999"] * 64) + b"]}",
+    b'{"data": [NaN' + b", 0" * 63 + b"]}",
+    b'{"data": [Infinity' + b", 0" * 63 + b"]}",
+    b"",
+    b"null",
+    b"\xff\xfe\x00\x01",
+    '{"data": "\u00e9\u4e2d\U0001f600"}'.encode(),
+    b'{"data": [' + b", ".join([b"true"] * 64) + b"]}",
+    b'{"data": {"0": 1}}',
+    b"\x00" * 256,
+)
+
+
+def payloads(valid: bytes) -> st.SearchStrategy[Payload]:
+    bodies = st.one_of(
+        st.binary(max_size=512),
+        _json_values.map(_encode),
+        _shaped(),
+        _mutated(valid),
+        st.sampled_from(EDGES),
+    )
+    return st.tuples(st.sampled_from(CONTENT_TYPES), bodies)
