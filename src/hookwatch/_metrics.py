@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import itertools
 import json
 import logging
 import os
@@ -20,20 +21,29 @@ from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Protocol
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Summary, multiprocess
+from prometheus_client import values as _values
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.mmap_dict import MmapedDict as _MmapedDict
+from prometheus_client.mmap_dict import mmap_key
 from prometheus_client.registry import Collector
 
 from hookwatch._catalogue import (
+    CAPTURES_DROPPED,
     CATALOGUE,
+    REQUESTS,
+    REQUESTS_REJECTED,
+    REQUESTS_SAMPLED,
     CounterSpec,
     GaugeSpec,
     MetricSpec,
     SummarySpec,
 )
+from hookwatch._names import REJECT_REASONS
 
 __all__ = [
+    "CountSlots",
     "MetricSet",
     "MetricsServer",
     "compact_dead_workers",
@@ -61,6 +71,53 @@ def _build(spec: MetricSpec, registry: CollectorRegistry) -> MetricWrapperBase:
         mode: Any = spec.multiprocess_mode
         return Gauge(spec.name, spec.help, spec.labels, registry=registry, multiprocess_mode=mode)
     return Summary(spec.name, spec.help, spec.labels, registry=registry)
+
+
+def multiprocess_dir() -> str | None:
+    """The directory this process writes its metric files to, or None (one registry in
+    process memory). prometheus-client decides once, when it is first imported."""
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if directory and _values.ValueClass is not _values.MutexValue:
+        return directory
+    return None
+
+
+_SLOT_FILES = itertools.count()
+
+
+class CountSlots:
+    """Counters the request path writes straight into a shared file, so that a worker killed
+    with SIGKILL loses none of them.
+
+    One counter file of the worker's own (``counter_slots-<pid>-<n>.db``, prometheus-client's
+    format), holding every (counter, labels) pair it counts, all created at once so the layout
+    never moves afterwards. :meth:`add` adds to a value in place: a float64 in a shared memory
+    map, no system call, no lock of its own (the caller's serialises). The exporter merges the
+    file like any counter file, and folds it into its archive once the pid is dead.
+    """
+
+    def __init__(self, directory: str, entries: Iterable[tuple[CounterSpec, Mapping[str, str]]]):
+        path = os.path.join(directory, f"counter_slots-{os.getpid()}-{next(_SLOT_FILES)}.db")
+        self.path = path
+        self._file = MmapedDict(path)
+        keys: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}
+        for spec, labels in entries:
+            values = [str(labels[name]) for name in spec.labels]
+            key = mmap_key(
+                spec.name.removesuffix("_total"), spec.name, list(spec.labels), values, spec.help
+            )
+            keys[(spec.name, tuple(sorted(labels.items())))] = key
+            self._file.write_value(key, 0.0, 0.0)
+        # Every key exists now: the map is never grown again, so this view stays valid.
+        self._values = np.frombuffer(self._file._m, dtype=np.float64)
+        self._index = {handle: self._file._positions[key] // 8 for handle, key in keys.items()}
+
+    def index(self, spec: CounterSpec, **labels: str) -> int:
+        """Where a (counter, labels) pair's value lives; pass it to :meth:`add`."""
+        return int(self._index[(spec.name, tuple(sorted(labels.items())))])
+
+    def add(self, index: int, amount: float) -> None:
+        self._values[index] += amount
 
 
 class MetricSet:
@@ -102,6 +159,19 @@ class MetricSet:
         """The labelled child of a counter, bound once so the hot path skips the label lookup."""
         child: CounterChild = self._get(spec).labels(**labels)
         return child
+
+    def count_slots(self, model: str) -> CountSlots | None:
+        """The request path's counters of ``model`` in a file of their own, where this process
+        writes metric files (TorchServe workers); None in a single-process registry, where the
+        publisher adds them to the counters instead."""
+        directory = multiprocess_dir()
+        if directory is None:
+            return None
+        entries: list[tuple[CounterSpec, Mapping[str, str]]] = [
+            (spec, {"model": model}) for spec in (REQUESTS, REQUESTS_SAMPLED, CAPTURES_DROPPED)
+        ]
+        entries += [(REQUESTS_REJECTED, {"model": model, "reason": r}) for r in REJECT_REASONS]
+        return CountSlots(directory, entries)
 
     def touch(self, spec: MetricSpec, **labels: str) -> None:
         """Create a labelled series at zero so it exists before its first event."""
@@ -152,8 +222,10 @@ ARCHIVE_MANIFEST = "archive.json"
 #: prometheus-client's mmap file format; untyped upstream.
 MmapedDict: Any = _MmapedDict
 _ARCHIVE = re.compile(r"^(counter|summary|histogram)_archive-(\d+)\.db$")
-_PENDING = re.compile(r"^(counter|summary|histogram)_(\d+)\.g(\d+)\.compacting$")
-_ACCUMULATED = re.compile(r"^(counter|summary|histogram)_(\d+)\.db$")
+_PENDING = re.compile(r"^(counter|summary|histogram)_.+\.g(\d+)\.compacting$")
+#: A worker's files that only ever grow: prometheus-client's per type, and the request
+#: path's count slots (``counter_slots-<pid>-<n>.db``). Group 2 is the pid.
+_ACCUMULATED = re.compile(r"^(counter|summary|histogram)_(?:slots-)?(\d+)(?:-\d+)?\.db$")
 
 
 def _read_manifest(path: str) -> dict[str, Any]:
@@ -209,7 +281,7 @@ def compact_dead_workers(path: str, alive: Callable[[int], bool] = _pid_alive) -
     for name in names:
         m = _ACCUMULATED.match(name)
         if m and not alive(int(m.group(2))):
-            target = f"{m.group(1)}_{m.group(2)}.g{nxt}.compacting"
+            target = f"{name.removesuffix('.db')}.g{nxt}.compacting"
             os.rename(os.path.join(path, name), os.path.join(path, target))
             pending.append(target)
     if not pending:

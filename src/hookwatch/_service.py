@@ -373,6 +373,10 @@ class ModelService:
         tensors: list[torch.Tensor] = []
         positions: list[int] = []
         errors: dict[int, BadInputError] = {}
+        if self.monitor is not None:
+            # Counted on arrival: a worker killed while decoding or running the batch has
+            # still counted it, as TorchServe has.
+            self.monitor.receive(len(bodies))
         for index, body in enumerate(bodies):
             try:
                 tensors.append(self.pipeline.decode(body))
@@ -395,7 +399,7 @@ class ModelService:
                 )
         if errors and self.monitor is not None:
             for reason, count in Counter(e.reason for e in errors.values()).items():
-                self.monitor.reject(count, reason)
+                self.monitor.reject(count, reason, received=True)
         inputs = self.pipeline.batch(tensors).to(self.device) if tensors else None
         return DecodedBatch(len(bodies), inputs, positions, errors)
 
@@ -403,7 +407,7 @@ class ModelService:
         outputs = None
         if batch.inputs is not None:
             scope = (
-                self.monitor.request(len(batch.positions))
+                self.monitor.request(len(batch.positions), received=True)
                 if self.monitor is not None
                 else contextlib.nullcontext()
             )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -73,13 +74,16 @@ def _torchserve_requests(stack: Stack) -> float:
 
 
 def _per_pid_requests(multiproc_dir: Path) -> dict[str, float]:
-    """hookwatch_requests_total as each worker's own file holds it (file stem: counter_<pid>)."""
+    """hookwatch_requests_total as each worker's own files hold it, by pid (``counter_<pid>``
+    and the request path's ``counter_slots-<pid>-<n>``), and the dead workers' archive."""
     out: dict[str, float] = {}
     for path in sorted(multiproc_dir.glob("counter_*.db")):
+        owner = re.sub(r"^counter_(?:slots-)?(\d+)(?:-\d+)?$", r"\1", path.stem)
+        owner = owner.removeprefix("counter_")
         for key, value, _, _ in MmapedDict.read_all_values_from_file(str(path)):
             _, name, labels, _ = json.loads(key)
-            if name == "hookwatch_requests_total" and labels.get("model") == MODEL:
-                out[path.stem.removeprefix("counter_")] = value
+            if name == "hookwatch_requests_total" and labels.get("model") == MODEL and value:
+                out[owner] = out.get(owner, 0.0) + value
     return out
 
 
@@ -255,19 +259,21 @@ def test_compaction_folds_dead_workers_into_one_archive_exactly(
     work = tmp_path / "mp"
     shutil.copytree(dead_workers, work)
     before = _scrape_dir(work, compact=False)
-    assert sorted(p.name.split("_")[0] for p in work.glob("*.db")).count("counter") == 6
+    # Per worker: prometheus-client's counter file and the request path's count slots.
+    assert sorted(p.name.split("_")[0] for p in work.glob("*.db")).count("counter") == 2 * 6
     assert total_of(before, "hookwatch_requests_total") == 6 * 3
 
     # One live pid stays out of the archive; the five dead ones go in.
-    live = sorted(int(p.stem.split("_")[1]) for p in work.glob("counter_*.db"))[0]
+    live = sorted(int(p.stem.split("_")[1]) for p in work.glob("counter_[0-9]*.db"))[0]
     absorbed = compact_dead_workers(str(work), alive=lambda pid: pid == live)
-    assert absorbed == 10  # 5 counter + 5 summary files
+    assert absorbed == 15  # 5 x (counter, count slots, summary)
     names = sorted(p.name for p in work.iterdir())
     archives = ["counter_archive-1.db", "summary_archive-1.db", ARCHIVE_MANIFEST]
-    assert names == sorted([f"counter_{live}.db", f"summary_{live}.db", *archives])
+    own = [f"counter_{live}.db", f"counter_slots-{live}-0.db", f"summary_{live}.db"]
+    assert names == sorted([*own, *archives])
     assert compare(before, _scrape_dir(work, compact=False)) == []
-    # A second round (the live one died too) builds generation 2 from 1 plus the new file.
-    assert compact_dead_workers(str(work), alive=lambda pid: False) == 2
+    # A second round (the live one died too) builds generation 2 from 1 plus the new files.
+    assert compact_dead_workers(str(work), alive=lambda pid: False) == 3
     assert sorted(p.name for p in work.glob("*.db")) == [
         "counter_archive-2.db",
         "summary_archive-2.db",
@@ -312,10 +318,68 @@ def test_scrape_bench_harness_runs(tmp_path: Path) -> None:
     assert out.read_text() == text
     rows = [line for line in text.splitlines() if line.startswith("| 1 live")]
     assert len(rows) == 3, text
-    # Each worker writes 5 files (counter, summary, livesum/livemin/livemax gauges): 4 x 5.
-    # Compaction leaves the live worker's 5 plus one archive per counter-like type.
-    assert "| 1 live + 3 dead, compaction | 20 → 7 |" in text, text
+    # Each worker writes 6 files (counter, count slots, summary, livesum/livemin/livemax
+    # gauges): 4 x 6. Compaction leaves the live worker's 6 plus one archive per counter-like
+    # type.
+    assert "| 1 live + 3 dead, compaction | 24 → 8 |" in text, text
 
 
 def total_of(body: bytes, name: str) -> float:
     return sum(v for (n, _), v in scrape_bench.totals(body).items() if n == name)
+
+
+def test_a_worker_killed_under_load_loses_no_count(make_stack: Callable[..., Stack]) -> None:
+    """SIGKILL in the middle of traffic from four clients: hookwatch's request count equals
+    TorchServe's afterwards (the request path writes its counts as it goes)."""
+    import threading
+    import time
+
+    stack = make_stack("killed", workers=WORKERS)
+    stack.start_torchserve()
+    stack.start_exporter()
+    split = load_split()
+    statuses: Counter[int] = Counter()
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def client(offset: int) -> None:
+        i = offset
+        while not stop.is_set():
+            status, _ = stack.infer({"data": split.x_test[i % len(split.x_test)].tolist()})
+            with lock:
+                statuses[status] += 1
+            i += WORKERS
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(WORKERS)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(3.0)
+        victim = stack.worker_pids()[0]
+        os.kill(victim, signal.SIGKILL)
+        eventually(lambda: _assert_replaced(stack, victim), timeout=120, interval=1.0)
+        time.sleep(2.0)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+    sent = sum(statuses.values())
+    # The request the killed worker held gets an error; every other one is served.
+    assert statuses[200] >= sent - 2, statuses
+
+    def agree() -> None:
+        theirs = _torchserve_requests(stack)
+        ours = total(scrape(stack.ports.exporter), "hookwatch_requests_total", model=MODEL)
+        # Every request a worker answered is counted, none twice. The only difference allowed:
+        # a request TorchServe accepted and handed to the worker just killed, which no
+        # handler ever read (answered 507), at most one per error.
+        errors = sent - statuses[200]
+        assert theirs == sent and statuses[200] <= ours <= theirs, (ours, theirs, statuses)
+        assert theirs - ours <= errors, (ours, theirs, statuses)
+
+    eventually(agree, timeout=30)
+
+
+def _assert_replaced(stack: Stack, victim: int) -> None:
+    now = stack.worker_pids()
+    assert victim not in now and len(now) == WORKERS and stack.ready_workers() == WORKERS

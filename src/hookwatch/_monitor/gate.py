@@ -16,8 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 
+from hookwatch import _catalogue as cat
 from hookwatch._capture import RateLimitedLog
 from hookwatch._hooks import Capture, Gate
+from hookwatch._metrics import CountSlots
 from hookwatch._names import REJECT_REASONS
 
 __all__ = ["Record", "RequestCounts", "RequestGate", "RequestScope"]
@@ -84,8 +86,19 @@ class RequestGate:
         offer: Callable[[Record], bool],
         enabled: bool = True,
         seed: int | None = None,
+        slots: CountSlots | None = None,
     ) -> None:
         self.model_name = model_name
+        #: Where the counts also go as they happen, to survive the process (worker files).
+        self.slots = slots
+        if slots is not None:
+            name = {"model": model_name}
+            self._at_requests = slots.index(cat.REQUESTS, **name)
+            self._at_sampled = slots.index(cat.REQUESTS_SAMPLED, **name)
+            self._at_dropped = slots.index(cat.CAPTURES_DROPPED, **name)
+            self._at_rejected = {
+                r: slots.index(cat.REQUESTS_REJECTED, reason=r, **name) for r in REJECT_REASONS
+            }
         self.sample_rate = sample_rate if enabled else 0.0
         #: The flag every hook reads (thread-local, open only inside a sampled forward).
         self.gate = Gate()
@@ -101,26 +114,47 @@ class RequestGate:
         self._dropped = 0
         self._hook_faults: dict[str, int] = defaultdict(int)
 
-    def request(self, batch_size: int = 1) -> RequestScope:
-        """Count ``batch_size`` requests and decide whether this forward pass is captured."""
+    def receive(self, count: int) -> None:
+        """Count ``count`` requests as received, before anything can go wrong with them."""
+        with self._lock:
+            self._requests += count
+            if self.slots is not None:
+                # A float in a shared memory map: a worker killed right after still counted.
+                self.slots.add(self._at_requests, count)
+
+    def request(self, batch_size: int = 1, received: bool = False) -> RequestScope:
+        """Decide whether this forward pass is captured; count ``batch_size`` requests unless
+        ``received`` says :meth:`receive` already did."""
         rate = self.sample_rate
         sampled = rate > 0.0 and (rate >= 1.0 or self._rng.random() < rate)
         # Plain integers under an uncontended lock: the capture thread publishes them. An
         # exported counter's increment here (a lock, a struct pack into a memory-mapped file,
         # three Python frames) measured ~13 µs per request between the layers of a real forward.
         with self._lock:
-            self._requests += batch_size
+            if not received:
+                self._requests += batch_size
             if sampled:
                 self._sampled += batch_size
+            if self.slots is not None:
+                if not received:
+                    self.slots.add(self._at_requests, batch_size)
+                if sampled:
+                    self.slots.add(self._at_sampled, batch_size)
         return RequestScope(self, sampled)
 
-    def reject(self, count: int = 1, reason: str = "other") -> None:
-        """Count ``count`` requests answered with a 4xx before any forward, for ``reason``."""
+    def reject(self, count: int = 1, reason: str = "other", received: bool = False) -> None:
+        """Count ``count`` requests answered with a 4xx before any forward, for ``reason``
+        (and as requests, unless ``received`` says :meth:`receive` already did)."""
         if reason not in REJECT_REASONS:
             raise ValueError(f"expected a reason in {REJECT_REASONS}, got {reason!r}")
         with self._lock:
-            self._requests += count
+            if not received:
+                self._requests += count
             self._rejected[reason] += count
+            if self.slots is not None:
+                if not received:
+                    self.slots.add(self._at_requests, count)
+                self.slots.add(self._at_rejected[reason], count)
 
     def counts(self) -> RequestCounts:
         with self._lock:
@@ -149,6 +183,8 @@ class RequestGate:
             return True
         with self._lock:
             self._dropped += len(record)
+            if self.slots is not None:
+                self.slots.add(self._at_dropped, len(record))
         return False
 
     # -- the hooks' sink --------------------------------------------------------------------

@@ -74,8 +74,16 @@ class Monitor:
             poll_s=DRAIN_GAP_S,
             min_batch=DRAIN_BATCH,
         )
+        # Where worker files are written, the request counts go to a file of their own as
+        # they happen (they survive SIGKILL); elsewhere the publisher adds them every flush.
+        slots = self.metrics.count_slots(model_name)
         self.gate = RequestGate(
-            model_name, config.sample_rate, self.worker.offer, config.enabled, config.seed
+            model_name,
+            config.sample_rate,
+            self.worker.offer,
+            config.enabled,
+            config.seed,
+            slots=slots,
         )
         self.hooks = HookSet(self.gate.gate, self.gate, config.max_features, config.copy_limit)
         widths = drift.feature_widths() if drift is not None else {}
@@ -94,7 +102,7 @@ class Monitor:
             else {},
             classes=classes,
         )
-        self.publisher = Publisher(self.metrics, model_name)
+        self.publisher = Publisher(self.metrics, model_name, counts_published=slots is None)
         if config.enabled:
             self.hooks.attach(
                 model,
@@ -111,14 +119,21 @@ class Monitor:
 
     # -- request path -----------------------------------------------------------------------
 
-    def request(self, batch_size: int = 1) -> RequestScope:
-        """Count ``batch_size`` requests and decide whether this forward pass is captured."""
-        return self.gate.request(batch_size)
+    def receive(self, count: int) -> None:
+        """Count ``count`` requests as they arrive, before decoding them: a server that does
+        this at its entry loses no count to a crash later on. Then pass ``received=True`` to
+        :meth:`request` and :meth:`reject` for the same requests."""
+        self.gate.receive(count)
 
-    def reject(self, count: int = 1, reason: str = "other") -> None:
+    def request(self, batch_size: int = 1, received: bool = False) -> RequestScope:
+        """Count ``batch_size`` requests (unless already ``received``) and decide whether this
+        forward pass is captured."""
+        return self.gate.request(batch_size, received)
+
+    def reject(self, count: int = 1, reason: str = "other", received: bool = False) -> None:
         """Count requests answered with a 4xx before any forward pass, and why (one of
         ``REJECT_REASONS``: the reject counter's ``reason`` label)."""
-        self.gate.reject(count, reason)
+        self.gate.reject(count, reason, received)
 
     def counts(self) -> RequestCounts:
         """Request-path tallies so far (also before they are published)."""

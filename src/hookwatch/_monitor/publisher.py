@@ -47,9 +47,11 @@ class Snapshot:
 class Publisher:
     """Writes snapshots of one model's monitoring to a :class:`MetricSet`."""
 
-    def __init__(self, metrics: MetricSet, model_name: str) -> None:
+    def __init__(self, metrics: MetricSet, model_name: str, counts_published: bool = True) -> None:
         self.metrics = metrics
         self.model_name = model_name
+        #: False where the request path writes its counts to the worker file itself.
+        self.counts_published = counts_published
         m, name = metrics, model_name
         # Bound once: these are written on every publish.
         self._counters: dict[str, CounterChild] = {
@@ -190,14 +192,7 @@ class Publisher:
         with self._lock:
             self._publish_locked(snapshot)
 
-    def _delta(self, key: str, current: int) -> int:
-        delta = current - self._published.get(key, 0)
-        self._published[key] = current
-        return delta
-
-    def _publish_locked(self, snapshot: Snapshot) -> None:
-        m, name = self.metrics, self.model_name
-        counts = snapshot.counts
+    def _publish_counts(self, counts: RequestCounts) -> None:
         for key, current in (
             ("requests", counts.requests),
             ("sampled", counts.sampled),
@@ -207,12 +202,22 @@ class Publisher:
             if delta:
                 self._counters[key].inc(delta)
         for reason, current in counts.rejected_by.items():
-            m.inc(
+            self.metrics.inc(
                 cat.REQUESTS_REJECTED,
                 self._delta(f"rejected:{reason}", current),
-                model=name,
+                model=self.model_name,
                 reason=reason,
             )
+
+    def _delta(self, key: str, current: int) -> int:
+        delta = current - self._published.get(key, 0)
+        self._published[key] = current
+        return delta
+
+    def _publish_locked(self, snapshot: Snapshot) -> None:
+        m, name = self.metrics, self.model_name
+        if self.counts_published:
+            self._publish_counts(snapshot.counts)
         processed = snapshot.processed
         for layer, tally in processed.layers.items():
             self._publish_layer(layer, tally)

@@ -39,11 +39,13 @@ def markdown(
         "grow with worker restarts.",
         "",
         "- **Counters and summaries** are summed over every worker process that ever wrote "
-        "them, dead ones included, so a fleet-wide `sum()` equals the traffic exactly. A worker "
-        "publishes its request counters from its capture thread every `flush_interval_s` "
-        "(1 s by default): a scrape lags by at most that, and a worker killed with SIGKILL "
-        "loses at most its last interval of unpublished counts. The exporter compacts the files "
-        "of dead workers into one archive file, keeping every total exact.",
+        "them, dead ones included, so a fleet-wide `sum()` equals the traffic exactly. The "
+        "request counters (requests, sampled, rejected, captures dropped) are written by the "
+        "request path as they happen, into a count file of the worker's own: a worker killed "
+        "with SIGKILL loses none of them. The other counters and summaries are published by "
+        "the capture thread every `flush_interval_s` (1 s by default): a scrape lags by at most "
+        "that, and a killed worker loses at most its last interval of them. The exporter "
+        "compacts the files of dead workers into one archive file, keeping every total exact.",
         "- **Gauges** use a `live*` multiprocess mode: the exporter drops a dead worker's gauge "
         "files (`mark_process_dead`) before merging, so no stale value stays behind.",
         "- **Summaries** export `_count` and `_sum` only (no quantiles in multiprocess mode): "

@@ -1,0 +1,90 @@
+"""Request counts that survive SIGKILL: written by the request path into the worker's own
+count file as they happen, merged and compacted by the exporter like any counter file."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from hookwatch._metrics import compact_dead_workers, exporter_registry
+
+#: A worker in miniature: a monitored model in a process that writes worker files, serving
+#: requests and rejects, with publishing an hour away; then it kills itself with SIGKILL, so
+#: nothing runs after the last request (no flush, no atexit).
+WORKER = textwrap.dedent(
+    """
+    import os, signal, torch
+    from torch import nn
+    from hookwatch._config import MonitoringConfig
+    from hookwatch._metrics import MetricSet
+    from hookwatch._monitor import Monitor
+
+    torch.set_num_threads(1)
+    net = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    config = MonitoringConfig.from_mapping(
+        {"layers": ["1"], "sample_rate": 0.5, "flush_interval_s": 60, "queue_size": 1, "seed": 1}
+    )
+    monitor = Monitor(net, config, "m", MetricSet())
+    for i in range(REQUESTS):
+        with torch.inference_mode(), monitor.request(BATCH):
+            net(torch.randn(BATCH, 4))
+    monitor.reject(3, "wrong_shape")
+    monitor.reject(2, "not_json")
+    counts = monitor.counts()
+    print(counts.requests, counts.sampled, counts.dropped, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+def _run_worker(directory: Path, requests: int, batch: int) -> tuple[int, int, int]:
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory)}
+    source = WORKER.replace("REQUESTS", str(requests)).replace("BATCH", str(batch))
+    done = subprocess.run(
+        [sys.executable, "-c", source], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    requests_seen, sampled, dropped = map(int, done.stdout.split())
+    return requests_seen, sampled, dropped
+
+
+def _totals(
+    directory: Path, compact: bool = True
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    registry = exporter_registry(str(directory), compact=compact)
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in registry.collect()
+        for s in family.samples
+    }
+
+
+def test_counts_of_a_worker_killed_before_any_publish_are_all_there(tmp_path: Path) -> None:
+    requests, sampled, dropped = _run_worker(tmp_path, requests=200, batch=2)
+    assert requests == 405 and 0 < sampled < 400
+    totals = _totals(tmp_path)
+    assert totals[("hookwatch_requests_total", (("model", "m"),))] == requests
+    assert totals[("hookwatch_requests_sampled_total", (("model", "m"),))] == sampled
+    assert totals[("hookwatch_captures_dropped_total", (("model", "m"),))] == dropped
+    rejected = {
+        dict(labels)["reason"]: value
+        for (name, labels), value in totals.items()
+        if name == "hookwatch_requests_rejected_total" and value
+    }
+    assert rejected == {"wrong_shape": 3, "not_json": 2}
+
+
+def test_a_dead_workers_counts_are_folded_into_the_archive_exactly(tmp_path: Path) -> None:
+    first = _run_worker(tmp_path, requests=50, batch=1)
+    second = _run_worker(tmp_path, requests=70, batch=3)
+    before = _totals(tmp_path, compact=False)
+    assert sum(p.name.startswith("counter_slots-") for p in tmp_path.iterdir()) == 2
+    assert compact_dead_workers(str(tmp_path)) >= 2
+    assert not any(p.name.startswith("counter_slots-") for p in tmp_path.iterdir())
+    after = _totals(tmp_path)
+    assert after == before
+    assert after[("hookwatch_requests_total", (("model", "m"),))] == first[0] + second[0]
