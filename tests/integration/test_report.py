@@ -8,6 +8,7 @@ whose images do not load, so a pass means something.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -21,7 +22,7 @@ import pytest
 
 from hookwatch.tools import dashboards
 from hookwatch.tools.demo.data import load_split
-from hookwatch.tools.devstack import Stack
+from hookwatch.tools.devstack import PORT_ENV, Ports, Stack
 from hookwatch.tools.report.build import write_report
 from tests import browser
 from tests.conftest import ROOT, require_binary
@@ -115,6 +116,34 @@ def test_report_of_a_drifting_stack_shows_its_plots_in_chromium(
     # The onset lies inside the run, before the test saw the alarm (the range starts at the
     # first sample, after the stack started).
     assert 0 <= int(match[1]) <= visible - began, (match[0], visible - began)
+
+
+def test_hookwatch_run_writes_the_report_when_its_time_is_up(tmp_path: Path) -> None:
+    """`make run` in short: the demo with drift after 20 s, stopped by --seconds (RUN_SECONDS);
+    the report is written before the stack stops, and its path printed."""
+    require_binary("java")
+    require_binary("prometheus")
+    for name in ("monitoring", "models"):
+        shutil.copytree(ROOT / name, tmp_path / name)
+    shutil.copy(ROOT / "config.properties", tmp_path / "config.properties")
+    (tmp_path / "model_store").mkdir()
+    (tmp_path / "model_store" / "digits.mar").symlink_to(ROOT / "model_store" / "digits.mar")
+    ports = Ports.free()
+    env = {**os.environ, **{PORT_ENV[f]: str(getattr(ports, f)) for f in PORT_ENV}}
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "hookwatch.tools.cli", "run", "--root", str(tmp_path),
+            "--seconds", "50", "--drift-after", "20",
+        ],
+        env=env, capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    index = tmp_path / "build" / "report" / "index.html"
+    assert f"report: {index} (open it in a browser)" in done.stdout, done.stdout[-3000:]
+    # Written before the stack stopped.
+    assert done.stdout.index("report: ") < done.stdout.index("stopped TorchServe")
+    assert len(re.findall(r'<img src="', index.read_text())) == 9
 
 
 def _assert(result: list[dict[str, Any]]) -> None:
