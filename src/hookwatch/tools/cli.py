@@ -92,7 +92,9 @@ def _final_report(stack: Any, out: Path, minutes: float) -> None:
 
             traceback.print_exc()
         first = (str(error).strip().splitlines() or [""])[0]
-        print(f"report not written: {type(error).__name__}: {first}", flush=True)
+        # The errors hookwatch words for people say enough; anything else also needs its type.
+        why = first if isinstance(error, USER_ERRORS) else f"{type(error).__name__}: {first}"
+        print(f"report not written: {why}", flush=True)
         return
     print(f"report: {written.index.resolve()} (open it in a browser)", flush=True)
 
@@ -371,7 +373,10 @@ def _stop_holder(stack: Any) -> int | None:
     if pid is None:
         return None
     print(f"asking hookwatch (pid {pid}) to write its report and stop ...", flush=True)
-    os.kill(pid, signal.SIGTERM)
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return pid  # it ended between the look and the signal
     deadline = time.monotonic() + HOLDER_STOP_S
     while stack.holder_pid() == pid and time.monotonic() < deadline:
         time.sleep(0.2)

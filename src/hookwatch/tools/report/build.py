@@ -85,24 +85,25 @@ def write_report(
     name = pick_model(client, boards, model, start, end)
     window = sample_window(client, name, start, end, client.scrape_interval(), since, until)
     values = panels.variable_values(boards, name, window.intervals())
-    has_profile = _profile_loaded(client, boards, values, window)
-    marks = _alarms(client, boards, values, window) if has_profile else onset.Alarms(None, ())
+    reader = Reader(client, boards, values, window)
+    marks = reader.alarms() if reader.profile_loaded() else None
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*.png"):
         stale.unlink()  # an image of an earlier report must not pass for this one's
     tz = local_zone()
     sections = [
-        _section(client, section, found, values, window, marks, has_profile, out, tz)
-        for section, found in panels.load_sections(dashboard_dir)
+        _section(reader, section, found, marks, out, tz)
+        for section, found in panels.load_sections(boards)
     ]
+    started = marks.onset if marks else None
     header = page.Header(
-        name, window.start, window.end, client.url, window.step, has_profile, marks.onset,
+        name, window.start, window.end, client.url, window.step, marks is not None, started,
         time.time(),
     )  # fmt: skip
     index = out / "index.html"
     index.write_text(page.render(header, sections, tz))
-    images = tuple(out / f.image for s in sections for f in s.figures if f.image)
-    return Written(index, images, name, marks.onset)
+    images = tuple(out / f.image for s in sections for f in s.images if f.image)
+    return Written(index, images, name, started)
 
 
 def pick_model(
@@ -153,74 +154,63 @@ def sample_window(
     return Window(first, max(last, first + step), step, scrape)
 
 
-def _query(
-    client: Prometheus, panel: panels.Panel, values: Mapping[str, str], window: Window
-) -> list[tuple[str, list[Series]]]:
-    return [
-        (
-            target.legend,
-            client.query_range(
-                dashboards.substitute(target.expr, values), window.start, window.end, window.step
-            ),
-        )
-        for target in panel.targets
-    ]
+@dataclass(frozen=True)
+class Reader:
+    """The dashboards' panels for one model over one window, from one Prometheus."""
 
+    client: Prometheus
+    boards: Mapping[str, Mapping[str, Any]]
+    values: Mapping[str, str]
+    window: Window
 
-def _series(
-    client: Prometheus,
-    boards: Mapping[str, Mapping[str, Any]],
-    ref: panels.PanelRef,
-    values: Mapping[str, str],
-    window: Window,
-) -> list[Series]:
-    panel = panels.load_panel(boards, ref)
-    return [s for _, found in _query(client, panel, values, window) for s in found]
+    def query(self, panel: panels.Panel) -> list[tuple[str, list[Series]]]:
+        """(legend template, series) per target of ``panel``."""
+        w = self.window
+        return [
+            (
+                target.legend,
+                self.client.query_range(
+                    dashboards.substitute(target.expr, self.values), w.start, w.end, w.step
+                ),
+            )
+            for target in panel.targets
+        ]
 
+    def series(self, ref: panels.PanelRef) -> list[Series]:
+        found = self.query(panels.load_panel(self.boards, ref))
+        return [s for _, series in found for s in series]
 
-def _profile_loaded(
-    client: Prometheus,
-    boards: Mapping[str, Mapping[str, Any]],
-    values: Mapping[str, str],
-    window: Window,
-) -> bool:
-    found = _series(client, boards, panels.PROFILE, values, window)
-    return any(float(v) > 0 for s in found for v in s.values if math.isfinite(v))
+    def profile_loaded(self) -> bool:
+        found = self.series(panels.PROFILE)
+        return any(float(v) > 0 for s in found for v in s.values if math.isfinite(v))
 
-
-def _alarms(
-    client: Prometheus,
-    boards: Mapping[str, Mapping[str, Any]],
-    values: Mapping[str, str],
-    window: Window,
-) -> onset.Alarms:
-    first = _series(client, boards, panels.FIRST_ALARM, values, window)
-    sequential = _series(client, boards, panels.SEQUENTIAL_ALARMS, values, window)
-    return onset.alarms(first, sequential, window.step)
+    def alarms(self) -> onset.Alarms:
+        first = self.series(panels.FIRST_ALARM)
+        sequential = self.series(panels.SEQUENTIAL_ALARMS)
+        return onset.alarms(first, sequential, self.window.step)
 
 
 def _section(
-    client: Prometheus,
+    reader: Reader,
     section: panels.Section,
     found: Sequence[panels.Panel],
-    values: Mapping[str, str],
-    window: Window,
-    marks: onset.Alarms,
-    has_profile: bool,
+    marks: onset.Alarms | None,
     out: Path,
     tz: tzinfo,
 ) -> page.PageSection:
-    if section.needs_profile and not has_profile:
+    """Draw ``section``'s panels into ``out``; ``marks`` None: the model has no drift profile."""
+    if section.needs_profile and marks is None:
         note = "No drift profile loaded for this model: it serves without drift detection."
         return page.PageSection(section.heading, section.text, (), note)
-    figures = []
+    images = []
+    span = (reader.window.start, reader.window.end)
     for panel in found:
-        drawn = plot.lines(panel, _query(client, panel, values, window))
+        drawn = plot.lines(panel, reader.query(panel))
         image = f"{_slug(section.heading)}-{_slug(panel.title)}.png" if drawn else ""
         if drawn:
-            plot.render(panel, drawn, marks, (window.start, window.end), tz, out / image)
-        figures.append(page.Figure(panel.title, panel.description, image))
-    return page.PageSection(section.heading, section.text, figures)
+            plot.render(panel, drawn, marks or onset.Alarms(None, ()), span, tz, out / image)
+        images.append(page.PanelImage(panel.title, panel.description, image))
+    return page.PageSection(section.heading, section.text, images)
 
 
 def _slug(text: str) -> str:

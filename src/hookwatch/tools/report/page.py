@@ -23,7 +23,7 @@ figcaption, .empty { color: #555; font-size: 0.9em; }
 
 
 @dataclass(frozen=True)
-class Figure:
+class PanelImage:
     title: str
     description: str
     #: The PNG's file name beside index.html; empty when the panel had no data.
@@ -34,7 +34,7 @@ class Figure:
 class PageSection:
     heading: str
     text: str
-    figures: Sequence[Figure]
+    images: Sequence[PanelImage]
     #: Shown instead of the figures (e.g. why a section has none).
     note: str = ""
 
@@ -90,7 +90,7 @@ def _header(header: Header, tz: tzinfo) -> str:
     )
 
 
-def _figure(figure: Figure) -> str:
+def _image(figure: PanelImage) -> str:
     e = html.escape
     if not figure.image:
         return f'<h3>{e(figure.title)}</h3><p class="empty">no data in this time range</p>'
@@ -105,7 +105,7 @@ def _section(section: PageSection) -> str:
     body = (
         f'<p class="empty">{e(section.note)}</p>'
         if section.note
-        else "\n".join(_figure(f) for f in section.figures)
+        else "\n".join(_image(f) for f in section.images)
     )
     return f"<section><h2>{e(section.heading)}</h2><p>{e(section.text)}</p>\n{body}</section>"
 

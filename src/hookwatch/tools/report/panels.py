@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from hookwatch.tools import dashboards
@@ -161,9 +160,10 @@ def load_panel(boards: Mapping[str, Mapping[str, Any]], ref: PanelRef) -> Panel:
     )
 
 
-def load_sections(directory: Path) -> list[tuple[Section, list[Panel]]]:
-    """Every section with its panels, read from the dashboards in ``directory``."""
-    boards = dashboards.load(directory)
+def load_sections(
+    boards: Mapping[str, Mapping[str, Any]],
+) -> list[tuple[Section, list[Panel]]]:
+    """Every section with its panels, read from the dashboards."""
     return [(s, [load_panel(boards, ref) for ref in s.panels]) for s in SECTIONS]
 
 
