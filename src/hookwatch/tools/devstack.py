@@ -391,7 +391,10 @@ class Stack:
         binary = require_binary("prometheus", "Debian package 'prometheus'; make deps installs it")
         config = self.render_prometheus_config()
         data = self.run_dir / "prometheus-data"
-        data.mkdir(parents=True, exist_ok=True)
+        # Every start is a new run. An earlier run's series would stay visible for Prometheus'
+        # 5-minute lookback and pass for this run's: its alarms at the start of this report.
+        shutil.rmtree(data, ignore_errors=True)
+        data.mkdir(parents=True)
         self._spawn(
             "prometheus",
             [

@@ -15,6 +15,7 @@ import matplotlib
 matplotlib.use("Agg")  # before anything draws: never look for a display
 
 import numpy as np
+from matplotlib import patheffects
 from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
@@ -84,12 +85,15 @@ def render(
     columns = min(MAX_COLUMNS, len(groups))
     rows = math.ceil(len(groups) / columns)
     figure = Figure(figsize=(WIDTH, 0.7 + ROW_HEIGHT * rows), layout="constrained")
-    grid: list[Axes] = list(figure.subplots(rows, columns, squeeze=False, sharex=True).flat)
+    grid: list[Axes] = list(figure.subplots(rows, columns, squeeze=False).flat)
     ticks = max(2, TICKS_PER_WIDTH // columns)
     for index, (ax, (key, group)) in enumerate(zip(grid, groups.items(), strict=False)):
         _draw_facet(ax, panel, key, group)
         _mark(ax, marks, span, label=index == 0)
         _time_axis(ax, span, tz, ticks)
+        # Times under the lowest plot of each column only: the plots share their range.
+        if index + columns < len(groups):
+            ax.tick_params(labelbottom=False)
     for ax in grid[len(groups) :]:
         ax.set_visible(False)
     figure.suptitle(panel.title, x=0.01, ha="left", fontsize=12, fontweight="bold")
@@ -137,9 +141,9 @@ def _mark(ax: Axes, marks: Alarms, span: tuple[float, float], label: bool) -> No
     when = marks.onset.time
     ax.axvline(when, color=ONSET_COLOUR, lw=1.6, label="drift onset" if label else None)
     # Late in the range the label goes left of the line, where it is not cut off.
-    left = (when - span[0]) > 0.6 * (span[1] - span[0])
+    left = (when - span[0]) > 0.5 * (span[1] - span[0])
     ax.annotate(
-        "drift: " + ", ".join(marks.onset.detectors),
+        "drift: " + _names(marks.onset.detectors),
         xy=(when, 1.0),
         xycoords=("data", "axes fraction"),
         xytext=(-3 if left else 3, -3),
@@ -148,8 +152,15 @@ def _mark(ax: Axes, marks: Alarms, span: tuple[float, float], label: bool) -> No
         va="top",
         fontsize=7,
         color=ONSET_COLOUR,
-        bbox={"facecolor": "white", "alpha": 0.8, "linewidth": 0, "pad": 1},
+        # A white outline keeps the label legible over a line without hiding the line.
+        path_effects=[patheffects.withStroke(linewidth=2.5, foreground="white")],
     )
+
+
+def _names(detectors: Sequence[str], most: int = 4) -> str:
+    """The first few names, and how many more: the page's header lists them all."""
+    more = len(detectors) - most
+    return ", ".join(detectors[:most]) + (f" +{more}" if more > 0 else "")
 
 
 def time_ticks(start: float, end: float, tz: tzinfo, most: int) -> list[float]:
