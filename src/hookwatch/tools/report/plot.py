@@ -10,14 +10,11 @@ from dataclasses import dataclass
 from datetime import datetime, tzinfo
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # before anything draws: never look for a display
-
 import numpy as np
 from matplotlib import patheffects
 from matplotlib.artist import Artist
 from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, PercentFormatter
 
@@ -85,6 +82,9 @@ def render(
     columns = min(MAX_COLUMNS, len(groups))
     rows = math.ceil(len(groups) / columns)
     figure = Figure(figsize=(WIDTH, 0.7 + ROW_HEIGHT * rows), layout="constrained")
+    # Agg, attached to this figure only: no display needed, and pyplot's global backend and
+    # state are left alone (a notebook importing this keeps its own).
+    FigureCanvasAgg(figure)
     grid: list[Axes] = list(figure.subplots(rows, columns, squeeze=False).flat)
     ticks = max(2, TICKS_PER_WIDTH // columns)
     for index, (ax, (key, group)) in enumerate(zip(grid, groups.items(), strict=False)):
