@@ -14,10 +14,11 @@ PYTEST_ARGS ?=
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-deps: ## install the system parts if missing: Prometheus/promtool, docker-compose (for config checks), Java, curl, Node.js/npm
+deps: ## install the system parts if missing: Prometheus/promtool, docker-compose (for config checks), Java, curl, Node.js/npm, Chromium (the report's browser test)
 	@missing=""; \
 	command -v prometheus >/dev/null && command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v curl >/dev/null || missing="$$missing curl"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v docker-compose >/dev/null || missing="$$missing docker-compose"; \
 	command -v java >/dev/null || missing="$$missing openjdk-17-jre-headless"; \
 	command -v node >/dev/null || missing="$$missing nodejs"; \
@@ -47,7 +48,7 @@ $(MAR): $(BIN)/.installed $(wildcard src/hookwatch/tools/demo/*.py) $(DRIFT_SRC)
 
 mar: $(MAR) ## train the demo CNN and archive it into model_store/
 
-run: deps $(MAR) ## start TorchServe + exporter + Prometheus on loopback, send traffic, show live metrics
+run: deps $(MAR) ## start TorchServe + exporter + Prometheus on loopback, send traffic, show live metrics; on stop write build/report/index.html
 	$(BIN)/hookwatch run
 
 stop: ## stop everything `make run` started (by recorded pid)

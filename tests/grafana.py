@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hookwatch.tools import dashboards
+from hookwatch.tools.dashboards import label_values, panels, variables
+
 ROOT = Path(__file__).resolve().parents[1]
 GRAFANA = ROOT / "monitoring" / "grafana"
-DASHBOARDS = GRAFANA / "dashboards"
+DASHBOARDS = ROOT / dashboards.DASHBOARDS
 SCHEMA_CHECK = GRAFANA / "schema-check"
 
 #: TorchServe's own metrics (its metrics endpoint, `metrics_mode=prometheus`) that dashboards
@@ -61,14 +64,7 @@ class Query:
 
 def load() -> dict[str, dict[str, Any]]:
     """Every dashboard, by file name."""
-    return {p.name: json.loads(p.read_text()) for p in sorted(DASHBOARDS.glob("*.json"))}
-
-
-def panels(board: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
-    """Every panel, rows included, and the panels inside collapsed rows."""
-    for panel in board.get("panels", []):
-        yield panel
-        yield from panel.get("panels", [])
+    return dashboards.load(DASHBOARDS)
 
 
 def queries(name: str, board: Mapping[str, Any]) -> list[Query]:
@@ -79,41 +75,15 @@ def queries(name: str, board: Mapping[str, Any]) -> list[Query]:
     ]
 
 
-def variables(board: Mapping[str, Any]) -> list[dict[str, Any]]:
-    return list(board.get("templating", {}).get("list", []))
-
-
-_LABEL_VALUES = re.compile(r"\s*label_values\((?P<selector>.*),\s*(?P<label>[A-Za-z_]\w*)\s*\)\s*")
-
-
-def label_values(query: str) -> tuple[str, str]:
-    """(selector, label) of a `label_values(selector, label)` variable query."""
-    match = _LABEL_VALUES.fullmatch(query)
-    if match is None:
-        raise ValueError(f"expected label_values(selector, label), got {query!r}")
-    return match["selector"], match["label"]
-
-
 def variable_exprs(board: Mapping[str, Any]) -> list[str]:
     """The PromQL each query variable runs."""
     return [label_values(v["query"])[0] for v in variables(board) if v["type"] == "query"]
 
 
 def substitute(text: str, values: Mapping[str, str]) -> str:
-    """``text`` with Grafana's ``$name``, ``${name}`` and ``[[name]]`` replaced from ``values``
-    (the interval variables from BUILTIN_VALUES unless given); an unknown variable is an error.
-    """
-    known = {**BUILTIN_VALUES, **values}
-
-    def value(match: re.Match[str]) -> str:
-        name = match["braced"] or match["bracketed"] or match["plain"]
-        if name not in known:
-            raise KeyError(f"no value for ${name} in {text!r}")
-        return known[name]
-
-    return re.sub(
-        r"\$\{(?P<braced>\w+)(?::\w+)?\}|\[\[(?P<bracketed>\w+)\]\]|\$(?P<plain>\w+)", value, text
-    )
+    """``text`` with Grafana's variables replaced from ``values``, the interval variables from
+    BUILTIN_VALUES unless given; an unknown variable is an error."""
+    return dashboards.substitute(text, {**BUILTIN_VALUES, **values})
 
 
 # -- metric names in PromQL ----------------------------------------------------------------------

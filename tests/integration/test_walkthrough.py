@@ -75,6 +75,14 @@ class Block:
             out, _ = proc.communicate(timeout=120)
             assert proc.returncode == 0, out[-3000:]
             assert "stopped TorchServe, exporter and Prometheus" in out
+            if "  hookwatch exporter  http://" not in out:
+                continue  # stopped while still starting (its readiness wait had not seen it)
+            # Started, `hookwatch stop` let `hookwatch serve` try its report before the stack
+            # went: a stop seconds after the start may come before Prometheus' first scrape,
+            # and then the report says so in one line.
+            outcome = [line for line in out.splitlines() if line.startswith("report")]
+            assert len(outcome) == 1, out[-3000:]
+            assert outcome[0].startswith(("report: ", "report not written: expected samples"))
 
     def kill(self) -> None:
         for proc in self.background:

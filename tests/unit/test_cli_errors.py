@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -44,6 +45,8 @@ def wrong_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (("layers", IMAGENET, "--input-shape", "a,b"), "expected positive integers"),
         (("layers", IMAGENET, "--model-args", "{nope", "--input-shape", "3"), "JSON object"),
         (("serve", "model_store/none.mar"), "expected a .mar file at"),
+        (("report", "--since", "yesterday"), "--since: expected Unix seconds or an ISO 8601"),
+        (("report", "--prometheus", "localhost:9090"), "expected an http:// or https://"),
         (
             ("archive", IMAGENET, "--name", "x", "--config", "nope.yaml", "--reference", "r.npy"),
             "expected a readable model-config file",
@@ -81,3 +84,16 @@ def test_init_refuses_to_overwrite(tmp_path: Path) -> None:
     done = hookwatch("init", IMAGENET, "--input-shape", "3,32,32", "--out", str(out))
     assert done.returncode == 2 and "pass --force" in done.stderr
     assert out.read_text() == "mine"
+
+
+def test_report_without_prometheus_says_where_it_looked(tmp_path: Path) -> None:
+    with socket.socket() as sock:  # a loopback port nothing listens on once released
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    done = hookwatch("report", "--prometheus", f"http://127.0.0.1:{port}", "--out", str(tmp_path))
+    assert done.returncode == 2, done
+    assert done.stderr.strip() == (
+        f"hookwatch report: error: expected Prometheus at http://127.0.0.1:{port}, got no answer "
+        "([Errno 111] Connection refused)"
+    )
+    assert not (tmp_path / "index.html").exists()

@@ -70,9 +70,39 @@ class _Stopped(Exception):
     """A stop signal while the stack was starting."""
 
 
-def _hold(stack: Any, seconds: float, make_traffic: Any = None) -> int:
+def _final_report(stack: Any, out: Path, minutes: float) -> None:
+    """Write the report while Prometheus still runs; a failure is one line, never the exit
+    status of a clean stop (HOOKWATCH_DEBUG=1 adds the traceback)."""
+    from hookwatch.tools.dashboards import DASHBOARDS
+
+    print(f"writing the report into {out}/ ...", flush=True)
+    try:
+        from hookwatch.tools.report.build import write_report
+
+        written = write_report(
+            f"http://127.0.0.1:{stack.ports.prometheus}",
+            out,
+            stack.root / DASHBOARDS,
+            model=stack.model_name,
+            minutes=minutes,
+        )
+    except Exception as error:  # whatever went wrong, the stack still stops
+        if os.environ.get("HOOKWATCH_DEBUG"):
+            import traceback
+
+            traceback.print_exc()
+        first = (str(error).strip().splitlines() or [""])[0]
+        # The errors hookwatch words for people say enough; anything else also needs its type.
+        why = first if isinstance(error, USER_ERRORS) else f"{type(error).__name__}: {first}"
+        print(f"report not written: {why}", flush=True)
+        return
+    print(f"report: {written.index.resolve()} (open it in a browser)", flush=True)
+
+
+def _hold(stack: Any, seconds: float, make_traffic: Any = None, report: Path | None = None) -> int:
     """Start ``stack``, print where everything is, show the live view every 5 s until
-    Ctrl-C, SIGTERM, ``hookwatch stop`` or ``seconds``; stop everything it started."""
+    Ctrl-C, SIGTERM, ``hookwatch stop`` or ``seconds``; write the report into ``report``
+    (None: none) and stop everything it started."""
     from hookwatch.tools.traffic import LiveView
 
     if stack.recorded_pids():
@@ -99,6 +129,8 @@ def _hold(stack: Any, seconds: float, make_traffic: Any = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     name = stack.model_name
     traffic = None
+    began = time.monotonic()
+    stack.record_holder(os.getpid())
     try:
         print(
             f"starting TorchServe ({stack.workers} workers) with {stack.models}, the hookwatch "
@@ -143,8 +175,12 @@ def _hold(stack: Any, seconds: float, make_traffic: Any = None) -> int:
                 print(f"(live view unavailable: {error})", flush=True)
         if traffic is not None:
             traffic.stop()
+        if report is not None and stack.recorded_pids():
+            # The whole run, a minute of margin: the report starts at its first sample.
+            _final_report(stack, report, (time.monotonic() - began) / 60 + 1)
     finally:
         killed = stack.stop()
+        stack.forget_holder()
         print(
             "stopped TorchServe, exporter and Prometheus"
             + (f" (needed SIGKILL: {', '.join(killed)})" if killed else ""),
@@ -170,7 +206,7 @@ def _run(args: argparse.Namespace) -> int:
         )
         return TrafficLoop(stack, rate_per_s=args.rate, drift_after_s=args.drift_after)
 
-    return _hold(_stack(args), args.seconds, traffic)
+    return _hold(_stack(args), args.seconds, traffic, _report_dir(args))
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -192,7 +228,54 @@ def _serve(args: argparse.Namespace) -> int:
         "ends it)",
         flush=True,
     )
-    return _hold(stack, args.seconds)
+    return _hold(stack, args.seconds, report=_report_dir(args))
+
+
+def _report_dir(args: argparse.Namespace) -> Path | None:
+    if args.no_report:
+        return None
+    return Path(args.report) if args.report is not None else Path(args.root) / "build" / "report"
+
+
+def _report(args: argparse.Namespace) -> int:
+    from hookwatch.tools.dashboards import DASHBOARDS
+    from hookwatch.tools.report.build import write_report
+
+    written = write_report(
+        args.prometheus,
+        args.out,
+        args.dashboards or args.root / DASHBOARDS,
+        model=args.model,
+        since=_moment("--since", args.since),
+        until=_moment("--until", args.until),
+        minutes=args.minutes,
+    )
+    drift = (
+        f"drift from {time.strftime('%H:%M:%S', time.localtime(written.onset.time))}, first "
+        f"{', '.join(written.onset.detectors)}"
+        if written.onset
+        else "no drift alarm"
+    )
+    print(f"wrote {written.index} ({len(written.images)} plots) for {written.model}: {drift}")
+    return 0
+
+
+def _moment(option: str, text: str | None) -> float | None:
+    """Unix seconds from ``text``: Unix seconds, or an ISO 8601 time (local without a zone)."""
+    import datetime
+
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return datetime.datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise ConfigError(
+            f"{option}: expected Unix seconds or an ISO 8601 time (2024-05-01T12:00), got {text!r}"
+        ) from None
 
 
 def _model_args(text: str) -> dict[str, Any]:
@@ -279,9 +362,34 @@ def _archive(args: argparse.Namespace) -> int:
     return 0
 
 
+#: How long `hookwatch stop` waits for `hookwatch run`/`serve` to write its report and stop.
+HOLDER_STOP_S = 120.0
+
+
+def _stop_holder(stack: Any) -> int | None:
+    """Ask the `hookwatch run`/`serve` holding ``stack`` to stop (SIGTERM), as Ctrl-C would:
+    it writes its report before it stops the stack. Returns its pid once it is gone."""
+    pid: int | None = stack.holder_pid()
+    if pid is None:
+        return None
+    print(f"asking hookwatch (pid {pid}) to write its report and stop ...", flush=True)
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return pid  # it ended between the look and the signal
+    deadline = time.monotonic() + HOLDER_STOP_S
+    while stack.holder_pid() == pid and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return pid
+
+
 def _stop(args: argparse.Namespace) -> int:
     stack = _stack(args)
+    holder = _stop_holder(stack)
     names = list(stack.recorded_pids())
+    if not names and holder is not None:
+        print(f"stopped hookwatch (pid {holder}) and everything it started")
+        return 0
     if not names:
         print("nothing recorded in .run/pids.json; nothing to stop")
         return 0
@@ -407,6 +515,17 @@ def _units(args: argparse.Namespace) -> int:
     return 0
 
 
+def report_options(cmd: argparse.ArgumentParser) -> None:
+    """Where `hookwatch run`/`serve` write their report when they stop."""
+    cmd.add_argument(
+        "--report",
+        type=Path,
+        default=None,
+        help="directory of the report written on stop (default: build/report)",
+    )
+    cmd.add_argument("--no-report", action="store_true", help="write no report on stop")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hookwatch", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -464,6 +583,7 @@ def build_parser() -> argparse.ArgumentParser:
                 default=float(os.environ.get("RUN_SECONDS", "0")),
                 help="stop after this long (0: until Ctrl-C)",
             )
+            report_options(cmd)
     prof = sub.add_parser(
         "profile", help="run reference data through a .mar's model and write its drift profile"
     )
@@ -557,6 +677,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=float(os.environ.get("RUN_SECONDS", "0")),
         help="stop after this long (0: until Ctrl-C)",
     )
+    report_options(serve)
     serve.set_defaults(func=_serve)
 
     units = sub.add_parser(
@@ -569,6 +690,34 @@ def build_parser() -> argparse.ArgumentParser:
     units.add_argument("--range", default="1h", help="PromQL duration (with --prometheus)")
     units.add_argument("--model", default=None, help="one model only")
     units.set_defaults(func=_units)
+
+    report = sub.add_parser(
+        "report",
+        help="one HTML page with PNGs of what the dashboards show, from Prometheus' HTTP API",
+    )
+    report.add_argument(
+        "--prometheus",
+        default=f"http://127.0.0.1:{os.environ.get('PROMETHEUS_PORT') or 9090}",
+        help="Prometheus' URL (default: the native stack's, PROMETHEUS_PORT)",
+    )
+    report.add_argument("--out", type=Path, default=Path("build/report"), help="directory")
+    report.add_argument("--model", default=None, help="TorchServe model name (default: the one)")
+    report.add_argument("--since", default=None, help="start: ISO 8601 time or Unix seconds")
+    report.add_argument("--until", default=None, help="end: ISO 8601 time or Unix seconds")
+    report.add_argument(
+        "--minutes",
+        type=float,
+        default=60.0,
+        help="without --since: look this far back from the end, and start at the first sample",
+    )
+    report.add_argument("--root", type=Path, default=Path.cwd(), help=REPO_ROOT_HINT)
+    report.add_argument(
+        "--dashboards",
+        type=Path,
+        default=None,
+        help="Grafana dashboards whose panels it draws (default: monitoring/grafana/dashboards)",
+    )
+    report.set_defaults(func=_report)
 
     bench = sub.add_parser("bench", help="measure the monitored handler against the plain one")
     bench.add_argument("--root", type=Path, default=Path.cwd(), help=REPO_ROOT_HINT)

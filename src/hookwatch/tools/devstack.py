@@ -217,6 +217,34 @@ class Stack:
         pids[name] = proc.pid
         self.pid_file.write_text(json.dumps(pids, indent=2))
 
+    # -- the process holding the stack (`hookwatch run` / `serve`) ---------------------------
+
+    @property
+    def holder_file(self) -> Path:
+        return self.run_dir / "holder.pid"
+
+    def record_holder(self, pid: int) -> None:
+        """Name the process that started this stack and stops it on SIGTERM: `hookwatch stop`
+        asks it, so it can write its report while Prometheus still runs."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.holder_file.write_text(f"{pid}\n")
+
+    def forget_holder(self) -> None:
+        self.holder_file.unlink(missing_ok=True)
+
+    def holder_pid(self) -> int | None:
+        """The recorded holder, while it lives and is a hookwatch process (a pid reused by
+        another program after a crash is never signalled)."""
+        try:
+            pid = int(self.holder_file.read_text())
+        except (OSError, ValueError):
+            return None
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return None
+        return pid if b"hookwatch" in command else None
+
     def recorded_pids(self) -> dict[str, int]:
         if not self.pid_file.exists():
             return {}
@@ -363,7 +391,10 @@ class Stack:
         binary = require_binary("prometheus", "Debian package 'prometheus'; make deps installs it")
         config = self.render_prometheus_config()
         data = self.run_dir / "prometheus-data"
-        data.mkdir(parents=True, exist_ok=True)
+        # Every start is a new run. An earlier run's series would stay visible for Prometheus'
+        # 5-minute lookback and pass for this run's: its alarms at the start of this report.
+        shutil.rmtree(data, ignore_errors=True)
+        data.mkdir(parents=True)
         self._spawn(
             "prometheus",
             [

@@ -1,0 +1,217 @@
+"""``hookwatch report``: read a time range back from Prometheus and write index.html + PNGs."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, tzinfo
+from pathlib import Path
+from typing import Any
+
+from hookwatch.tools import dashboards
+from hookwatch.tools.report import onset, page, panels, plot
+from hookwatch.tools.report.prometheus import Prometheus, Series
+
+#: About this many points per series: enough to see a shift, few enough to draw fast.
+POINTS = 300
+#: How far back the report looks for the first sample when no start is given.
+DEFAULT_MINUTES = 60.0
+
+
+class ReportError(RuntimeError):
+    """The report cannot be written: no such model, no samples, no dashboards."""
+
+
+@dataclass(frozen=True)
+class Window:
+    start: float
+    end: float
+    step: float
+    scrape: float
+
+    def intervals(self) -> dict[str, str]:
+        """Grafana's interval variables for this window; ``$__rate_interval`` as Grafana sets
+        it: at least four scrapes, and at least one step plus one scrape."""
+        rate = max(4 * self.scrape, self.step + self.scrape)
+        return {
+            "__rate_interval": f"{math.ceil(rate)}s",
+            "__interval": f"{math.ceil(self.step)}s",
+            "__range": f"{math.ceil(self.end - self.start)}s",
+        }
+
+
+@dataclass(frozen=True)
+class Written:
+    """What ``write_report`` wrote."""
+
+    index: Path
+    images: tuple[Path, ...]
+    model: str
+    onset: onset.Onset | None
+
+
+def local_zone() -> tzinfo:
+    zone = datetime.now().astimezone().tzinfo
+    assert zone is not None  # astimezone() always sets one
+    return zone
+
+
+def write_report(
+    url: str,
+    out: Path,
+    dashboard_dir: Path,
+    model: str | None = None,
+    since: float | None = None,
+    until: float | None = None,
+    minutes: float = DEFAULT_MINUTES,
+) -> Written:
+    """Write ``out/index.html`` and its PNGs for ``model`` (the only model, when None).
+
+    Without ``since`` the range starts at the model's first sample in the ``minutes`` before
+    ``until`` (default: now), and ends at its last one.
+    """
+    boards = dashboards.load(dashboard_dir)
+    if not boards:
+        raise ReportError(f"expected Grafana dashboards (*.json) in {dashboard_dir}, got none")
+    client = Prometheus(url)
+    end = time.time() if until is None else until
+    start = end - minutes * 60 if since is None else since
+    if start >= end:
+        raise ReportError(f"expected a start before the end, got {start:.0f} >= {end:.0f}")
+    name = pick_model(client, boards, model, start, end)
+    window = sample_window(client, name, start, end, client.scrape_interval(), since, until)
+    values = panels.variable_values(boards, name, window.intervals())
+    reader = Reader(client, boards, values, window)
+    marks = reader.alarms() if reader.profile_loaded() else None
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob("*.png"):
+        stale.unlink()  # an image of an earlier report must not pass for this one's
+    tz = local_zone()
+    sections = [
+        _section(reader, section, found, marks, out, tz)
+        for section, found in panels.load_sections(boards)
+    ]
+    started = marks.onset if marks else None
+    header = page.Header(
+        name, window.start, window.end, client.url, window.step, marks is not None, started,
+        time.time(),
+    )  # fmt: skip
+    index = out / "index.html"
+    index.write_text(page.render(header, sections, tz))
+    images = tuple(out / f.image for s in sections for f in s.images if f.image)
+    return Written(index, images, name, started)
+
+
+def pick_model(
+    client: Prometheus,
+    boards: Mapping[str, Mapping[str, Any]],
+    model: str | None,
+    start: float,
+    end: float,
+) -> str:
+    selector, label = panels.model_selector(boards)
+    found = client.label_values(label, selector, start, end)
+    where = f"{selector} in Prometheus at {client.url} over the last {(end - start) / 60:.0f} min"
+    if model is not None and model not in found:
+        raise ReportError(f"expected samples of model {model!r} in {where}, got {found or 'none'}")
+    if model is not None:
+        return model
+    if len(found) != 1:
+        raise ReportError(
+            f"expected one model in {where}, got {found or 'none'}"
+            + (" (pick one with --model)" if found else "")
+        )
+    return found[0]
+
+
+def sample_window(
+    client: Prometheus,
+    model: str,
+    start: float,
+    end: float,
+    scrape: float,
+    since: float | None,
+    until: float | None,
+) -> Window:
+    """The range to draw: what was asked, cut to the model's samples where not given."""
+    step = max(scrape, math.ceil((end - start) / 1000))
+    expr = f"count(hookwatch_requests_total{{model={json.dumps(model)}}})"
+    times = [t for s in client.query_range(expr, start, end, step) for t in s.times]
+    if not times:
+        raise ReportError(
+            f"expected samples of {expr} between {time.ctime(start)} and {time.ctime(end)} "
+            f"in Prometheus at {client.url}, got none"
+        )
+    first = start if since is not None else max(start, min(times) - step)
+    last = end if until is not None else min(end, max(times) + step)
+    step = max(scrape, math.ceil((last - first) / POINTS))
+    # One grid for every query: the onset found on it is where the lines change.
+    first = math.floor(first / step) * step
+    return Window(first, max(last, first + step), step, scrape)
+
+
+@dataclass(frozen=True)
+class Reader:
+    """The dashboards' panels for one model over one window, from one Prometheus."""
+
+    client: Prometheus
+    boards: Mapping[str, Mapping[str, Any]]
+    values: Mapping[str, str]
+    window: Window
+
+    def query(self, panel: panels.Panel) -> list[tuple[str, list[Series]]]:
+        """(legend template, series) per target of ``panel``."""
+        w = self.window
+        return [
+            (
+                target.legend,
+                self.client.query_range(
+                    dashboards.substitute(target.expr, self.values), w.start, w.end, w.step
+                ),
+            )
+            for target in panel.targets
+        ]
+
+    def series(self, ref: panels.PanelRef) -> list[Series]:
+        found = self.query(panels.load_panel(self.boards, ref))
+        return [s for _, series in found for s in series]
+
+    def profile_loaded(self) -> bool:
+        found = self.series(panels.PROFILE)
+        return any(float(v) > 0 for s in found for v in s.values if math.isfinite(v))
+
+    def alarms(self) -> onset.Alarms:
+        first = self.series(panels.FIRST_ALARM)
+        sequential = self.series(panels.SEQUENTIAL_ALARMS)
+        return onset.alarms(first, sequential, self.window.step)
+
+
+def _section(
+    reader: Reader,
+    section: panels.Section,
+    found: Sequence[panels.Panel],
+    marks: onset.Alarms | None,
+    out: Path,
+    tz: tzinfo,
+) -> page.PageSection:
+    """Draw ``section``'s panels into ``out``; ``marks`` None: the model has no drift profile."""
+    if section.needs_profile and marks is None:
+        note = "No drift profile loaded for this model: it serves without drift detection."
+        return page.PageSection(section.heading, section.text, (), note)
+    images = []
+    span = (reader.window.start, reader.window.end)
+    for panel in found:
+        drawn = plot.lines(panel, reader.query(panel))
+        image = f"{_slug(section.heading)}-{_slug(panel.title)}.png" if drawn else ""
+        if drawn:
+            plot.render(panel, drawn, marks or onset.Alarms(None, ()), span, tz, out / image)
+        images.append(page.PanelImage(panel.title, panel.description, image))
+    return page.PageSection(section.heading, section.text, images)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
