@@ -107,7 +107,8 @@ def test_report_of_a_drifting_stack_shows_its_plots_in_chromium(
         capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert f"(9 plots) for {MODEL}: drift from " in done.stdout, done.stdout
+    # Traffic 2, drift scores 2, statistics 5, units and classes 3.
+    assert f"(12 plots) for {MODEL}: drift from " in done.stdout, done.stdout
     page = (out / "index.html").read_text()
     match = re.search(r"drift from \S+ \((\d+) s after the start of the range\)", page)
     assert match, page[:3000]
@@ -143,7 +144,7 @@ def test_hookwatch_run_writes_the_report_when_its_time_is_up(tmp_path: Path) -> 
     assert f"report: {index} (open it in a browser)" in done.stdout, done.stdout[-3000:]
     # Written before the stack stopped.
     assert done.stdout.index("report: ") < done.stdout.index("stopped TorchServe")
-    assert len(re.findall(r'<img src="', index.read_text())) == 9
+    assert len(re.findall(r'<img src="', index.read_text())) == 12
 
 
 def _assert(result: list[dict[str, Any]]) -> None:

@@ -84,6 +84,17 @@ SECTIONS: tuple[Section, ...] = (
             )
         ),
     ),
+    Section(
+        "Units and classes",
+        "Per layer, the share of units that never fired and that sat saturated over the last "
+        "hour against the same shares on the reference (dashed): the pruning candidates; and "
+        "each layer's mean by the class the model predicted.",
+        (
+            PanelRef("units.json", "Never-active units per layer", facet=("layer",)),
+            PanelRef("units.json", "Saturated units per layer", facet=("layer",)),
+            PanelRef("units.json", "Mean by predicted class", facet=("layer",)),
+        ),
+    ),
 )
 
 #: Panels read for the header and the onset mark rather than drawn: whether a profile is
