@@ -118,19 +118,26 @@ class Ports:
         )
 
 
-def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+def http_get(
+    url: str, timeout: float = 5.0, headers: Mapping[str, str] | None = None
+) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, headers=dict(headers or {}))
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             return int(response.status), bytes(response.read())
     except urllib.error.HTTPError as error:
         return int(error.code), bytes(error.read())
 
 
 def http_post(
-    url: str, body: bytes, content_type: str = "application/json", timeout: float = 30.0
+    url: str,
+    body: bytes,
+    content_type: str = "application/json",
+    timeout: float = 30.0,
+    headers: Mapping[str, str] | None = None,
 ) -> tuple[int, bytes]:
     request = urllib.request.Request(
-        url, data=body, method="POST", headers={"Content-Type": content_type}
+        url, data=body, method="POST", headers={"Content-Type": content_type, **(headers or {})}
     )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
@@ -183,7 +190,18 @@ class Stack:
     #: More targets per scrape job (``torchserve``, ``hookwatch``): one Prometheus over several
     #: stacks, as over the replicas of a fleet.
     extra_scrape_targets: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    #: TorchServe's token authorisation: it writes key_file.json into the run dir at start,
+    #: and every inference and management call carries the matching key.
+    token_auth: bool = False
     _procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def api_key(self, api: str) -> dict[str, str]:
+        """The ``Authorization`` header for TorchServe's ``inference`` or ``management`` API
+        (none without token authorisation)."""
+        if not self.token_auth:
+            return {}
+        keys = json.loads((self.run_dir / "key_file.json").read_text())
+        return {"Authorization": f"Bearer {keys[api]['key']}"}
 
     @property
     def pid_file(self) -> Path:
@@ -265,6 +283,7 @@ class Stack:
             # Model extraction and worker sockets follow java.io.tmpdir, not TMPDIR: keep them
             # inside the run dir so stacks side by side never share a socket path.
             "vmargs": f"-Djava.io.tmpdir={self.run_dir / 'tmp'} -XX:+UseSerialGC -Xmx512m",
+            "disable_token_authorization": "false" if self.token_auth else "true",
         }
         for line in (self.root / "config.properties").read_text().splitlines():
             key = line.split("=", 1)[0].strip()
@@ -320,9 +339,17 @@ class Stack:
             raise RuntimeError(f"TorchServe could not load the model:\n{detail}")
         return self.ready_workers() >= self.workers
 
+    def _describe(self, model: str) -> tuple[int, bytes]:
+        url = f"http://127.0.0.1:{self.ports.management}/models/{model}"
+        try:
+            headers = self.api_key("management")
+        except (OSError, ValueError, KeyError):
+            return 0, b""  # the key file is written at start: not ready yet
+        return http_get(url, headers=headers)
+
     def ready_workers(self, model: str | None = None) -> int:
         model = model or self.model_name
-        status, body = http_get(f"http://127.0.0.1:{self.ports.management}/models/{model}")
+        status, body = self._describe(model)
         if status != 200:
             return 0
         info = json.loads(body)
@@ -331,7 +358,7 @@ class Stack:
 
     def worker_pids(self, model: str | None = None) -> list[int]:
         model = model or self.model_name
-        status, body = http_get(f"http://127.0.0.1:{self.ports.management}/models/{model}")
+        status, body = self._describe(model)
         if status != 200:
             return []
         info = json.loads(body)
@@ -457,7 +484,9 @@ class Stack:
         model = model or self.model_name
         raw = body if isinstance(body, bytes) else json.dumps(body).encode()
         status, reply = http_post(
-            f"http://127.0.0.1:{self.ports.inference}/predictions/{model}", raw
+            f"http://127.0.0.1:{self.ports.inference}/predictions/{model}",
+            raw,
+            headers=self.api_key("inference"),
         )
         try:
             return status, json.loads(reply)
