@@ -31,11 +31,10 @@ TORCHSERVE_METRICS = frozenset(
         "ts_queue_latency_microseconds",
         "Requests4XX",
         "Requests5XX",
-        "WorkerLoadTime",
     }
 )
 #: TorchServe's counters among them (its Java client exports them without a _total suffix).
-TORCHSERVE_COUNTERS = TORCHSERVE_METRICS - {"WorkerLoadTime"}
+TORCHSERVE_COUNTERS = TORCHSERVE_METRICS
 #: Series Prometheus writes itself: scrape health and alert states.
 PROMETHEUS_SERIES = frozenset({"up", "ALERTS"})
 

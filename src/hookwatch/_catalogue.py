@@ -62,14 +62,17 @@ __all__ = [
     "REQUESTS",
     "REQUESTS_REJECTED",
     "REQUESTS_SAMPLED",
+    "REQUEST_DURATION",
     "SAMPLES_PER_LABEL_SET",
     "SERIES_PER_MODEL_TARGET",
     "UNIT_ACTIVE_SAMPLES",
     "UNIT_METRICS",
     "UNIT_SATURATED_SAMPLES",
+    "WORKERS",
     "CounterSpec",
     "FleetBins",
     "GaugeSpec",
+    "HistogramSpec",
     "MetricSpec",
     "SummarySpec",
     "exposed_names",
@@ -77,7 +80,7 @@ __all__ = [
     "series_per_model",
 ]
 
-Kind = Literal["counter", "gauge", "summary"]
+Kind = Literal["counter", "gauge", "summary", "histogram"]
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,22 @@ class SummarySpec(MetricSpec):
         return (f"{self.name}_count", f"{self.name}_sum", f"{self.name}_created")
 
 
+@dataclass(frozen=True)
+class HistogramSpec(MetricSpec):
+    kind: ClassVar[Kind] = "histogram"
+    #: Upper bounds of the buckets (+Inf is added).
+    buckets: tuple[float, ...]
+
+    @property
+    def exposed_names(self) -> tuple[str, ...]:
+        return tuple(f"{self.name}_{suffix}" for suffix in ("bucket", "count", "sum", "created"))
+
+    @property
+    def series(self) -> int:
+        """Samples one label set puts on a scrape: every bucket, +Inf, the count and the sum."""
+        return len(self.buckets) + 3
+
+
 REQUESTS = CounterSpec(
     "hookwatch_requests_total",
     ("model",),
@@ -142,6 +161,23 @@ REQUESTS_REJECTED = CounterSpec(
     "requests",
     "Requests answered with a 4xx because their payload did not match the model's input, by "
     "reason (a fixed vocabulary, never text from the request).",
+)
+REQUEST_DURATION = HistogramSpec(
+    "hookwatch_request_duration_seconds",
+    ("model",),
+    "seconds",
+    "Time the handler took for a request, from receiving its batch to its answer (decode, "
+    "forward, encode; TorchServe's queueing not included), each item of a batch counted once: "
+    "histogram_quantile() over the fleet's buckets gives its percentiles.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+WORKERS = GaugeSpec(
+    "hookwatch_workers",
+    ("model",),
+    "processes",
+    "Worker processes serving the model with hookwatch loaded, summed over live processes: "
+    "TorchServe's workers that are up, whatever was restarted.",
+    multiprocess_mode="livesum",
 )
 CAPTURES = CounterSpec(
     "hookwatch_captures_total",
@@ -374,6 +410,8 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     REQUESTS,
     REQUESTS_SAMPLED,
     REQUESTS_REJECTED,
+    REQUEST_DURATION,
+    WORKERS,
     CAPTURES,
     CAPTURES_DROPPED,
     CAPTURE_QUEUE_DEPTH,
@@ -454,7 +492,7 @@ EXTRA_LABEL_VALUES: dict[tuple[str, str], tuple[str, ...]] = {
 
 #: Samples one label set puts on the exporter's scrape. prometheus-client's multiprocess
 #: collector writes no ``_created`` samples and no summary quantiles.
-SAMPLES_PER_LABEL_SET: dict[str, int] = {"counter": 1, "gauge": 1, "summary": 2}
+SAMPLES_PER_LABEL_SET: dict[str, int] = {"counter": 1, "gauge": 1, "summary": 2, "histogram": 1}
 
 #: What a gauge's value means once the exporter merges the worker processes' files.
 MULTIPROCESS_MEANING: dict[str, str] = {
@@ -532,7 +570,7 @@ def series_per_model(
     )
     out: dict[str, int] = {}
     for spec in CATALOGUE:
-        count = SAMPLES_PER_LABEL_SET[spec.kind]
+        count = spec.series if isinstance(spec, HistogramSpec) else SAMPLES_PER_LABEL_SET[spec.kind]
         if spec.name in FLEET_METRICS:
             out[spec.name] = count * fleet_total
             continue

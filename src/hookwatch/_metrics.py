@@ -9,6 +9,7 @@ compacting their counters.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import glob
 import itertools
@@ -17,26 +18,29 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Protocol
 
 import numpy as np
-from prometheus_client import CollectorRegistry, Counter, Gauge, Summary, multiprocess
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary, multiprocess
 from prometheus_client import values as _values
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.mmap_dict import MmapedDict as _MmapedDict
 from prometheus_client.mmap_dict import mmap_key
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from hookwatch._catalogue import (
     CAPTURES_DROPPED,
     CATALOGUE,
+    REQUEST_DURATION,
     REQUESTS,
     REQUESTS_REJECTED,
     REQUESTS_SAMPLED,
     CounterSpec,
     GaugeSpec,
+    HistogramSpec,
     MetricSpec,
     SummarySpec,
 )
@@ -70,6 +74,8 @@ def _build(spec: MetricSpec, registry: CollectorRegistry) -> MetricWrapperBase:
     if isinstance(spec, GaugeSpec):
         mode: Any = spec.multiprocess_mode
         return Gauge(spec.name, spec.help, spec.labels, registry=registry, multiprocess_mode=mode)
+    if isinstance(spec, HistogramSpec):
+        return Histogram(spec.name, spec.help, spec.labels, registry=registry, buckets=spec.buckets)
     return Summary(spec.name, spec.help, spec.labels, registry=registry)
 
 
@@ -85,32 +91,96 @@ def multiprocess_dir() -> str | None:
 _SLOT_FILES = itertools.count()
 
 
-class CountSlots:
-    """Counters the request path writes straight into a shared file, so that a worker killed
-    with SIGKILL loses none of them.
+def _go_float(value: float) -> str:
+    """A bucket bound as prometheus-client writes it in the ``le`` label."""
+    text: str = floatToGoString(value)  # type: ignore[no-untyped-call]
+    return text
 
-    One counter file of the worker's own (``counter_slots-<pid>-<n>.db``, prometheus-client's
-    format), holding every (counter, labels) pair it counts, all created at once so the layout
-    never moves afterwards. :meth:`add` adds to a value in place: a float64 in a shared memory
-    map, no system call, no lock of its own (the caller's serialises). The exporter merges the
-    file like any counter file, and folds it into its archive once the pid is dead.
+
+class _SlotFile:
+    """One file of prometheus-client's format whose values are added to in place."""
+
+    def __init__(self, directory: str, kind: str, keys: Iterable[str]) -> None:
+        self.path = os.path.join(directory, f"{kind}_slots-{os.getpid()}-{next(_SLOT_FILES)}.db")
+        self._file = MmapedDict(self.path)
+        for key in keys:
+            self._file.write_value(key, 0.0, 0.0)
+        # Every key exists now: the map is never grown again, so this view stays valid.
+        self.values = np.frombuffer(self._file._m, dtype=np.float64)
+
+    def index(self, key: str) -> int:
+        return int(self._file._positions[key] // 8)
+
+
+class HistogramSlot:
+    """One labelled histogram in a slot file: its buckets (non-cumulative, as prometheus-client
+    stores them; the exporter accumulates) and its sum."""
+
+    def __init__(self, file: _SlotFile, bounds: Sequence[float], buckets: list[int], sum_: int):
+        self._values = file.values
+        self._bounds = list(bounds)
+        self._buckets = buckets
+        self._sum = sum_
+
+    def observe(self, value: float, count: int = 1) -> None:
+        self._values[self._buckets[bisect.bisect_left(self._bounds, value)]] += count
+        self._values[self._sum] += value * count
+
+
+class CountSlots:
+    """Counters (and the request-duration histogram) the request path writes straight into
+    files of the worker's own, so that a worker killed with SIGKILL loses none of them.
+
+    Files in prometheus-client's format (``counter_slots-<pid>-<n>.db``,
+    ``histogram_slots-<pid>-<n>.db``), holding every (metric, labels) pair they count, all
+    created at once so the layout never moves afterwards. :meth:`add` adds to a value in place:
+    a float64 in a shared memory map, no system call, no lock of its own (the caller's
+    serialises). The exporter merges the files like any other and folds them into its archive
+    once the pid is dead.
     """
 
-    def __init__(self, directory: str, entries: Iterable[tuple[CounterSpec, Mapping[str, str]]]):
-        path = os.path.join(directory, f"counter_slots-{os.getpid()}-{next(_SLOT_FILES)}.db")
-        self.path = path
-        self._file = MmapedDict(path)
+    def __init__(
+        self,
+        directory: str,
+        entries: Iterable[tuple[CounterSpec, Mapping[str, str]]],
+        histograms: Iterable[tuple[HistogramSpec, Mapping[str, str]]] = (),
+    ):
         keys: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}
         for spec, labels in entries:
             values = [str(labels[name]) for name in spec.labels]
-            key = mmap_key(
+            keys[(spec.name, tuple(sorted(labels.items())))] = mmap_key(
                 spec.name.removesuffix("_total"), spec.name, list(spec.labels), values, spec.help
             )
-            keys[(spec.name, tuple(sorted(labels.items())))] = key
-            self._file.write_value(key, 0.0, 0.0)
-        # Every key exists now: the map is never grown again, so this view stays valid.
-        self._values = np.frombuffer(self._file._m, dtype=np.float64)
-        self._index = {handle: self._file._positions[key] // 8 for handle, key in keys.items()}
+        self._counters = _SlotFile(directory, "counter", keys.values())
+        self.path = self._counters.path
+        self._values = self._counters.values
+        self._index = {handle: self._counters.index(key) for handle, key in keys.items()}
+        self._histograms: dict[tuple[str, tuple[tuple[str, str], ...]], HistogramSlot] = {}
+        wanted = list(histograms)
+        if not wanted:
+            return
+        layout = []
+        for histogram, labels in wanted:
+            name, help_text = histogram.name, histogram.help
+            values = [str(labels[label]) for label in histogram.labels]
+            bounds = [*histogram.buckets, float("inf")]
+            bucket_keys = [
+                mmap_key(
+                    name,
+                    name + "_bucket",
+                    [*histogram.labels, "le"],
+                    [*values, _go_float(b)],
+                    help_text,
+                )
+                for b in bounds
+            ]
+            sum_key = mmap_key(name, name + "_sum", list(histogram.labels), values, help_text)
+            layout.append((histogram, labels, bounds, bucket_keys, sum_key))
+        file = _SlotFile(directory, "histogram", [k for *_, b, s in layout for k in (*b, s)])
+        for histogram, labels, bounds, bucket_keys, sum_key in layout:
+            self._histograms[(histogram.name, tuple(sorted(labels.items())))] = HistogramSlot(
+                file, bounds[:-1], [file.index(k) for k in bucket_keys], file.index(sum_key)
+            )
 
     def index(self, spec: CounterSpec, **labels: str) -> int:
         """Where a (counter, labels) pair's value lives; pass it to :meth:`add`."""
@@ -118,6 +188,9 @@ class CountSlots:
 
     def add(self, index: int, amount: float) -> None:
         self._values[index] += amount
+
+    def histogram(self, spec: HistogramSpec, **labels: str) -> HistogramSlot:
+        return self._histograms[(spec.name, tuple(sorted(labels.items())))]
 
 
 class MetricSet:
@@ -160,6 +233,14 @@ class MetricSet:
         child: CounterChild = self._get(spec).labels(**labels)
         return child
 
+    def observe_histogram(
+        self, spec: HistogramSpec, value: float, count: int = 1, **labels: str
+    ) -> None:
+        """Add ``count`` observations of ``value`` (single-process registries)."""
+        child = self._get(spec).labels(**labels)
+        for _ in range(count):
+            child.observe(value)
+
     def count_slots(self, model: str) -> CountSlots | None:
         """The request path's counters of ``model`` in a file of their own, where this process
         writes metric files (TorchServe workers); None in a single-process registry, where the
@@ -171,7 +252,7 @@ class MetricSet:
             (spec, {"model": model}) for spec in (REQUESTS, REQUESTS_SAMPLED, CAPTURES_DROPPED)
         ]
         entries += [(REQUESTS_REJECTED, {"model": model, "reason": r}) for r in REJECT_REASONS]
-        return CountSlots(directory, entries)
+        return CountSlots(directory, entries, [(REQUEST_DURATION, {"model": model})])
 
     def touch(self, spec: MetricSpec, **labels: str) -> None:
         """Create a labelled series at zero so it exists before its first event."""

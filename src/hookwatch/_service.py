@@ -12,6 +12,7 @@ import importlib.util
 import json
 import logging
 import math
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -306,6 +307,8 @@ class DecodedBatch:
     inputs: torch.Tensor | None
     positions: list[int]
     errors: dict[int, BadInputError]
+    #: ``time.perf_counter()`` when the batch was received: its answers' duration starts here.
+    received: float = 0.0
 
 
 @dataclass
@@ -314,6 +317,7 @@ class BatchResult:
     outputs: torch.Tensor | None
     positions: list[int]
     errors: dict[int, BadInputError]
+    received: float = 0.0
 
 
 #: A logits head answers every class's probability up to this many classes, the top 5 above.
@@ -370,6 +374,7 @@ class ModelService:
         return cls(model, handler.input, monitor, handler.labels, device, config.output, model_dir)
 
     def decode(self, bodies: Sequence[Any]) -> DecodedBatch:
+        received = time.perf_counter()
         tensors: list[torch.Tensor] = []
         positions: list[int] = []
         errors: dict[int, BadInputError] = {}
@@ -401,7 +406,7 @@ class ModelService:
             for reason, count in Counter(e.reason for e in errors.values()).items():
                 self.monitor.reject(count, reason, received=True)
         inputs = self.pipeline.batch(tensors).to(self.device) if tensors else None
-        return DecodedBatch(len(bodies), inputs, positions, errors)
+        return DecodedBatch(len(bodies), inputs, positions, errors, received)
 
     def infer(self, batch: DecodedBatch) -> BatchResult:
         outputs = None
@@ -419,7 +424,7 @@ class ModelService:
                     f"expected the model's output to hold a tensor (monitoring.output.select="
                     f"{self.output.select!r}), got {type(raw).__name__}"
                 )
-        return BatchResult(batch.size, outputs, batch.positions, batch.errors)
+        return BatchResult(batch.size, outputs, batch.positions, batch.errors, batch.received)
 
     def _answer(self, row: torch.Tensor) -> dict[str, Any]:
         head = self.output.head
@@ -451,6 +456,8 @@ class ModelService:
             outputs = result.outputs.detach().cpu()
             for row, index in enumerate(result.positions):
                 answers[index] = self._answer(outputs[row])
+        if self.monitor is not None and result.received:
+            self.monitor.answered(time.perf_counter() - result.received, result.size)
         return answers
 
     def handle(self, bodies: Sequence[Any]) -> list[dict[str, Any]]:

@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from hookwatch._metrics import compact_dead_workers, exporter_registry
 
 #: A worker in miniature: a monitored model in a process that writes worker files, serving
@@ -34,6 +36,8 @@ WORKER = textwrap.dedent(
             net(torch.randn(BATCH, 4))
     monitor.reject(3, "wrong_shape")
     monitor.reject(2, "not_json")
+    monitor.answered(0.004, 7)
+    monitor.answered(0.3, 1)
     counts = monitor.counts()
     print(counts.requests, counts.sampled, counts.dropped, flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
@@ -76,6 +80,17 @@ def test_counts_of_a_worker_killed_before_any_publish_are_all_there(tmp_path: Pa
         if name == "hookwatch_requests_rejected_total" and value
     }
     assert rejected == {"wrong_shape": 3, "not_json": 2}
+    # The request-duration histogram, from the same kind of file: cumulative buckets.
+    model = (("model", "m"),)
+    assert totals[("hookwatch_request_duration_seconds_count", model)] == 8
+    assert totals[("hookwatch_request_duration_seconds_sum", model)] == pytest.approx(0.328)
+    bucket = "hookwatch_request_duration_seconds_bucket"
+    assert totals[(bucket, (("le", "0.0025"), ("model", "m")))] == 0
+    assert totals[(bucket, (("le", "0.005"), ("model", "m")))] == 7
+    assert totals[(bucket, (("le", "0.25"), ("model", "m")))] == 7
+    assert totals[(bucket, (("le", "0.5"), ("model", "m")))] == 8
+    assert totals[(bucket, (("le", "+Inf"), ("model", "m")))] == 8
+    assert ("hookwatch_workers", model) not in totals  # its process is gone: a live gauge
 
 
 def test_a_dead_workers_counts_are_folded_into_the_archive_exactly(tmp_path: Path) -> None:

@@ -97,7 +97,9 @@ def test_panels_fit_the_grid_without_overlapping() -> None:
 def test_queries_aggregate_over_workers_and_replicas() -> None:
     """hookwatch series carry no pid, but one per replica (instance): every panel aggregates,
     so a fleet of replicas reads as one line per model, layer or detector."""
-    aggregation = re.compile(r"\(*\s*(sum|max|min|avg|count|topk|bottomk)\b")
+    aggregation = re.compile(
+        r"\(*\s*((sum|max|min|avg|count|topk|bottomk)\b|histogram_quantile\(\s*[\d.]+,\s*sum\b)"
+    )
     for name, board in BOARDS.items():
         for query in grafana.queries(name, board):
             assert aggregation.match(query.expr), query
@@ -108,8 +110,8 @@ def test_rate_and_increase_only_on_counters() -> None:
     for name, board in BOARDS.items():
         for query in grafana.queries(name, board):
             for _, metric in counter.findall(query.expr):
-                # A summary's _count only grows: a counter too.
-                counter_like = metric.endswith(("_total", "_count"))
+                # A summary's _count and a histogram's buckets only grow: counters too.
+                counter_like = metric.endswith(("_total", "_count", "_bucket"))
                 assert counter_like or metric in TORCHSERVE_COUNTERS, query
             # A statistic's _sum falls for negative values: only delta() reads it right.
             assert "rate(hookwatch_activation_statistic" not in query.expr, query
@@ -149,6 +151,7 @@ def test_units_are_set_where_the_quantity_has_one() -> None:
         for p in _visual_panels(board)
     }
     assert units[("overview.json", "Mean latency (TorchServe)")] == "µs"
+    assert units[("overview.json", "Handler latency percentiles")] == "s"
     assert units[("overview.json", "Requests per second")] == "reqps"
     assert units[("overview.json", "Dropped captures per sampled request")] == "percentunit"
     assert units[("activations.json", "Zero fraction per layer")] == "percentunit"

@@ -99,6 +99,7 @@ class RequestGate:
             self._at_rejected = {
                 r: slots.index(cat.REQUESTS_REJECTED, reason=r, **name) for r in REJECT_REASONS
             }
+            self._duration = slots.histogram(cat.REQUEST_DURATION, **name)
         self.sample_rate = sample_rate if enabled else 0.0
         #: The flag every hook reads (thread-local, open only inside a sampled forward).
         self.gate = Gate()
@@ -155,6 +156,15 @@ class RequestGate:
                 if not received:
                     self.slots.add(self._at_requests, count)
                 self.slots.add(self._at_rejected[reason], count)
+
+    def answered(self, seconds: float, count: int) -> bool:
+        """Record how long ``count`` requests took in the worker's histogram file; False where
+        there is none (the caller observes the in-process histogram instead)."""
+        if self.slots is None:
+            return False
+        with self._lock:
+            self._duration.observe(seconds, count)
+        return True
 
     def counts(self) -> RequestCounts:
         with self._lock:

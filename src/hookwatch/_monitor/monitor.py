@@ -13,6 +13,7 @@ from types import TracebackType
 
 from torch import nn
 
+from hookwatch import _catalogue as cat
 from hookwatch._capture import CaptureWorker
 from hookwatch._config import MonitoringConfig
 from hookwatch._drift import DriftTracker
@@ -134,6 +135,14 @@ class Monitor:
         """Count requests answered with a 4xx before any forward pass, and why (one of
         ``REJECT_REASONS``: the reject counter's ``reason`` label)."""
         self.gate.reject(count, reason, received)
+
+    def answered(self, seconds: float, count: int = 1) -> None:
+        """Record that ``count`` requests were answered ``seconds`` after they were received:
+        the request-duration histogram (``hookwatch_request_duration_seconds``)."""
+        if not self.gate.answered(seconds, count):
+            self.metrics.observe_histogram(
+                cat.REQUEST_DURATION, seconds, count, model=self.model_name
+            )
 
     def counts(self) -> RequestCounts:
         """Request-path tallies so far (also before they are published)."""

@@ -89,6 +89,8 @@ class Publisher:
             m.touch(cat.REQUESTS_REJECTED, model=name, reason=reason)
         m.touch(cat.CAPTURES_DROPPED, model=name)
         m.set(cat.CAPTURE_QUEUE_CAPACITY, queue_capacity, model=name)
+        m.set(cat.WORKERS, 1, model=name)
+        m.touch(cat.REQUEST_DURATION, model=name)
         m.set(cat.CAPTURE_QUEUE_DEPTH, 0, model=name)
         for layer in watched:
             m.touch(cat.CAPTURES, model=name, layer=layer)
