@@ -54,7 +54,8 @@ def test_statistics_reach_prometheus_summed_over_both_workers(
 
     def exported() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         samples = scrape(stack.ports.exporter)
-        assert total(samples, "hookwatch_requests_total", model="digits") == sent
+        # Received: the served and the rejected.
+        assert total(samples, "hookwatch_requests_total", model="digits") == sent + len(bad)
         assert total(samples, "hookwatch_requests_rejected_total", model="digits") == len(bad)
         for layer in LAYERS:
             assert total(samples, "hookwatch_captures_total", layer=layer) == sent, layer
