@@ -313,6 +313,26 @@ def _wide(draw: Draw, windows: Mapping[int, Windows], args: argparse.Namespace) 
 # ---------------------------------------------------------------------------- assembly
 
 
+def _method_verdicts(
+    hookwatch: HookwatchCells,
+    baseline: Mapping[str, Any],
+    names: list[str],
+    reps: list[str],
+    w: int,
+    rows: slice,
+) -> dict[str, NDArray[np.bool_]]:
+    """One draw's verdicts on ``rows`` of its judged windows at W, per method: hookwatch and
+    its ablations, the two ensembles, and each single-representation test at p < 0.01."""
+    out = {name: hookwatch[name, w]["verdicts"][rows] for name in names}
+    for key, label in ENSEMBLES:
+        out[label] = baseline[f"{key}_{w}"][rows] < 0.01
+    for test in ("ks", "mmd"):
+        p = baseline[f"{test}_{w}"][rows]
+        for r, rep in enumerate(reps):
+            out[f"{test.upper()} {rep}"] = p[:, r] < 0.01
+    return out
+
+
 def _cells(
     draws: list[Draw],
     windows: list[dict[int, Windows]],
@@ -332,15 +352,9 @@ def _cells(
             verdicts: dict[str, list[NDArray[np.bool_]]] = {}
             for i in range(len(draws)):
                 rows = windows[i][w].layout()[scenario.name]
-                for name in names:
-                    verdicts.setdefault(name, []).append(hookwatch[i][name, w]["verdicts"][rows])
-                for key, label in ENSEMBLES:
-                    verdicts.setdefault(label, []).append(baseline[i][f"{key}_{w}"][rows] < 0.01)
-                for test in ("ks", "mmd"):
-                    p = baseline[i][f"{test}_{w}"][rows]
-                    for r, rep in enumerate(reps):
-                        key = f"{test.upper()} {rep}"
-                        verdicts.setdefault(key, []).append(p[:, r] < 0.01)
+                found = _method_verdicts(hookwatch[i], baseline[i], names, reps, w, rows)
+                for key, value in found.items():
+                    verdicts.setdefault(key, []).append(value)
             joined = {k: np.concatenate(v) for k, v in verdicts.items()}
             rates = {k: _rates(v) for k, v in joined.items()}
             methods = {
@@ -399,22 +413,13 @@ def _false_alarms(
         per: dict[str, list[float]] = {}
         for i in range(len(draws)):
             rows = windows[i][w].layout()["clean"]
-            for name in names:
-                per.setdefault(name, []).append(
-                    float(hookwatch[i][name, w]["verdicts"][rows].mean())
-                )
-            per.setdefault("hookwatch, extra windows", []).append(
-                hookwatch[i]["hookwatch", w]["clean_extra"]
-            )
-            for key, label in ENSEMBLES:
-                per.setdefault(label, []).append(
-                    float((baseline[i][f"{key}_{w}"][rows] < 0.01).mean())
-                )
-            for test in ("ks", "mmd"):
-                p = baseline[i][f"{test}_{w}"][rows]
-                for r, rep in enumerate(reps):
-                    per.setdefault(f"{test.upper()} {rep}", []).append(
-                        float((p[:, r] < 0.01).mean())
+            found = _method_verdicts(hookwatch[i], baseline[i], names, reps, w, rows)
+            for key, value in found.items():
+                per.setdefault(key, []).append(float(value.mean()))
+                if key == names[-1]:
+                    # Right after hookwatch's own variants, as the table lists them.
+                    per.setdefault("hookwatch, extra windows", []).append(
+                        hookwatch[i]["hookwatch", w]["clean_extra"]
                     )
         out[str(w)] = per
     return out
