@@ -54,6 +54,9 @@ def _ephemeral_low(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) 
 
 def _bindable(port: int) -> bool:
     with socket.socket() as sock:
+        # As the servers bind (Prometheus, the exporter): connections of a previous run left
+        # in TIME_WAIT do not make a port busy, only a listener does.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:

@@ -133,6 +133,15 @@ class LiveView:
             )
         return sorted(rows)
 
+    def pages(self, window: str = "1m") -> list[tuple[str, float]]:
+        """(detector, alarms) for the detectors whose anytime-valid test alarmed in ``window``
+        over every worker: what HookwatchDrift pages on."""
+        rows = self._stack.query(
+            f"sum by (detector) (increase(hookwatch_drift_sequential_alarms_total"
+            f"{{model={self._label}}}[{window}])) > 0"
+        )
+        return sorted((r["metric"]["detector"], float(r["value"][1])) for r in rows)
+
     def render(self, traffic: TrafficLoop | None = None) -> str:
         head = "  ".join(
             f"{name} {self._scalar(q.format(model=self._label))}" for name, q in self.QUERIES
@@ -169,5 +178,10 @@ class LiveView:
                     f"{detector} {score:.2f}/{limit:.2f}{' DRIFT' if hit else ''}"
                     for _, detector, score, limit, hit in drift
                 )
+            )
+            pages = self.pages()
+            lines.append(
+                "      anytime-valid alarms in the last minute (the page): "
+                + ("  ".join(f"{d} {n:.0f}" for d, n in pages) if pages else "none")
             )
         return "\n".join(lines)
