@@ -245,6 +245,10 @@ class MonitoringConfig:
     #: Predicted classes whose activation statistics are kept apart (logits head); the rest
     #: share the ``other`` class; 0 switches per-class statistics off.
     max_classes: int = 20
+    #: The forward's attention-mask argument (keyword name or position): hidden states
+    #: ``[B, T, H]`` and the input's token ids ``[B, T]`` are then reduced over the tokens it
+    #: marks, padding left out. None: activations are reduced by shape alone.
+    mask: str | int | None = None
 
     @property
     def resolved(self) -> bool:
@@ -291,6 +295,16 @@ class MonitoringConfig:
             "an integer or null",
             seed,
         )
+        mask = raw.get("mask")
+        _expect(
+            mask is None
+            or (isinstance(mask, str) and mask.isidentifier())
+            or (isinstance(mask, int) and not isinstance(mask, bool) and mask >= 0),
+            "mask",
+            "the forward's attention-mask argument: a keyword name, a position (integer >= 0) "
+            "or null",
+            mask,
+        )
         max_features = _integer(raw, "max_features", 256, 1, 65_536)
         drift = DriftConfig.from_mapping(raw.get("drift"))
         _expect(
@@ -316,6 +330,7 @@ class MonitoringConfig:
             drift=drift,
             max_units=_integer(raw, "max_units", 64, 0, 4096),
             max_classes=_integer(raw, "max_classes", 20, 0, 256),
+            mask=mask,
         )
 
 

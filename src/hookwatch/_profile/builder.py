@@ -150,6 +150,7 @@ def capture_features(
         config.capture_output,
         widths=build_widths(config),
         output_select=config.output.select,
+        mask=config.mask,
     ):
         for batch in batches:
             gate.set(True)
