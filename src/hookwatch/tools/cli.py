@@ -341,23 +341,35 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _profile(args: argparse.Namespace) -> int:
+    import tempfile
+    import zipfile
+
     import numpy as np
     import torch
 
     from hookwatch import build_profile
-    from hookwatch._service import InputPipeline
+    from hookwatch._service import InputPipeline, make_pipeline
     from hookwatch.tools.mar import load_mar_model
-    from hookwatch.tools.own_model import load_reference
+    from hookwatch.tools.own_model import forward_batches, load_reference
 
     torch.set_num_threads(1)
     model, model_config, name = load_mar_model(args.mar)
     config = model_config.monitoring
-    # The serving input pipeline: dtype and normalisation as requests get them.
-    pipeline = InputPipeline(model_config.handler.input)
-    if args.data is None:
+    spec = model_config.handler.input
+    batches: list[Any]
+    if spec.text is not None:
+        if args.data is None:
+            raise ConfigError("a text model: expected --data texts.jsonl (a JSON string a line)")
+        # The tokenizer lives in the archive: read it where TorchServe would.
+        with tempfile.TemporaryDirectory() as tmp, zipfile.ZipFile(args.mar) as archive:
+            archive.extractall(tmp)
+            batches = list(load_reference(args.data, make_pipeline(spec, tmp), args.batch_size))
+    elif args.data is None:
         from hookwatch.tools.demo.build import reference_split
         from hookwatch.tools.demo.data import load_split
 
+        # The serving input pipeline: dtype and normalisation as requests get them.
+        pipeline = InputPipeline(spec)
         _, data, _ = reference_split(load_split())
         print(f"no --data: using the demo's {len(data)} held-out reference images", flush=True)
         images = torch.from_numpy(np.asarray(data, dtype=np.float32))
@@ -366,12 +378,11 @@ def _profile(args: argparse.Namespace) -> int:
             for i in range(0, len(images), args.batch_size)
         ]
     else:
-        batches = list(load_reference(args.data, pipeline, args.batch_size))
-    argument = model_config.handler.input.argument
+        batches = list(load_reference(args.data, InputPipeline(spec), args.batch_size))
     profile = build_profile(
         model,
         config,
-        [{argument: b} for b in batches] if argument else batches,
+        list(forward_batches(batches, spec.argument)),
         name,
         bins=args.bins or config.drift.bins,
         max_reference=args.max_reference,
