@@ -61,6 +61,9 @@ $(TEXT_MAR): $(BIN)/.installed $(DRIFT_SRC) src/hookwatch/_text.py src/hookwatch
 run: deps $(MAR) ## start TorchServe + exporter + Prometheus on loopback, send traffic, show live metrics
 	$(BIN)/hookwatch run
 
+run-text: deps $(TEXT_MAR) ## the text demo live: MiniLM served, held-out `computers` fortunes, then `literature` (DRIFT_AFTER s)
+	$(BIN)/hookwatch serve $(TEXT_MAR) --workers 2 --traffic fortunes:computers:literature
+
 stop: ## stop everything `make run` started (by recorded pid)
 	@if [ -x $(BIN)/hookwatch ]; then $(BIN)/hookwatch stop; else echo "nothing to stop"; fi
 

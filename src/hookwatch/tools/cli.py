@@ -192,7 +192,30 @@ def _serve(args: argparse.Namespace) -> int:
         "ends it)",
         flush=True,
     )
-    return _hold(stack, args.seconds)
+    if args.traffic == "none":
+        return _hold(stack, args.seconds)
+    from hookwatch.tools.text.fortunes import read_category
+    from hookwatch.tools.traffic import TextTraffic
+
+    kind, *parts = args.traffic.split(":")
+    if kind != "fortunes" or len(parts) > 2:
+        raise ConfigError(
+            "--traffic: expected none, fortunes, fortunes:CATEGORY or fortunes:CATEGORY:SHIFT, "
+            f"got {args.traffic!r}"
+        )
+    category = parts[0] if parts else "computers"
+    shift = parts[1] if len(parts) > 1 else "literature"
+    read_category(category)  # a missing category fails here, in one line
+    if shift != "mix":
+        read_category(shift)
+
+    def traffic(stack: Any) -> Any:
+        loop = TextTraffic(stack, category, shift, args.rate, args.drift_after)
+        after = f", {loop.shifted_name} after {args.drift_after:g} s" if args.drift_after else ""
+        print(f"sending {loop.clean_name} fortunes at {args.rate:g}/s{after}\n", flush=True)
+        return loop
+
+    return _hold(stack, args.seconds, traffic)
 
 
 def _model_args(text: str) -> dict[str, Any]:
@@ -567,6 +590,21 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=float(os.environ.get("RUN_SECONDS", "0")),
         help="stop after this long (0: until Ctrl-C)",
+    )
+    serve.add_argument(
+        "--traffic",
+        default="none",
+        help="send text traffic to a text model: 'fortunes' (held-out `computers` fortunes, "
+        "then `literature`), 'fortunes:CATEGORY' or 'fortunes:CATEGORY:SHIFT' (SHIFT a "
+        "category or 'mix': half each); the reference must be the other half of CATEGORY, "
+        "as models/minilm/make_data.py writes it",
+    )
+    serve.add_argument("--rate", type=float, default=10.0, help="requests per second")
+    serve.add_argument(
+        "--drift-after",
+        type=float,
+        default=float(os.environ.get("DRIFT_AFTER", "60")),
+        help="seconds of clean traffic before the shifted texts (0: never)",
     )
     serve.set_defaults(func=_serve)
 
