@@ -10,7 +10,7 @@ MAR := model_store/digits.mar
 TEXT_MAR := model_store/minilm.mar
 PYTEST_ARGS ?=
 
-.PHONY: help deps venv mar run run-text stop test check lint format unit integration clean eval-drift rules docs bench-scrape bench bench-quick dashboards-check
+.PHONY: help deps venv mar run run-text stop test check lint format unit integration clean eval-drift eval-drift-text rules docs bench-scrape bench bench-quick dashboards-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -124,8 +124,13 @@ $(EVAL_VENV)/.installed: $(BIN)/.installed
 	  > "$$($(EVAL_VENV)/bin/python -c 'import site; print(site.getsitepackages()[0])')/zz_hookwatch_torch.pth"
 	@touch $@
 
-eval-drift: $(BIN)/.installed $(EVAL_VENV)/.installed ## drift detection vs alibi-detect, 5 draws: writes docs/eval-drift.md and .json (~20 min)
+eval-drift: $(BIN)/.installed $(EVAL_VENV)/.installed ## drift detection vs alibi-detect, 5 draws, images then text: writes docs/eval-drift.md and .json (~30 min)
 	$(BIN)/python -m hookwatch.tools.evaluation.run --out docs/eval-drift.md
+	$(MAKE) eval-drift-text
+
+eval-drift-text: $(BIN)/.installed $(EVAL_VENV)/.installed ## only the text section of eval-drift (MiniLM on fortunes), into the committed docs/eval-drift.json and .md (~10 min)
+	@test -f /usr/share/games/fortunes/computers || $(MAKE) deps
+	$(BIN)/python -m hookwatch.tools.evaluation.text --results docs/eval-drift.json --out docs/eval-drift.md
 
 clean: stop ## remove build outputs (keeps .venv)
 	rm -rf build .run model_store/*.mar .pytest_cache .mypy_cache .ruff_cache
