@@ -97,8 +97,9 @@ $(SCHEMA_CHECK)/node_modules/.installed: $(SCHEMA_CHECK)/package.json $(SCHEMA_C
 dashboards-check: deps $(SCHEMA_CHECK)/node_modules/.installed ## tsc: type-check monitoring/grafana/dashboards/*.json against Grafana's Dashboard type
 	cd $(SCHEMA_CHECK) && node check.mjs
 
-bench: $(MAR) ## overhead bench, full (~20 min): writes docs/bench/results.md (QUICK=1: bench-quick)
+bench: $(MAR) $(TEXT_MAR) ## overhead bench, full (~30 min): writes docs/bench/results.md and results-minilm.md (QUICK=1: bench-quick)
 	$(BIN)/hookwatch bench $(if $(QUICK),--quick,)
+	$(if $(QUICK),,$(BIN)/hookwatch bench --models minilm --work build/bench-minilm --out docs/bench/results-minilm.md)
 
 bench-quick: $(MAR) ## overhead bench, quick CI mode (~2 min): writes build/bench-quick/results-quick.md
 	$(BIN)/hookwatch bench --quick

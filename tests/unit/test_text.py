@@ -311,3 +311,22 @@ def test_the_shipped_minilm_serves_text_with_token_aware_monitoring(
     for layer in ("input", *layers, "output"):
         key = ("hookwatch_captures_total", (("layer", layer), ("model", "minilm")))
         assert values.get(key) == 6, layer
+
+
+def test_hookwatch_layers_dry_runs_a_text_model_through_its_tokenizer(
+    tmp_path: Path, tokenizer_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hookwatch.tools.cli import main
+
+    (tmp_path / "text_model.py").write_text(TEXT_MODEL)
+    config = tmp_path / "model-config.yaml"
+    config.write_text(json.dumps(TEXT_CONFIG))
+    model = f"{tmp_path / 'text_model.py'}:TinyText"
+    args = ["--model-args", json.dumps({"pretrained": str(tokenizer_dir)}), "--config", str(config)]
+    assert main(["layers", model, *args]) == 0
+    lines = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[1:]}
+    # Hidden states [B, T, 8]: 8 features (token-averaged), the input's feature its token count.
+    assert lines["layer"][2].endswith("x8") and lines["layer"][4] == "8"
+    assert lines["input"][4] == "1"
+    assert main(["init", model, *args, "--out", str(tmp_path / "c.yaml")]) != 0
+    assert "expected a tensor model, got a text model" in capsys.readouterr().err

@@ -218,6 +218,15 @@ def _serve(args: argparse.Namespace) -> int:
     return _hold(stack, args.seconds, traffic)
 
 
+def _drift_after(parser: argparse.ArgumentParser, shifted: str) -> None:
+    parser.add_argument(
+        "--drift-after",
+        type=float,
+        default=float(os.environ.get("DRIFT_AFTER", "60")),
+        help=f"seconds of clean traffic before {shifted} are sent (0: never)",
+    )
+
+
 def _model_args(text: str) -> dict[str, Any]:
     import json
 
@@ -245,8 +254,11 @@ def _dry_run_rows(args: argparse.Namespace) -> tuple[Any, tuple[int, ...], str, 
     )
 
     ref = ModelRef.parse(args.model)
-    model, _ = load_user_model(ref, _model_args(args.model_args), args.weights)
+    model_args = _model_args(args.model_args)
+    model, _ = load_user_model(ref, model_args, args.weights)
     spec = read_model_config(args.config).handler.input if args.config else None
+    if spec is not None and spec.text is not None:
+        return _text_dry_run(model, spec, model_args)
     shape = parse_shape(args.input_shape) if args.input_shape else spec.shape if spec else None
     if not shape:
         raise ConfigError("expected --input-shape (e.g. 3,224,224) or --config with input.shape")
@@ -258,6 +270,30 @@ def _dry_run_rows(args: argparse.Namespace) -> tuple[Any, tuple[int, ...], str, 
     x = example_input(shape, "float32" if floating else dtype, low, high)
     x = InputPipeline(spec).batch(x) if spec is not None else x.to(getattr(torch, dtype))
     return discover_layers(model, x, argument), shape, dtype, argument
+
+
+def _text_dry_run(
+    model: Any, spec: Any, model_args: dict[str, Any]
+) -> tuple[Any, tuple[int, ...], str, str | None]:
+    """A text model's layers, on two example texts through its tokenizer (the directory its
+    ``--model-args`` name for ``input.text.tokenizer``)."""
+    import tempfile
+
+    from hookwatch._service import batch_inputs, make_pipeline
+    from hookwatch.tools.own_model import discover_layers
+
+    directory = model_args.get(spec.text.tokenizer)
+    if not (isinstance(directory, str) and Path(directory).is_dir()):
+        raise ConfigError(
+            f"input.text.tokenizer: expected --model-args to name a directory as "
+            f"{spec.text.tokenizer!r}, got {directory!r}"
+        )
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / spec.text.tokenizer).symlink_to(Path(directory).resolve())
+        pipeline = make_pipeline(spec, tmp)
+        texts = ["A short text.", "A somewhat longer example text, tokenised as requests are."]
+        inputs = batch_inputs(pipeline, [pipeline.decode(t) for t in texts])
+    return discover_layers(model, inputs, tokens=True), (), "text", None
 
 
 def _layers(args: argparse.Namespace) -> int:
@@ -276,6 +312,11 @@ def _init(args: argparse.Namespace) -> int:
     if out.exists() and not args.force:
         raise ConfigError(f"expected a new file, got existing {out} (pass --force to replace it)")
     rows, shape, dtype, argument = _dry_run_rows(args)
+    if dtype == "text":
+        raise ConfigError(
+            "init: expected a tensor model, got a text model (--config with input.text): "
+            "start from models/minilm/model-config.yaml and `hookwatch layers`"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(init_config(rows, shape, dtype, argument, args.model))
     print(f"wrote {out}: review the layers, the input range and normalisation, and the head")
@@ -486,12 +527,7 @@ def build_parser() -> argparse.ArgumentParser:
             cmd.add_argument("--workers", type=int, default=2)
         if name == "run":
             cmd.add_argument("--rate", type=float, default=20.0, help="requests per second")
-            cmd.add_argument(
-                "--drift-after",
-                type=float,
-                default=float(os.environ.get("DRIFT_AFTER", "60")),
-                help="seconds of clean traffic before inverted digits are sent (0: never)",
-            )
+            _drift_after(cmd, "inverted digits")
             cmd.add_argument(
                 "--seconds",
                 type=float,
@@ -600,12 +636,7 @@ def build_parser() -> argparse.ArgumentParser:
         "as models/minilm/make_data.py writes it",
     )
     serve.add_argument("--rate", type=float, default=10.0, help="requests per second")
-    serve.add_argument(
-        "--drift-after",
-        type=float,
-        default=float(os.environ.get("DRIFT_AFTER", "60")),
-        help="seconds of clean traffic before the shifted texts (0: never)",
-    )
+    _drift_after(serve, "the shifted texts")
     serve.set_defaults(func=_serve)
 
     units = sub.add_parser(

@@ -221,13 +221,16 @@ def _features(shape: tuple[int, ...]) -> int:
 
 
 def discover_layers(
-    model: nn.Module, x: torch.Tensor, argument: str | None = None
+    model: nn.Module, x: ModelInputs, argument: str | None = None, tokens: bool = False
 ) -> list[LayerInfo]:
     """Every named module with the shapes it output on a dry run of ``x``, in model order.
 
-    The hooks are temporary and removed whatever happens; a module that did not run on this
-    input shows no shape.
+    ``x`` is a tensor, or keyword arguments (a text model's tokens, ``tokens`` true: its
+    features are then what the token-aware hooks keep, a hidden state's last dimension and
+    the input's token count). The hooks are temporary and removed whatever happens; a module
+    that did not run on this input shows no shape.
     """
+    features = _token_features if tokens else _features
     root = hookable_root(model)
     outputs: dict[str, tuple[tuple[int, ...], ...]] = {}
     calls: dict[str, int] = {}
@@ -241,19 +244,31 @@ def discover_layers(
                     calls[name] = calls.get(name, 0) + 1
 
                 handles.append(module.register_forward_hook(hook))
+        first = x if isinstance(x, torch.Tensor) else next(iter(x.values()))
         try:
-            result = call(model, x, argument)
+            if isinstance(x, dict):
+                with torch.inference_mode():
+                    result = model(**x)
+            else:
+                result = call(model, x, argument)
         except Exception as error:
             raise ConfigError(
-                f"dry run: expected the model to accept an input of shape {list(x.shape[1:])} "
-                f"(batch of {x.shape[0]}, dtype {str(x.dtype).removeprefix('torch.')}), got "
-                f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+                f"dry run: expected the model to accept inputs of {_describe_inputs(x)} "
+                f"(batch of {first.shape[0]}, dtype {str(first.dtype).removeprefix('torch.')}), "
+                f"got {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
             ) from None
     finally:
         for handle in handles:
             handle.remove()
     rows = [
-        LayerInfo(INPUT_LAYER, "(input)", (tuple(x.shape),), 0, _input_features(x), 0),
+        LayerInfo(
+            INPUT_LAYER,
+            "(input)",
+            (tuple(first.shape),),
+            0,
+            1 if tokens else _input_features(first),
+            0,
+        ),
     ]
     for name, module in root.named_modules():
         if not name:
@@ -265,7 +280,7 @@ def discover_layers(
                 type(module).__name__,
                 shapes,
                 sum(p.numel() for p in module.parameters()),
-                _features(shapes[0]) if shapes else 0,
+                features(shapes[0]) if shapes else 0,
                 name.count(".") + 1,
                 calls.get(name, 0),
             )
@@ -277,11 +292,16 @@ def discover_layers(
             "(output)",
             out_shapes,
             sum(p.numel() for p in model.parameters()),
-            _features(out_shapes[0]) if out_shapes else 0,
+            features(out_shapes[0]) if out_shapes else 0,
             0,
         )
     )
     return rows
+
+
+def _token_features(shape: tuple[int, ...]) -> int:
+    # A hidden state [B, T, H] is averaged over its tokens: H features.
+    return shape[2] if len(shape) == 3 else _features(shape)
 
 
 def _input_features(x: torch.Tensor, max_features: int = 256) -> int:

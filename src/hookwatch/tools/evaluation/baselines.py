@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +176,14 @@ def _check_against_alibi(
             raise SystemExit(f"MMD on {rep}: expected alibi-detect's {distance}, got {mmd[r]}")
 
 
+def _window_sets(data: dict[str, Any]) -> Iterator[tuple[str, Any, np.random.Generator]]:
+    """Each window size of a job, its windows and its permutations' generator (seeded by the
+    draw and the size, so a job's p-values do not depend on which sizes it holds)."""
+    for key in sorted(k for k in data if k.startswith("windows_")):
+        w = key.removeprefix("windows_")
+        yield w, data[key], np.random.default_rng(int(data["seed"]) * 1000 + int(w))
+
+
 def windows_job(data: dict[str, Any]) -> dict[str, Any]:
     reps = [str(r) for r in data["reps"]]
     refs = {r: data[f"ref_{r}"].astype(np.float32) for r in reps}
@@ -185,10 +194,7 @@ def windows_job(data: dict[str, Any]) -> dict[str, Any]:
     features = [refs[r].shape[1] for r in reps]
     out: dict[str, Any] = {}
     checked = 0
-    for key in sorted(k for k in data if k.startswith("windows_")):
-        w = key.removeprefix("windows_")
-        windows = data[key]
-        rng = np.random.default_rng(int(data["seed"]) * 1000 + int(w))
+    for w, windows, rng in _window_sets(data):
         n = len(refs[reps[0]])
         ks = np.empty((len(windows), len(reps)))
         mmd = np.empty((len(windows), len(reps)))
@@ -237,10 +243,7 @@ def text_job(data: dict[str, Any]) -> dict[str, Any]:
     n, features = ref.shape
     out: dict[str, Any] = {}
     checked = 0
-    for key in sorted(k for k in data if k.startswith("windows_")):
-        w = key.removeprefix("windows_")
-        windows = data[key]
-        rng = np.random.default_rng(int(data["seed"]) * 1000 + int(w))
+    for w, windows, rng in _window_sets(data):
         ks = np.empty(len(windows))
         mmd = np.empty(len(windows))
         for i, index in enumerate(windows):
