@@ -267,6 +267,7 @@ def make_pipeline(spec: InputSpec, model_dir: str | Path | None = None) -> Pipel
 
 def batch_inputs(pipeline: Pipeline, items: Sequence[Any]) -> ModelInputs:
     """Decoded items as one forward's input."""
+    # Two calls that read alike: the pipelines batch different items (token lists, tensors).
     if isinstance(pipeline, TextPipeline):
         return pipeline.batch(items)
     return pipeline.batch(items)
