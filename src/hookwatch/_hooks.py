@@ -27,8 +27,8 @@ from torch.utils.hooks import RemovableHandle
 
 from hookwatch._config import GLOB_CHARS, MonitoringConfig
 from hookwatch._errors import ConfigError
-from hookwatch._names import INPUT_LAYER, OUTPUT_LAYER
-from hookwatch._stats import feature_summary, reduce_activation
+from hookwatch._names import ALL_LAYERS, INPUT_LAYER, OUTPUT_LAYER
+from hookwatch._stats import feature_summary, reduce_activation, token_summary
 
 log = logging.getLogger("hookwatch")
 
@@ -71,12 +71,24 @@ class Gate(threading.local):
     correct if a model is ever driven from several threads. ``open`` is a plain attribute of
     the thread-local (the class value is the default on a new thread): every hook call of every
     request reads it, and a property would double the cost of a closed gate.
+
+    While open, ``rows`` names the rows of the batch to capture (the sampled requests of a
+    batch whose other requests were not sampled; None: every row) out of ``batch`` rows, and
+    ``mask`` holds the forward's attention mask ``[rows, T]`` once the model's mask pre-hook
+    has read it: hooks reduce token activations over the tokens it marks.
     """
 
     open: bool = False
+    rows: torch.Tensor | None = None
+    batch: int = 0
+    mask: torch.Tensor | None = None
 
-    def set(self, value: bool) -> None:
+    def set(self, value: bool, rows: torch.Tensor | None = None, batch: int = 0) -> None:
         self.open = value
+        self.rows = rows if value else None
+        self.batch = batch
+        # A mask belongs to one forward: the next one's pre-hook reads its own.
+        self.mask = None
 
 
 def _is_scripted(module: nn.Module) -> bool:
@@ -253,13 +265,29 @@ class LayerHook:
                 raise TypeError(
                     f"expected a tensor (select={self._select!r}), got {type(value).__name__}"
                 )
+            gate = self._gate
+            owned = False
+            if gate.rows is not None and tensor.dim() and tensor.shape[0] == gate.batch:
+                # Only the sampled requests' rows; index_select copies them (owned storage).
+                picked = gate.rows
+                if picked.device != tensor.device:
+                    picked = picked.to(tensor.device)
+                tensor = tensor.detach().index_select(0, picked)
+                owned = True
+            mask = gate.mask
+            if mask is not None and self._is_tokens(tensor, mask):
+                stats, features = token_summary(tensor, mask, self._max_features)
+                self._sink.offer(Capture(self.name, stats, features))
+                return
             rows = len(tensor.shape) and tensor.shape[0]
             # From sizes alone: indexing a sample would be one more torch call per hook.
             per_sample = tensor.numel() // rows if rows else tensor.numel()
             if tensor.dim() and per_sample <= self._copy_limit:
                 # Under inference_mode/no_grad (serving) nothing needs detaching before the copy.
-                raw = (tensor.detach() if tensor.requires_grad else tensor).clone()
-                capture = Capture(self.name, None, None, raw)
+                # The copy is taken now, before any later in-place operation can change it.
+                if not owned:
+                    tensor = (tensor.detach() if tensor.requires_grad else tensor).clone()
+                capture = Capture(self.name, None, None, tensor)
             else:
                 capture = Capture(
                     layer=self.name,
@@ -272,9 +300,82 @@ class LayerHook:
             with contextlib.suppress(Exception):
                 self._sink.on_fault(self.name, error)
 
+    def _is_tokens(self, tensor: torch.Tensor, mask: torch.Tensor) -> bool:
+        """A hidden state ``[B, T, H]`` (or the input's token ids ``[B, T]``) of this forward's
+        mask: the shape decides, so a pooled ``[B, H]`` or attention weights
+        ``[B, heads, T, T]`` are reduced as any other activation."""
+        if tensor.shape[:2] != mask.shape:
+            return False
+        return tensor.dim() == 3 or (tensor.dim() == 2 and self._flatten)
+
     @property
     def module(self) -> nn.Module | None:
         return self._module_ref()
+
+    def remove(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+        self.state = HookState.DETACHED
+
+
+class MaskHook:
+    """Reads each captured forward's attention mask into the gate: a pre-hook on the model,
+    run before any other, so every hook of that forward reduces its token activations over
+    the same tokens.
+
+    ``argument`` names the forward's keyword argument holding the mask, or its position. A
+    forward called without it has no padding: every token counts (a mask of ones shaped like
+    the first tensor argument with two or more dimensions, the token ids).
+    """
+
+    def __init__(self, model: nn.Module, gate: Gate, sink: CaptureSink, argument: str | int):
+        self._gate = gate
+        self._sink = sink
+        self._argument = argument
+        self.state = HookState.ATTACHED
+        self._handle: RemovableHandle | None = model.register_forward_pre_hook(
+            self._pre_hook, with_kwargs=True, prepend=True
+        )
+
+    def _pre_hook(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        gate = self._gate
+        if not gate.open or self.state is not HookState.ATTACHED:
+            return
+        try:
+            argument = self._argument
+            if isinstance(argument, str):
+                mask = kwargs.get(argument)
+            else:
+                mask = args[argument] if argument < len(args) else None
+            if mask is None:
+                first = next(
+                    (
+                        v
+                        for v in (*args, *kwargs.values())
+                        if isinstance(v, torch.Tensor) and v.dim() >= 2
+                    ),
+                    None,
+                )
+                if first is None:
+                    gate.mask = None
+                    return
+                mask = torch.ones(first.shape[:2], dtype=torch.bool, device=first.device)
+            if not (isinstance(mask, torch.Tensor) and mask.dim() == 2):
+                raise TypeError(
+                    f"expected the attention mask (monitoring.mask={argument!r}) to be a tensor "
+                    f"[batch, tokens], got {type(mask).__name__} "
+                    f"{list(mask.shape) if isinstance(mask, torch.Tensor) else ''}".rstrip()
+                )
+            rows = gate.rows
+            if rows is not None and mask.shape[0] == gate.batch:
+                mask = mask.index_select(0, rows.to(mask.device))
+            gate.mask = mask
+        except Exception as error:  # a monitor must never fail the request
+            gate.mask = None
+            self.state = HookState.FAULTED
+            with contextlib.suppress(Exception):
+                self._sink.on_fault(ALL_LAYERS, error)
 
     def remove(self) -> None:
         if self._handle is not None:
@@ -322,6 +423,7 @@ class HookSet:
         self._max_features = max_features
         self._copy_limit = copy_limit
         self._hooks: dict[str, LayerHook] = {}
+        self._mask: MaskHook | None = None
         self.state = HookState.DETACHED
 
     def attach(
@@ -332,9 +434,11 @@ class HookSet:
         capture_output: bool = True,
         widths: Mapping[str, int] | None = None,
         output_select: int | str | None = None,
+        mask: int | str | None = None,
     ) -> HookSet:
         """Register the hooks; ``widths`` overrides ``max_features`` per layer (projected
-        ones, the output), ``output_select`` picks the output's tensor to watch."""
+        ones, the output), ``output_select`` picks the output's tensor to watch, ``mask`` names
+        the forward's attention-mask argument (keyword or position) for token activations."""
         if self.state is not HookState.DETACHED:
             raise RuntimeError(f"expected a detached HookSet, got state {self.state.value}")
         if _is_scripted(model):
@@ -345,6 +449,8 @@ class HookSet:
         # Resolve every path before registering anything, so a typo leaves the model untouched.
         root = hookable_root(model)
         targets = [(name, resolve_layer(root, name)) for name in layers]
+        if mask is not None:
+            self._mask = MaskHook(model, self.gate, self._sink, mask)
         plan: list[tuple[str, nn.Module, bool]] = []
         if capture_input:
             plan.append((INPUT_LAYER, model, True))
@@ -370,6 +476,9 @@ class HookSet:
         for hook in self._hooks.values():
             hook.remove()
         self._hooks.clear()
+        if self._mask is not None:
+            self._mask.remove()
+            self._mask = None
         self.state = HookState.DETACHED
 
     def disable(self, layer: str) -> None:

@@ -48,6 +48,9 @@ class ModelSpec:
     args: Mapping[str, Any] = field(default_factory=dict)
     #: A state_dict file in the model directory, or None (the constructor sets the weights).
     weights: str | None = None
+    #: Arguments naming a directory (a HuggingFace ``save_pretrained`` directory): archived
+    #: in the model directory under the argument's name and passed as that path when built.
+    directories: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -63,6 +66,7 @@ class ModelSpec:
                 "name": self.name,
                 "args": dict(self.args),
                 "weights": self.weights,
+                "directories": list(self.directories),
             },
             indent=2,
         )
@@ -81,6 +85,7 @@ class ModelSpec:
             name=str(raw.get("name", "")),
             args=dict(raw.get("args") or {}),
             weights=raw.get("weights"),
+            directories=tuple(str(d) for d in raw.get("directories") or ()),
         )
 
 
@@ -174,8 +179,9 @@ def build_model(spec: ModelSpec, directory: Path, device: torch.device | None = 
             f"model: expected {spec.name!r} in {spec.file}, got no such name "
             f"(it defines: {', '.join(found) or 'nothing callable'})"
         )
+    args = {**spec.args, **{name: str(directory / name) for name in spec.directories}}
     try:
-        model = target(**spec.args)
+        model = target(**args)
     except TypeError as error:
         raise ConfigError(
             f"model: expected {spec.name}(**{dict(spec.args)!r}) to build the model, got "

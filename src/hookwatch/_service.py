@@ -30,14 +30,20 @@ from hookwatch._hooks import resolve_layers, select_tensor
 from hookwatch._metrics import MetricSet
 from hookwatch._monitor import Monitor
 from hookwatch._profile import load_tracker
+from hookwatch._text import TextPipeline
 
 __all__ = [
     "BatchResult",
     "DecodedBatch",
     "InputPipeline",
+    "ModelInputs",
     "ModelService",
+    "Pipeline",
+    "batch_inputs",
+    "call_model",
     "decode_payload",
     "load_preprocess",
+    "make_pipeline",
 ]
 
 MAX_BODY_BYTES = 1 << 20
@@ -299,14 +305,54 @@ class InputPipeline:
         return model(**{self.spec.argument: x})
 
 
+#: A forward's input: one tensor, or keyword arguments (token ids, attention mask, ...).
+ModelInputs = torch.Tensor | dict[str, torch.Tensor]
+#: Decodes requests for a model: tensors (``input.shape``/``preprocess``) or text.
+Pipeline = InputPipeline | TextPipeline
+
+
+def make_pipeline(spec: InputSpec, model_dir: str | Path | None = None) -> Pipeline:
+    """The pipeline ``spec`` asks for; text needs ``hookwatch[text]`` (transformers)."""
+    if spec.text is not None:
+        return TextPipeline(spec.text, model_dir)
+    return InputPipeline(spec, model_dir)
+
+
+def batch_inputs(pipeline: Pipeline, items: Sequence[Any]) -> ModelInputs:
+    """Decoded items as one forward's input."""
+    # Two calls that read alike: the pipelines batch different items (token lists, tensors).
+    if isinstance(pipeline, TextPipeline):
+        return pipeline.batch(items)
+    return pipeline.batch(items)
+
+
+def call_model(pipeline: Pipeline, model: nn.Module, inputs: ModelInputs) -> Any:
+    """The forward pass: keyword arguments as they are, a tensor as the input spec says."""
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    assert isinstance(pipeline, InputPipeline)
+    return pipeline.call(model, inputs)
+
+
+def to_device(inputs: ModelInputs, device: torch.device) -> ModelInputs:
+    if isinstance(inputs, dict):
+        return {name: value.to(device) for name, value in inputs.items()}
+    return inputs.to(device)
+
+
 @dataclass
 class DecodedBatch:
     """Valid inputs stacked for one forward pass, and the error of each invalid item."""
 
     size: int
-    inputs: torch.Tensor | None
+    inputs: ModelInputs | None
     positions: list[int]
     errors: dict[int, BadInputError]
+    #: Rows of the forward's batch per valid request, in ``positions`` order (None: one each;
+    #: a request of several texts has several).
+    sizes: list[int] | None = None
+    #: Requests that sent a list of items: their answer is a list.
+    listed: frozenset[int] = frozenset()
     #: ``time.perf_counter()`` when the batch was received: its answers' duration starts here.
     received: float = 0.0
 
@@ -317,6 +363,8 @@ class BatchResult:
     outputs: torch.Tensor | None
     positions: list[int]
     errors: dict[int, BadInputError]
+    sizes: list[int] | None = None
+    listed: frozenset[int] = frozenset()
     received: float = 0.0
 
 
@@ -342,7 +390,7 @@ class ModelService:
     ) -> None:
         self.model = model
         self.spec = spec
-        self.pipeline = InputPipeline(spec, model_dir)
+        self.pipeline = make_pipeline(spec, model_dir)
         self.monitor = monitor
         self.labels = list(labels) if labels is not None else None
         self.device = device or torch.device("cpu")
@@ -375,7 +423,7 @@ class ModelService:
 
     def decode(self, bodies: Sequence[Any]) -> DecodedBatch:
         received = time.perf_counter()
-        tensors: list[torch.Tensor] = []
+        items: list[Any] = []
         positions: list[int] = []
         errors: dict[int, BadInputError] = {}
         if self.monitor is not None:
@@ -384,7 +432,7 @@ class ModelService:
             self.monitor.receive(len(bodies))
         for index, body in enumerate(bodies):
             try:
-                tensors.append(self.pipeline.decode(body))
+                items.append(self.pipeline.decode(body))
                 positions.append(index)
             except BadInputError as error:
                 errors[index] = error
@@ -405,26 +453,39 @@ class ModelService:
         if errors and self.monitor is not None:
             for reason, count in Counter(e.reason for e in errors.values()).items():
                 self.monitor.reject(count, reason, received=True)
-        inputs = self.pipeline.batch(tensors).to(self.device) if tensors else None
-        return DecodedBatch(len(bodies), inputs, positions, errors, received)
+        inputs = to_device(batch_inputs(self.pipeline, items), self.device) if items else None
+        sizes: list[int] | None = None
+        listed: frozenset[int] = frozenset()
+        if isinstance(self.pipeline, TextPipeline):
+            sizes = [item.rows for item in items]
+            listed = frozenset(p for p, item in zip(positions, items, strict=True) if item.listed)
+        return DecodedBatch(len(bodies), inputs, positions, errors, sizes, listed, received)
 
     def infer(self, batch: DecodedBatch) -> BatchResult:
         outputs = None
         if batch.inputs is not None:
             scope = (
-                self.monitor.request(len(batch.positions), received=True)
+                self.monitor.request(len(batch.positions), batch.sizes, received=True)
                 if self.monitor is not None
                 else contextlib.nullcontext()
             )
             with torch.inference_mode(), scope:
-                raw = self.pipeline.call(self.model, batch.inputs)
+                raw = call_model(self.pipeline, self.model, batch.inputs)
             outputs = select_tensor(raw, self.output.select)
             if outputs is None:
                 raise TypeError(
                     f"expected the model's output to hold a tensor (monitoring.output.select="
                     f"{self.output.select!r}), got {type(raw).__name__}"
                 )
-        return BatchResult(batch.size, outputs, batch.positions, batch.errors, batch.received)
+        return BatchResult(
+            batch.size,
+            outputs,
+            batch.positions,
+            batch.errors,
+            batch.sizes,
+            batch.listed,
+            batch.received,
+        )
 
     def _answer(self, row: torch.Tensor) -> dict[str, Any]:
         head = self.output.head
@@ -448,19 +509,24 @@ class ModelService:
             return {"embedding": values}
         return {"output": row.tolist()}
 
-    def encode(self, result: BatchResult) -> list[dict[str, Any]]:
-        answers: list[dict[str, Any]] = [{} for _ in range(result.size)]
+    def encode(self, result: BatchResult) -> list[Any]:
+        """One answer per request: an object, or a list of them for a request that sent a list."""
+        answers: list[Any] = [{} for _ in range(result.size)]
         for index, error in result.errors.items():
             answers[index] = error.as_dict()
         if result.outputs is not None:
             outputs = result.outputs.detach().cpu()
-            for row, index in enumerate(result.positions):
-                answers[index] = self._answer(outputs[row])
+            sizes = result.sizes or [1] * len(result.positions)
+            row = 0
+            for index, size in zip(result.positions, sizes, strict=True):
+                rows = [self._answer(outputs[r]) for r in range(row, row + size)]
+                answers[index] = rows if index in result.listed else rows[0]
+                row += size
         if self.monitor is not None and result.received:
             self.monitor.answered(time.perf_counter() - result.received, result.size)
         return answers
 
-    def handle(self, bodies: Sequence[Any]) -> list[dict[str, Any]]:
+    def handle(self, bodies: Sequence[Any]) -> list[Any]:
         return self.encode(self.infer(self.decode(bodies)))
 
     def close(self) -> None:

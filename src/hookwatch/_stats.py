@@ -26,6 +26,7 @@ __all__ = [
     "feature_summary",
     "reduce_activation",
     "reduce_rows",
+    "token_summary",
 ]
 
 #: Columns of the rows :func:`reduce_activation` and :func:`reduce_rows` return are STATISTICS.
@@ -92,6 +93,62 @@ def feature_summary(
         x = x.flatten(2).mean(dim=2) if x.is_floating_point() else x.flatten(2).float().mean(dim=2)
     x = x[:, :max_features]
     return x.float().clone() if x.dtype == torch.float32 else x.float()
+
+
+def token_summary(
+    activation: torch.Tensor, mask: torch.Tensor, max_features: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Statistics ``[B, 7]`` and drift features of a token activation, padding left out.
+
+    ``mask`` is the attention mask ``[B, T]`` (non-zero: a token, zero: padding). A hidden state
+    ``[B, T, H]`` gives statistics over the values of its tokens and, as features, the mean over
+    its tokens per hidden unit (the first ``max_features`` units): what a sentence looks like
+    to the layer, whatever the batch's padding or the sentence's length. Token ids ``[B, T]``
+    (the model's input) give statistics over the ids and, as their one feature, the token count.
+    Both results own their storage; a NaN or Inf in the padding counts for nothing.
+    """
+    x = activation.detach()
+    valid = mask.detach().to(device=x.device, dtype=torch.bool)
+    if x.device.type == "cpu" and bool(valid.all()):
+        # No padding (a batch of one text, or of equal lengths): the plain reductions over
+        # every token are the same numbers at a third of the cost.
+        tokens_all = torch.full((x.shape[0], 1), float(x.shape[1]), dtype=torch.float32)
+        if x.dim() == 2:
+            return reduce_activation(x), tokens_all
+        mean_over_tokens = x.mean(dim=1, dtype=torch.float32)[:, :max_features]
+        return reduce_activation(x), mean_over_tokens
+    tokens = valid.sum(dim=1)
+    if x.dim() == 2:
+        x = x[:, :, None]
+    if x.dtype != torch.float32:
+        x = x.float()
+    width = x.shape[2]
+    padding = ~valid[:, :, None]
+    count = tokens.clamp(min=1).to(torch.float32)
+    elements = count * width
+    # masked_fill makes new tensors: nothing here is a view of the activation, so an in-place
+    # operation after the hook (ReLU(inplace=True)) cannot reach what was captured.
+    values = x.masked_fill(padding, 0.0)
+    mean = values.sum(dim=(1, 2), dtype=torch.float32) / elements
+    centred = (x - mean[:, None, None]).masked_fill_(padding, 0.0)
+    std = torch.linalg.vector_norm(centred, dim=(1, 2), dtype=torch.float32) / elements.sqrt()
+    empty = tokens == 0
+    lo = x.masked_fill(padding, math.inf).amin(dim=(1, 2)).masked_fill_(empty, 0.0)
+    hi = x.masked_fill(padding, -math.inf).amax(dim=(1, 2)).masked_fill_(empty, 0.0)
+    # Padding is 0 in ``values``, so it never counts as a non-zero.
+    zero_fraction = 1.0 - (values != 0).sum(dim=(1, 2), dtype=torch.float32) / elements
+    zero_fraction.masked_fill_(empty, 0.0)
+    if x.device.type != "cpu" or not math.isfinite(float((mean + std).sum())):
+        nan_count = torch.isnan(values).sum(dim=(1, 2), dtype=torch.float32)
+        inf_count = torch.isinf(values).sum(dim=(1, 2), dtype=torch.float32)
+    else:
+        nan_count = inf_count = torch.zeros_like(mean)
+    stats = torch.stack((mean, std, lo, hi, zero_fraction, nan_count, inf_count), dim=1)
+    if activation.dim() == 2:
+        features = tokens.to(torch.float32)[:, None]
+    else:
+        features = values[:, :, :max_features].sum(dim=1) / count[:, None]
+    return stats, features
 
 
 def reduce_rows(activation: NDArray[Any]) -> NDArray[np.float32]:

@@ -87,7 +87,7 @@ class HookwatchHandler(BaseHandler):  # type: ignore[misc]
     def inference(self, data: DecodedBatch, *args: Any, **kwargs: Any) -> BatchResult:
         return self.service.infer(data)
 
-    def postprocess(self, data: BatchResult) -> list[dict[str, Any]]:
+    def postprocess(self, data: BatchResult) -> list[Any]:
         # Per-item status codes: one bad request in a batch gets its 4xx, the rest are served.
         for index, error in data.errors.items():
             self.context.set_response_status(error.status, "Bad Request", index)

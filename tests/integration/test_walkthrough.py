@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from hookwatch.tools.devstack import PORT_ENV, Ports, http_get
-from tests.conftest import require_binary
+from tests.conftest import require, require_binary
 
 pytestmark = pytest.mark.integration
 
@@ -182,6 +182,39 @@ def test_the_regression_walkthrough(workdir: tuple[Path, dict[str, str]]) -> Non
         assert 'detector="output",level="output"' in metrics
         assert 'detector="confidence"' not in metrics
         assert "hookwatch_reference_activation_statistic" in metrics
+        block.run(lines[-1:])
+        block.finish()
+    finally:
+        block.kill()
+
+
+def test_the_text_walkthrough(workdir: tuple[Path, dict[str, str]]) -> None:
+    require(Path("/usr/share/games/fortunes/computers").is_file(), "Debian fortunes (make deps)")
+    cwd, env = workdir
+    lines = walkthrough("text")
+    block = Block(cwd, env)
+    block.run(lines[:-1])
+    one, two = json.loads(block.outputs[-2]), json.loads(block.outputs[-1])
+    try:
+        assert set(one) == {"embedding"} and len(one["embedding"]) == 384
+        assert isinstance(two, list) and [len(a["embedding"]) for a in two] == [384, 384]
+        assert abs(sum(v * v for v in one["embedding"]) - 1.0) < 1e-4  # normalised
+        # The pretrained directory travelled with the model; its weights are stored once.
+        assert (cwd / "model_store/minilm.mar").stat().st_size < 120 * 2**20
+        metrics = ""
+        exporter = f"http://127.0.0.1:{env['HOOKWATCH_EXPORTER_PORT']}/metrics"
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            metrics = http_get(exporter)[1].decode()
+            if 'hookwatch_requests_total{model="minilm"} 2.0' in metrics:
+                break
+            time.sleep(0.5)
+        assert 'hookwatch_requests_total{model="minilm"} 2.0' in metrics
+        assert 'hookwatch_drift_profile_loaded{model="minilm"} 1.0' in metrics
+        for layer in ("input", "encoder.encoder.layer.3.output", "output"):
+            assert (
+                f'hookwatch_monitor_faults_total{{layer="{layer}",model="minilm"}} 0.0' in metrics
+            )
         block.run(lines[-1:])
         block.finish()
     finally:

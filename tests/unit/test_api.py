@@ -27,8 +27,8 @@ from tests.fakes import FakeContext, load_handler
 
 ROOT = Path(__file__).resolve().parents[2]
 API_DOC = ROOT / "docs" / "api.md"
-#: What a serving process must never need: tools, evaluation and TorchServe dependencies.
-HEAVY = ("sklearn", "scipy", "tqdm", "psutil", "ts", "model_archiver")
+#: What a serving process must never need: tools, evaluation, TorchServe and text dependencies.
+HEAVY = ("sklearn", "scipy", "tqdm", "psutil", "ts", "model_archiver", "transformers", "tokenizers")
 
 #: A meta-path finder that makes the heavy packages unimportable, as on a core-only install.
 BLOCKER = textwrap.dedent(
@@ -85,6 +85,16 @@ def test_importing_every_public_name_pulls_in_no_tool_or_torchserve_module() -> 
             assert "hookwatch[torchserve]" in str(error), error
         else:
             raise AssertionError("hookwatch.torchserve imported without TorchServe")
+        # The service imports without the text extra; a text model says what is missing.
+        from hookwatch._config import InputSpec
+        from hookwatch._errors import ConfigError
+        from hookwatch._service import make_pipeline
+        try:
+            make_pipeline(InputSpec.from_mapping({{"text": {{"tokenizer": "models"}}}}), ".")
+        except ConfigError as error:
+            assert "pip install 'hookwatch[text]'" in str(error), error
+        else:
+            raise AssertionError("a text pipeline without transformers")
         print("ok")
         """
     )

@@ -275,3 +275,41 @@ def test_table_lists_every_variant_target_and_micro_figure() -> None:
     assert "RSS growth over 1,000 requests | +1.0 MB | - | 20 MB | holds" in text
     assert "| digits | 5 | 70.0 µs | 2.00 µs | 50.0 µs | 60.0 µs |" in text
     assert "Pending: no GPU machine" in text
+
+
+def test_naive_capture_takes_keyword_forwards_and_layer_patterns(metrics: MetricSet) -> None:
+    from tests.tiny_text import TinyEncoder, encode, sentences
+
+    model = TinyEncoder().eval()
+    config = MonitoringConfig.from_mapping(
+        {"layers": ["encoder.layer.*.output"], "output": {"select": "pooler_output"}}
+    )
+    capture = NaiveCapture.attach(model, config, "tiny", metrics)
+    with torch.inference_mode():
+        model(**encode(sentences(3)))
+    capture.close()
+    samples = metrics.sample_values()
+    for layer in ("input", "encoder.layer.0.output", "encoder.layer.1.output", "output"):
+        key = ("hookwatch_captures_total", (("layer", layer), ("model", "tiny")))
+        assert samples[key] == 3.0, layer
+
+
+def test_the_text_model_variants_carry_the_archive_directory_and_profile(tmp_path: Path) -> None:
+    import json
+
+    from hookwatch._model import MODEL_SPEC_FILE
+    from hookwatch.tools.bench.variants import MODELS, build_group
+    from tests.conftest import require
+
+    require((ROOT / "model_store" / "minilm.mar").is_file(), "model_store/minilm.mar (make mar)")
+    group = build_group(ROOT, tmp_path / "store", tmp_path / "build", "minilm", 8)
+    for variant, name in group.names.items():
+        directory = tmp_path / "store" / name
+        spec = json.loads((directory / MODEL_SPEC_FILE).read_text())
+        assert spec["directories"] == ["pretrained"], variant
+        assert (directory / "pretrained" / "tokenizer.json").is_file()
+        assert (directory / "drift-profile.npz").is_file()
+        manifest = json.loads((directory / "MAR-INF" / "MANIFEST.json").read_text())
+        assert manifest["model"]["modelFile"] == "model.py"
+    bodies, content_type = MODELS["minilm"].payloads()
+    assert content_type == "application/json" and isinstance(json.loads(bodies[0]), str)

@@ -51,6 +51,19 @@ def test_one_module_imports_torchserve() -> None:
     assert not importers("model_archiver")
 
 
+def test_one_module_imports_transformers_and_only_inside_a_function() -> None:
+    assert importers("transformers") == {"hookwatch._text"}
+    tree = ast.parse((PACKAGE / "_text.py").read_text())
+    top = {
+        alias.name if isinstance(node, ast.Import) else node.module
+        for node in tree.body
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+    }
+    # The core imports without the text extra: transformers only when a tokenizer is loaded.
+    assert not any(str(name).startswith("transformers") for name in top)
+
+
 def test_the_runtime_never_imports_the_tools_or_the_adapter() -> None:
     for name in RUNTIME - {"hookwatch.torchserve"}:
         assert not any(i.startswith("hookwatch.tools") for i in MODULES[name]), name
@@ -65,8 +78,10 @@ def test_runtime_third_party_imports_are_the_core_dependencies() -> None:
             for i in MODULES[name]
             if i.split(".")[0] not in __import__("sys").stdlib_module_names
         }
-        # tqdm: an optional progress bar in build_profile, imported only when installed.
-        assert third_party <= allowed, (name, third_party - allowed)
+        # tqdm: an optional progress bar in build_profile, imported only when installed;
+        # transformers: the text extra, in hookwatch._text only.
+        extra = {"transformers"} if name == "hookwatch._text" else set()
+        assert third_party <= allowed | extra, (name, third_party - allowed)
 
 
 def test_dependencies_point_one_way() -> None:
@@ -82,6 +97,7 @@ def test_dependencies_point_one_way() -> None:
         "hookwatch._config": {"hookwatch._errors"},
         "hookwatch._hooks": {"hookwatch._config", "hookwatch._errors", "hookwatch._stats"},
         "hookwatch._metrics": {"hookwatch._catalogue"},
+        "hookwatch._text": {"hookwatch._config", "hookwatch._errors"},
         "hookwatch._profile": {
             "hookwatch._config",
             "hookwatch._drift",

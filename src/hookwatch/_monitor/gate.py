@@ -1,7 +1,8 @@
 """The request path: sampling decision, request tallies and the hand-off of a forward's record.
 
 Everything here runs in the thread serving the request, so it only decides, counts and appends:
-one random draw and an integer tally per batch, a thread-local record the hooks append to, and
+one random draw per request and an integer tally per batch, a thread-local record the hooks
+append to, and
 at the end of a sampled forward one non-blocking offer of that record. Counts are plain integers
 under one uncontended lock; the publisher reads a copy of them. No Prometheus here.
 """
@@ -12,9 +13,11 @@ import logging
 import random
 import threading
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
+
+import torch
 
 from hookwatch import _catalogue as cat
 from hookwatch._capture import RateLimitedLog
@@ -47,18 +50,35 @@ class RequestCounts:
     rejected_by: dict[str, int] = field(default_factory=dict)
 
 
+def _sampled_rows(draws: Sequence[bool], sizes: Sequence[int] | None) -> list[int]:
+    """The batch rows of the sampled requests, each request ``sizes[i]`` rows (default 1)."""
+    if sizes is None:
+        return [i for i, drawn in enumerate(draws) if drawn]
+    rows: list[int] = []
+    start = 0
+    for drawn, size in zip(draws, sizes, strict=True):
+        if drawn:
+            rows.extend(range(start, start + size))
+        start += size
+    return rows
+
+
 class RequestScope:
     """What :meth:`RequestGate.request` returns: the forward pass runs inside it."""
 
-    __slots__ = ("_gate", "sampled")
+    __slots__ = ("_batch", "_gate", "_rows", "sampled")
 
-    def __init__(self, gate: RequestGate, sampled: bool) -> None:
+    def __init__(
+        self, gate: RequestGate, sampled: bool, rows: torch.Tensor | None = None, batch: int = 0
+    ) -> None:
         self._gate = gate
         self.sampled = sampled
+        self._rows = rows
+        self._batch = batch
 
     def __enter__(self) -> RequestScope:
         if self.sampled:
-            self._gate._begin_record()
+            self._gate._begin_record(self._rows, self._batch)
         return self
 
     def __exit__(
@@ -123,25 +143,45 @@ class RequestGate:
                 # A float in a shared memory map: a worker killed right after still counted.
                 self.slots.add(self._at_requests, count)
 
-    def request(self, batch_size: int = 1, received: bool = False) -> RequestScope:
-        """Decide whether this forward pass is captured; count ``batch_size`` requests unless
-        ``received`` says :meth:`receive` already did."""
+    def request(
+        self, batch_size: int = 1, sizes: Sequence[int] | None = None, received: bool = False
+    ) -> RequestScope:
+        """Count the requests of one forward pass (unless ``received`` says :meth:`receive`
+        already did) and decide which of them are captured.
+
+        ``sizes`` gives the rows of each request in the batch (a request of several texts has
+        several); without it each of ``batch_size`` rows is a request of its own. Each request
+        is sampled on its own draw, so a batch of TorchServe's dynamic batching is sampled as
+        its requests would be one at a time; when only some are, the hooks capture their rows.
+        """
         rate = self.sample_rate
-        sampled = rate > 0.0 and (rate >= 1.0 or self._rng.random() < rate)
+        count = len(sizes) if sizes is not None else batch_size
+        rows: torch.Tensor | None = None
+        if rate <= 0.0 or count == 0:
+            picked = 0
+        elif rate >= 1.0:
+            picked = count
+        elif count == 1:
+            picked = 1 if self._rng.random() < rate else 0
+        else:
+            draws = [self._rng.random() < rate for _ in range(count)]
+            picked = sum(draws)
+            if 0 < picked < count:
+                rows = torch.tensor(_sampled_rows(draws, sizes), dtype=torch.long)
         # Plain integers under an uncontended lock: the capture thread publishes them. An
         # exported counter's increment here (a lock, a struct pack into a memory-mapped file,
         # three Python frames) measured ~13 µs per request between the layers of a real forward.
         with self._lock:
             if not received:
-                self._requests += batch_size
-            if sampled:
-                self._sampled += batch_size
+                self._requests += count
+            self._sampled += picked
             if self.slots is not None:
                 if not received:
-                    self.slots.add(self._at_requests, batch_size)
-                if sampled:
-                    self.slots.add(self._at_sampled, batch_size)
-        return RequestScope(self, sampled)
+                    self.slots.add(self._at_requests, count)
+                if picked:
+                    self.slots.add(self._at_sampled, picked)
+        total = sum(sizes) if sizes is not None else batch_size
+        return RequestScope(self, picked > 0, rows, total)
 
     def reject(self, count: int = 1, reason: str = "other", received: bool = False) -> None:
         """Count ``count`` requests answered with a 4xx before any forward, for ``reason``
@@ -177,9 +217,9 @@ class RequestGate:
                 dict(self._rejected),
             )
 
-    def _begin_record(self) -> None:
+    def _begin_record(self, rows: torch.Tensor | None = None, batch: int = 0) -> None:
         self._local.record = {}
-        self.gate.set(True)
+        self.gate.set(True, rows, batch)
 
     def _end_record(self, keep: bool) -> None:
         self.gate.set(False)

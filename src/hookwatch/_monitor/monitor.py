@@ -9,6 +9,7 @@ the :class:`~hookwatch._monitor.publisher.Publisher`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from types import TracebackType
 
 from torch import nn
@@ -112,6 +113,7 @@ class Monitor:
                 config.capture_output,
                 widths=widths,
                 output_select=config.output.select,
+                mask=config.mask,
             )
         self.publisher.declare(
             config.watched if config.enabled else (), self.worker.capacity, drift, classes
@@ -126,10 +128,13 @@ class Monitor:
         :meth:`request` and :meth:`reject` for the same requests."""
         self.gate.receive(count)
 
-    def request(self, batch_size: int = 1, received: bool = False) -> RequestScope:
-        """Count ``batch_size`` requests (unless already ``received``) and decide whether this
-        forward pass is captured."""
-        return self.gate.request(batch_size, received)
+    def request(
+        self, batch_size: int = 1, sizes: Sequence[int] | None = None, received: bool = False
+    ) -> RequestScope:
+        """Count the requests of this forward pass (unless already ``received``) and decide
+        which are captured: each of ``batch_size`` rows is a request, or ``sizes`` gives each
+        request's rows."""
+        return self.gate.request(batch_size, sizes, received)
 
     def reject(self, count: int = 1, reason: str = "other", received: bool = False) -> None:
         """Count requests answered with a 4xx before any forward pass, and why (one of
@@ -159,7 +164,8 @@ class Monitor:
         faults = dict(counts.hook_faults)
         for layer, count in self.processor.faults.items():
             faults[layer] = faults.get(layer, 0) + count
-        faults[ALL_LAYERS] = self.worker.faults
+        # The capture thread's own faults, and the mask pre-hook's (no single layer's).
+        faults[ALL_LAYERS] = faults.get(ALL_LAYERS, 0) + self.worker.faults
         self.publisher.publish(
             Snapshot(
                 counts=counts,

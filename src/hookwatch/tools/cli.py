@@ -228,7 +228,39 @@ def _serve(args: argparse.Namespace) -> int:
         "ends it)",
         flush=True,
     )
-    return _hold(stack, args.seconds, report=_report_dir(args))
+    if args.traffic == "none":
+        return _hold(stack, args.seconds, report=_report_dir(args))
+    from hookwatch.tools.text.fortunes import read_category
+    from hookwatch.tools.traffic import TextTraffic
+
+    kind, *parts = args.traffic.split(":")
+    if kind != "fortunes" or len(parts) > 2:
+        raise ConfigError(
+            "--traffic: expected none, fortunes, fortunes:CATEGORY or fortunes:CATEGORY:SHIFT, "
+            f"got {args.traffic!r}"
+        )
+    category = parts[0] if parts else "computers"
+    shift = parts[1] if len(parts) > 1 else "literature"
+    read_category(category)  # a missing category fails here, in one line
+    if shift != "mix":
+        read_category(shift)
+
+    def traffic(stack: Any) -> Any:
+        loop = TextTraffic(stack, category, shift, args.rate, args.drift_after)
+        after = f", {loop.shifted_name} after {args.drift_after:g} s" if args.drift_after else ""
+        print(f"sending {loop.clean_name} fortunes at {args.rate:g}/s{after}\n", flush=True)
+        return loop
+
+    return _hold(stack, args.seconds, traffic, report=_report_dir(args))
+
+
+def _drift_after(parser: argparse.ArgumentParser, shifted: str) -> None:
+    parser.add_argument(
+        "--drift-after",
+        type=float,
+        default=float(os.environ.get("DRIFT_AFTER", "60")),
+        help=f"seconds of clean traffic before {shifted} are sent (0: never)",
+    )
 
 
 def _report_dir(args: argparse.Namespace) -> Path | None:
@@ -305,8 +337,11 @@ def _dry_run_rows(args: argparse.Namespace) -> tuple[Any, tuple[int, ...], str, 
     )
 
     ref = ModelRef.parse(args.model)
-    model, _ = load_user_model(ref, _model_args(args.model_args), args.weights)
+    model_args = _model_args(args.model_args)
+    model, _ = load_user_model(ref, model_args, args.weights)
     spec = read_model_config(args.config).handler.input if args.config else None
+    if spec is not None and spec.text is not None:
+        return _text_dry_run(model, spec, model_args)
     shape = parse_shape(args.input_shape) if args.input_shape else spec.shape if spec else None
     if not shape:
         raise ConfigError("expected --input-shape (e.g. 3,224,224) or --config with input.shape")
@@ -318,6 +353,30 @@ def _dry_run_rows(args: argparse.Namespace) -> tuple[Any, tuple[int, ...], str, 
     x = example_input(shape, "float32" if floating else dtype, low, high)
     x = InputPipeline(spec).batch(x) if spec is not None else x.to(getattr(torch, dtype))
     return discover_layers(model, x, argument), shape, dtype, argument
+
+
+def _text_dry_run(
+    model: Any, spec: Any, model_args: dict[str, Any]
+) -> tuple[Any, tuple[int, ...], str, str | None]:
+    """A text model's layers, on two example texts through its tokenizer (the directory its
+    ``--model-args`` name for ``input.text.tokenizer``)."""
+    import tempfile
+
+    from hookwatch._service import batch_inputs, make_pipeline
+    from hookwatch.tools.own_model import discover_layers
+
+    directory = model_args.get(spec.text.tokenizer)
+    if not (isinstance(directory, str) and Path(directory).is_dir()):
+        raise ConfigError(
+            f"input.text.tokenizer: expected --model-args to name a directory as "
+            f"{spec.text.tokenizer!r}, got {directory!r}"
+        )
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / spec.text.tokenizer).symlink_to(Path(directory).resolve())
+        pipeline = make_pipeline(spec, tmp)
+        texts = ["A short text.", "A somewhat longer example text, tokenised as requests are."]
+        inputs = batch_inputs(pipeline, [pipeline.decode(t) for t in texts])
+    return discover_layers(model, inputs, tokens=True), (), "text", None
 
 
 def _layers(args: argparse.Namespace) -> int:
@@ -336,6 +395,11 @@ def _init(args: argparse.Namespace) -> int:
     if out.exists() and not args.force:
         raise ConfigError(f"expected a new file, got existing {out} (pass --force to replace it)")
     rows, shape, dtype, argument = _dry_run_rows(args)
+    if dtype == "text":
+        raise ConfigError(
+            "init: expected a tensor model, got a text model (--config with input.text): "
+            "start from models/minilm/model-config.yaml and `hookwatch layers`"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(init_config(rows, shape, dtype, argument, args.model))
     print(f"wrote {out}: review the layers, the input range and normalisation, and the head")
@@ -449,23 +513,35 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _profile(args: argparse.Namespace) -> int:
+    import tempfile
+    import zipfile
+
     import numpy as np
     import torch
 
     from hookwatch import build_profile
-    from hookwatch._service import InputPipeline
+    from hookwatch._service import InputPipeline, make_pipeline
     from hookwatch.tools.mar import load_mar_model
-    from hookwatch.tools.own_model import load_reference
+    from hookwatch.tools.own_model import forward_batches, load_reference
 
     torch.set_num_threads(1)
     model, model_config, name = load_mar_model(args.mar)
     config = model_config.monitoring
-    # The serving input pipeline: dtype and normalisation as requests get them.
-    pipeline = InputPipeline(model_config.handler.input)
-    if args.data is None:
+    spec = model_config.handler.input
+    batches: list[Any]
+    if spec.text is not None:
+        if args.data is None:
+            raise ConfigError("a text model: expected --data texts.jsonl (a JSON string a line)")
+        # The tokenizer lives in the archive: read it where TorchServe would.
+        with tempfile.TemporaryDirectory() as tmp, zipfile.ZipFile(args.mar) as archive:
+            archive.extractall(tmp)
+            batches = list(load_reference(args.data, make_pipeline(spec, tmp), args.batch_size))
+    elif args.data is None:
         from hookwatch.tools.demo.build import reference_split
         from hookwatch.tools.demo.data import load_split
 
+        # The serving input pipeline: dtype and normalisation as requests get them.
+        pipeline = InputPipeline(spec)
         _, data, _ = reference_split(load_split())
         print(f"no --data: using the demo's {len(data)} held-out reference images", flush=True)
         images = torch.from_numpy(np.asarray(data, dtype=np.float32))
@@ -474,12 +550,11 @@ def _profile(args: argparse.Namespace) -> int:
             for i in range(0, len(images), args.batch_size)
         ]
     else:
-        batches = list(load_reference(args.data, pipeline, args.batch_size))
-    argument = model_config.handler.input.argument
+        batches = list(load_reference(args.data, InputPipeline(spec), args.batch_size))
     profile = build_profile(
         model,
         config,
-        [{argument: b} for b in batches] if argument else batches,
+        list(forward_batches(batches, spec.argument)),
         name,
         bins=args.bins or config.drift.bins,
         max_reference=args.max_reference,
@@ -571,12 +646,7 @@ def build_parser() -> argparse.ArgumentParser:
             cmd.add_argument("--workers", type=int, default=2)
         if name == "run":
             cmd.add_argument("--rate", type=float, default=20.0, help="requests per second")
-            cmd.add_argument(
-                "--drift-after",
-                type=float,
-                default=float(os.environ.get("DRIFT_AFTER", "60")),
-                help="seconds of clean traffic before inverted digits are sent (0: never)",
-            )
+            _drift_after(cmd, "inverted digits")
             cmd.add_argument(
                 "--seconds",
                 type=float,
@@ -678,6 +748,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop after this long (0: until Ctrl-C)",
     )
     report_options(serve)
+    serve.add_argument(
+        "--traffic",
+        default="none",
+        help="send text traffic to a text model: 'fortunes' (held-out `computers` fortunes, "
+        "then `literature`), 'fortunes:CATEGORY' or 'fortunes:CATEGORY:SHIFT' (SHIFT a "
+        "category or 'mix': half each); the reference must be the other half of CATEGORY, "
+        "as models/minilm/make_data.py writes it",
+    )
+    serve.add_argument("--rate", type=float, default=10.0, help="requests per second")
+    _drift_after(serve, "the shifted texts")
     serve.set_defaults(func=_serve)
 
     units = sub.add_parser(

@@ -9,14 +9,16 @@ description and the drift profile inside.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import json
 import math
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +32,14 @@ from hookwatch._errors import BadInputError, ConfigError, HookwatchError
 from hookwatch._hooks import hookable_root, resolve_layers, select_tensor
 from hookwatch._model import MODEL_SPEC_FILE, ModelSpec, build_model
 from hookwatch._names import INPUT_LAYER, OUTPUT_LAYER
-from hookwatch._service import InputPipeline
+from hookwatch._service import (
+    ModelInputs,
+    Pipeline,
+    batch_inputs,
+    call_model,
+    make_pipeline,
+)
+from hookwatch._text import TextPipeline
 
 __all__ = [
     "LayerInfo",
@@ -161,6 +170,30 @@ def call(model: nn.Module, x: torch.Tensor, argument: str | None) -> Any:
         return model(**{argument: x}) if argument else model(x)
 
 
+def forward_batches(
+    batches: Iterable[ModelInputs], argument: str | None
+) -> Iterator[torch.Tensor | Mapping[str, torch.Tensor]]:
+    """Reference batches as the profile builder calls the model: keyword arguments (a text
+    model's tokens, ``input.argument``) or one positional tensor."""
+    for batch in batches:
+        if isinstance(batch, dict) or argument is None:
+            yield batch
+        else:
+            yield {argument: batch}
+
+
+def _first_rows(batch: ModelInputs, rows: int) -> ModelInputs:
+    if isinstance(batch, dict):
+        return {name: value[:rows] for name, value in batch.items()}
+    return batch[:rows]
+
+
+def _describe_inputs(batch: ModelInputs) -> str:
+    if isinstance(batch, dict):
+        return ", ".join(f"{name} {list(value.shape[1:])}" for name, value in batch.items())
+    return f"shape {list(batch.shape[1:])}"
+
+
 @dataclass(frozen=True)
 class LayerInfo:
     name: str
@@ -188,13 +221,16 @@ def _features(shape: tuple[int, ...]) -> int:
 
 
 def discover_layers(
-    model: nn.Module, x: torch.Tensor, argument: str | None = None
+    model: nn.Module, x: ModelInputs, argument: str | None = None, tokens: bool = False
 ) -> list[LayerInfo]:
     """Every named module with the shapes it output on a dry run of ``x``, in model order.
 
-    The hooks are temporary and removed whatever happens; a module that did not run on this
-    input shows no shape.
+    ``x`` is a tensor, or keyword arguments (a text model's tokens, ``tokens`` true: its
+    features are then what the token-aware hooks keep, a hidden state's last dimension and
+    the input's token count). The hooks are temporary and removed whatever happens; a module
+    that did not run on this input shows no shape.
     """
+    features = _token_features if tokens else _features
     root = hookable_root(model)
     outputs: dict[str, tuple[tuple[int, ...], ...]] = {}
     calls: dict[str, int] = {}
@@ -208,19 +244,31 @@ def discover_layers(
                     calls[name] = calls.get(name, 0) + 1
 
                 handles.append(module.register_forward_hook(hook))
+        first = x if isinstance(x, torch.Tensor) else next(iter(x.values()))
         try:
-            result = call(model, x, argument)
+            if isinstance(x, dict):
+                with torch.inference_mode():
+                    result = model(**x)
+            else:
+                result = call(model, x, argument)
         except Exception as error:
             raise ConfigError(
-                f"dry run: expected the model to accept an input of shape {list(x.shape[1:])} "
-                f"(batch of {x.shape[0]}, dtype {str(x.dtype).removeprefix('torch.')}), got "
-                f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+                f"dry run: expected the model to accept inputs of {_describe_inputs(x)} "
+                f"(batch of {first.shape[0]}, dtype {str(first.dtype).removeprefix('torch.')}), "
+                f"got {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
             ) from None
     finally:
         for handle in handles:
             handle.remove()
     rows = [
-        LayerInfo(INPUT_LAYER, "(input)", (tuple(x.shape),), 0, _input_features(x), 0),
+        LayerInfo(
+            INPUT_LAYER,
+            "(input)",
+            (tuple(first.shape),),
+            0,
+            1 if tokens else _input_features(first),
+            0,
+        ),
     ]
     for name, module in root.named_modules():
         if not name:
@@ -232,7 +280,7 @@ def discover_layers(
                 type(module).__name__,
                 shapes,
                 sum(p.numel() for p in module.parameters()),
-                _features(shapes[0]) if shapes else 0,
+                features(shapes[0]) if shapes else 0,
                 name.count(".") + 1,
                 calls.get(name, 0),
             )
@@ -244,11 +292,16 @@ def discover_layers(
             "(output)",
             out_shapes,
             sum(p.numel() for p in model.parameters()),
-            _features(out_shapes[0]) if out_shapes else 0,
+            features(out_shapes[0]) if out_shapes else 0,
             0,
         )
     )
     return rows
+
+
+def _token_features(shape: tuple[int, ...]) -> int:
+    # A hidden state [B, T, H] is averaged over its tokens: H features.
+    return shape[2] if len(shape) == 3 else _features(shape)
 
 
 def _input_features(x: torch.Tensor, max_features: int = 256) -> int:
@@ -373,18 +426,15 @@ def init_config(
 # -- reference data ----------------------------------------------------------------------------
 
 
-def load_reference(
-    path: Path, pipeline: InputPipeline, batch_size: int = 64
-) -> Iterator[torch.Tensor]:
+def load_reference(path: Path, pipeline: Pipeline, batch_size: int = 64) -> Iterator[ModelInputs]:
     """Reference inputs as serving would feed them to the model, in batches.
 
     ``.npy``/``.npz``: an array of raw inputs ``[N, *shape]`` (as requests send them; the
     pipeline applies dtype and normalisation). ``.jsonl``: one request body per line, decoded
-    exactly as a request.
+    exactly as a request (a text model's reference: a JSON string per line).
     """
-    spec = pipeline.spec
     if path.suffix == ".jsonl":
-        items: list[torch.Tensor] = []
+        items: list[Any] = []
         try:
             lines = path.read_text().splitlines()
         except OSError as error:
@@ -393,14 +443,25 @@ def load_reference(
             if not line.strip():
                 continue
             try:
-                items.append(pipeline.decode(line.encode()))
+                # As TorchServe hands over a body sent as application/json: parsed.
+                items.append(pipeline.decode(json.loads(line)))
+            except ValueError as error:
+                raise ConfigError(
+                    f"reference: line {number} of {path.name}: expected JSON, got {error}"
+                ) from None
             except BadInputError as error:
                 raise ConfigError(f"reference: line {number} of {path.name}: {error}") from None
         if not items:
             raise ConfigError(f"reference: expected request bodies in {path}, got none")
         for start in range(0, len(items), batch_size):
-            yield pipeline.batch(items[start : start + batch_size])
+            yield batch_inputs(pipeline, items[start : start + batch_size])
         return
+    if isinstance(pipeline, TextPipeline):
+        raise ConfigError(
+            f"reference: expected a .jsonl of texts (a JSON string per line) for a text model, "
+            f"got {path.name}"
+        )
+    spec = pipeline.spec
     if path.suffix not in (".npy", ".npz"):
         raise ConfigError(f"reference: expected a .npy, .npz or .jsonl file, got {path.name}")
     try:
@@ -469,15 +530,38 @@ def archive_model(
     handler: HandlerConfig = model_config.handler
     model, spec = load_user_model(ref, args, weights)
     config = resolve_layers(model, handler.monitoring, name)
-    pipeline = InputPipeline(handler.input, build_dir_for_preprocess(extra_files, ref))
+    shutil.rmtree(build, ignore_errors=True)
+    build.mkdir(parents=True)
+    # Arguments naming a directory (a HuggingFace save_pretrained directory) travel with the
+    # model: staged here under the argument's name, they land in the model directory.
+    staged = build / "directories"
+    directories = tuple(
+        key
+        for key, value in (args or {}).items()
+        if isinstance(value, str) and Path(value).is_dir()
+    )
+    for key in directories:
+        shutil.copytree(Path(str((args or {})[key])), staged / key)
+    if handler.input.text is not None:
+        if handler.input.text.tokenizer not in directories:
+            raise ConfigError(
+                f"input.text.tokenizer: expected a directory argument of the model (--model-args "
+                f"naming a directory, archived under its name), got "
+                f"{handler.input.text.tokenizer!r} (directory arguments: "
+                f"{', '.join(directories) or 'none'})"
+            )
+        pipeline = make_pipeline(handler.input, staged)
+    else:
+        pipeline = make_pipeline(handler.input, build_dir_for_preprocess(extra_files, ref))
     batches = list(load_reference(reference, pipeline))
     # A dry run on the first reference batch: a shape the model refuses fails here, in one line.
-    first = batches[0]
+    first = _first_rows(batches[0], 2)
     try:
-        output = call(model, first[:2], handler.input.argument)
+        with torch.inference_mode():
+            output = call_model(pipeline, model, first)
     except Exception as error:
         raise ConfigError(
-            f"dry run: expected the model to accept inputs of shape {list(first.shape[1:])} "
+            f"dry run: expected the model to accept inputs of {_describe_inputs(first)} "
             f"(handler.input), got {type(error).__name__}: {str(error).splitlines()[0]}"
         ) from None
     if select_tensor(output, config.output.select) is None:
@@ -487,17 +571,12 @@ def archive_model(
         )
     from hookwatch._profile import build_profile
 
-    argument = handler.input.argument
-    profile = build_profile(
-        model,
-        config,
-        ({argument: b} for b in batches) if argument else iter(batches),
-        name,
-    )
-    shutil.rmtree(build, ignore_errors=True)
-    build.mkdir(parents=True)
+    profile = build_profile(model, config, forward_batches(batches, handler.input.argument), name)
     profile_path = profile.save(build / config.drift.profile)
     files = [profile_path]
+    if directories:
+        # torch-model-archiver copies a directory's contents into the model directory.
+        files.append(staged)
     if spec.kind == "torchscript":
         serialized = Path(spec.file)
         archived = ModelSpec("torchscript", serialized.name)
@@ -505,12 +584,21 @@ def archive_model(
         source = Path(spec.file)
         shutil.copy(source, build / source.name)
         files.append(build / source.name)
-        serialized = build / "weights.pt"
-        # The weights as built and profiled, whatever form they came in.
-        torch.save(model.state_dict(), serialized)
-        archived = ModelSpec(spec.kind, source.name, spec.name, spec.args, serialized.name)
+        kept = {k: v for k, v in spec.args.items() if k not in directories}
+        archived = ModelSpec(spec.kind, source.name, spec.name, kept, None, directories)
+        if directories and _rebuilds_same_weights(model, archived, build, staged):
+            # The archived directories hold the weights already (a pretrained model's files):
+            # a second copy would double the archive. Checked, not assumed: a layer the
+            # constructor initialises at random keeps weights.pt in the archive.
+            serialized = build / MODEL_SPEC_FILE
+        else:
+            serialized = build / "weights.pt"
+            # The weights as built and profiled, whatever form they came in.
+            torch.save(model.state_dict(), serialized)
+            archived = dataclasses.replace(archived, weights=serialized.name)
     (build / MODEL_SPEC_FILE).write_text(archived.to_json())
-    files.append(build / MODEL_SPEC_FILE)
+    if serialized != build / MODEL_SPEC_FILE:  # else the archiver's one serialized file
+        files.append(build / MODEL_SPEC_FILE)
     handler_file = build / "hookwatch_handler.py"
     handler_file.write_text(HANDLER_SOURCE)
     for extra in extra_files:
@@ -555,6 +643,21 @@ def archive_model(
     for detector, reason in profile.left_out.items():
         say(f"  left out: detector {detector}: {reason} (it can never alarm)")
     return mar
+
+
+def _rebuilds_same_weights(model: nn.Module, spec: ModelSpec, build: Path, staged: Path) -> bool:
+    """Whether building ``spec`` (no weights file) from the staged directories, as a worker
+    would, gives exactly the parameters and buffers of ``model``."""
+    with tempfile.TemporaryDirectory(dir=build) as tmp:
+        directory = Path(tmp)
+        shutil.copy(build / spec.file, directory / spec.file)
+        for name in spec.directories:
+            (directory / name).symlink_to((staged / name).resolve())
+        rebuilt = build_model(spec, directory)
+    ours, theirs = model.state_dict(), rebuilt.state_dict()
+    return ours.keys() == theirs.keys() and all(
+        torch.equal(value, theirs[key]) for key, value in ours.items()
+    )
 
 
 def build_dir_for_preprocess(extra_files: Sequence[Path], ref: ModelRef) -> Path:

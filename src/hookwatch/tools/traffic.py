@@ -7,17 +7,19 @@ import math
 import threading
 import time
 from collections import Counter
+from typing import Any
 
 from hookwatch.tools.demo.data import load_split
 from hookwatch.tools.devstack import Stack
 
 
-class TrafficLoop:
-    """Sends held-out digits at a fixed rate from one thread until stopped.
+class Traffic:
+    """Sends requests at a fixed rate from one thread until stopped; after ``drift_after_s``
+    seconds (0: never) it sends shifted ones, which the drift detectors should flag."""
 
-    After ``drift_after_s`` seconds (0: never) it sends the same digits inverted (16 - x), a
-    shift the drift detectors should flag within a few windows.
-    """
+    #: What the live view calls the traffic before and after the shift.
+    clean_name = "clean"
+    shifted_name = "shifted"
 
     def __init__(self, stack: Stack, rate_per_s: float = 20.0, drift_after_s: float = 0.0) -> None:
         if rate_per_s <= 0:
@@ -33,6 +35,10 @@ class TrafficLoop:
         self.status = Counter[int]()
         self.correct = 0
 
+    @property
+    def state(self) -> str:
+        return self.shifted_name if self.drifting else self.clean_name
+
     def start(self) -> None:
         self._thread.start()
 
@@ -40,30 +46,78 @@ class TrafficLoop:
         self._stop.set()
         self._thread.join(10)
 
+    def request(self, i: int, shifted: bool) -> tuple[Any, Any]:
+        """The ``i``-th request's body and the answer it should get (None: not checked)."""
+        raise NotImplementedError
+
+    def right(self, reply: Any, expected: Any) -> bool:
+        return False
+
     def _run(self) -> None:
-        split = load_split()
         i = 0
         started = next_at = time.monotonic()
         while not self._stop.is_set():
-            index = i % len(split.y_test)
-            image = split.x_test[index]
             if self._drift_after and time.monotonic() - started >= self._drift_after:
                 self.drifting = True
-                image = 16.0 - image
+            body, expected = self.request(i, self.drifting)
             try:
-                status, reply = self._stack.infer({"data": image.tolist()})
+                status, reply = self._stack.infer(body)
             except OSError:
                 status, reply = 0, None
             self.status[status] += 1
-            if (
-                status == 200
-                and isinstance(reply, dict)
-                and reply.get("class") == int(split.y_test[index])
-            ):
+            if status == 200 and expected is not None and self.right(reply, expected):
                 self.correct += 1
             i += 1
             next_at += self._period
             self._stop.wait(max(0.0, next_at - time.monotonic()))
+
+
+class TrafficLoop(Traffic):
+    """Held-out digits; shifted: the same digits inverted (16 - x)."""
+
+    clean_name = "clean digits"
+    shifted_name = "inverted digits"
+
+    def __init__(self, stack: Stack, rate_per_s: float = 20.0, drift_after_s: float = 0.0) -> None:
+        super().__init__(stack, rate_per_s, drift_after_s)
+        self._split = load_split()
+
+    def request(self, i: int, shifted: bool) -> tuple[Any, Any]:
+        index = i % len(self._split.y_test)
+        image = self._split.x_test[index]
+        if shifted:
+            image = 16.0 - image
+        return {"data": image.tolist()}, int(self._split.y_test[index])
+
+    def right(self, reply: Any, expected: Any) -> bool:
+        return isinstance(reply, dict) and reply.get("class") == expected
+
+
+class TextTraffic(Traffic):
+    """Texts: the held-out half of one fortunes category (the archive's reference is the
+    other half); shifted: another category's texts, or ``mix``: half and half."""
+
+    def __init__(
+        self,
+        stack: Stack,
+        reference: str = "computers",
+        shift: str = "literature",
+        rate_per_s: float = 10.0,
+        drift_after_s: float = 0.0,
+    ) -> None:
+        from hookwatch.tools.text.fortunes import read_category, split_texts
+
+        super().__init__(stack, rate_per_s, drift_after_s)
+        self._clean = split_texts(read_category(reference)).held_out
+        self._shifted = read_category(shift if shift != "mix" else "literature")
+        self._mix = shift == "mix"
+        self.clean_name = f"held-out {reference}"
+        self.shifted_name = f"{reference} and literature, half each" if self._mix else shift
+
+    def request(self, i: int, shifted: bool) -> tuple[Any, Any]:
+        if shifted and not (self._mix and i % 2):
+            return self._shifted[i % len(self._shifted)], None
+        return self._clean[i % len(self._clean)], None
 
 
 class LiveView:
@@ -142,12 +196,13 @@ class LiveView:
         )
         return sorted((r["metric"]["detector"], float(r["value"][1])) for r in rows)
 
-    def render(self, traffic: TrafficLoop | None = None) -> str:
+    def render(self, traffic: Traffic | None = None) -> str:
         head = "  ".join(
             f"{name} {self._scalar(q.format(model=self._label))}" for name, q in self.QUERIES
         )
         client = (
-            f"  | client: {dict(traffic.status)} correct {traffic.correct}"
+            f"  | client: {dict(traffic.status)}"
+            + (f" correct {traffic.correct}" if isinstance(traffic, TrafficLoop) else "")
             if traffic is not None
             else ""
         )
@@ -164,13 +219,7 @@ class LiveView:
             )
         drift = self.drift_rows()
         if drift:
-            state = (
-                ""
-                if traffic is None
-                else " (inverted digits)"
-                if traffic.drifting
-                else " (clean digits)"
-            )
+            state = "" if traffic is None else f" ({traffic.state})"
             lines.append(f"    drift{state}: detector score / threshold")
             lines.append(
                 "      "

@@ -15,7 +15,7 @@ from torch.utils.hooks import RemovableHandle
 
 from hookwatch import _catalogue as cat
 from hookwatch._config import MonitoringConfig
-from hookwatch._hooks import resolve_layer
+from hookwatch._hooks import resolve_layer, resolve_layers, select_tensor
 from hookwatch._metrics import MetricSet, default_metrics
 from hookwatch._names import SUMMARY_STATISTICS
 
@@ -37,10 +37,15 @@ class NaiveCapture:
         metrics: MetricSet | None = None,
     ) -> NaiveCapture:
         capture = cls(model_name, metrics if metrics is not None else default_metrics())
+        config = resolve_layers(model, config, model_name)
         if config.capture_input:
             capture._handles.append(
                 model.register_forward_pre_hook(
-                    lambda _m, args: capture.record("input", args[0]), with_kwargs=False
+                    # A keyword-argument forward (a transformer's input_ids=...) has no args.
+                    lambda _m, args, kwargs: capture.record(
+                        "input", args[0] if args else select_tensor(kwargs)
+                    ),
+                    with_kwargs=True,
                 )
             )
         for name in config.layers:
@@ -53,7 +58,7 @@ class NaiveCapture:
 
     def hook_for(self, layer: str) -> Any:
         def hook(_module: nn.Module, _args: Any, output: Any) -> None:
-            self.record(layer, output)
+            self.record(layer, select_tensor(output))
 
         return hook
 

@@ -172,22 +172,23 @@ def render(result: BenchResult) -> str:
         add("")
     add("## Micro-figures")
     add("")
-    add("### Request-path cost per hook call (in process, batch 1, one torch thread)")
-    add("")
-    add(
-        "Extra time per hook call over the same forward without hooks, median of "
-        f"{s.hook_repeats} interleaved repeats. *Sampled* includes the capture thread's share "
-        "of the GIL while the forwards run; *naive* is the tutorial hook."
-    )
-    add("")
-    add("| model | hook points | forward without hooks | unsampled | sampled | naive |")
-    add("|---|---|---|---|---|---|")
-    for h in result.hook_costs:
+    if result.hook_costs:
+        add("### Request-path cost per hook call (in process, batch 1, one torch thread)")
+        add("")
         add(
-            f"| {h.model} | {h.hook_points} | {h.forward_us:.1f} µs | {h.unsampled_us:.2f} µs "
-            f"| {h.sampled_us:.1f} µs | {h.naive_us:.1f} µs |"
+            "Extra time per hook call over the same forward without hooks, median of "
+            f"{s.hook_repeats} interleaved repeats. *Sampled* includes the capture thread's "
+            "share of the GIL while the forwards run; *naive* is the tutorial hook."
         )
-    add("")
+        add("")
+        add("| model | hook points | forward without hooks | unsampled | sampled | naive |")
+        add("|---|---|---|---|---|---|")
+        for h in result.hook_costs:
+            add(
+                f"| {h.model} | {h.hook_points} | {h.forward_us:.1f} µs | "
+                f"{h.unsampled_us:.2f} µs | {h.sampled_us:.1f} µs | {h.naive_us:.1f} µs |"
+            )
+        add("")
     if result.scrape is not None:
         sc = result.scrape
         add("### Exporter scrape")
@@ -200,21 +201,22 @@ def render(result: BenchResult) -> str:
         add("")
     add("### Memory")
     add("")
-    add(
-        "In process, the demo model served through `ModelService.handle` (one request at "
-        "a time; after 1,000 warm-up requests), unmonitored and at 100 % sampling; each in a "
-        "fresh child process:"
-    )
-    add("")
-    add("| monitoring | requests | RSS start | RSS end | growth | peak |")
-    add("|---|---|---|---|---|---|")
-    for t in result.rss:
+    if result.rss:
         add(
-            f"| {'100 % sampling' if t.monitored else 'none'} | {t.requests:,} | "
-            f"{t.start_mb:.1f} MB | {t.end_mb:.1f} MB | {t.growth_mb:+.1f} MB | "
-            f"{t.peak_mb:.1f} MB |"
+            "In process, the demo model served through `ModelService.handle` (one request at "
+            "a time; after 1,000 warm-up requests), unmonitored and at 100 % sampling; each in "
+            "a fresh child process:"
         )
-    add("")
+        add("")
+        add("| monitoring | requests | RSS start | RSS end | growth | peak |")
+        add("|---|---|---|---|---|---|")
+        for t in result.rss:
+            add(
+                f"| {'100 % sampling' if t.monitored else 'none'} | {t.requests:,} | "
+                f"{t.start_mb:.1f} MB | {t.end_mb:.1f} MB | {t.growth_mb:+.1f} MB | "
+                f"{t.peak_mb:.1f} MB |"
+            )
+        add("")
     add("Worker processes under TorchServe, from after warm-up to the end of their group:")
     add("")
     add("| model | variant | requests served | RSS after warm-up | RSS at end | growth |")

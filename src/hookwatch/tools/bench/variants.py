@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import yaml
 
+from hookwatch._model import MODEL_SPEC_FILE
 from hookwatch.tools.bench.stats import VARIANTS
 
 HANDLERS: Mapping[str, str] = {
@@ -39,16 +40,20 @@ HANDLERS: Mapping[str, str] = {
 class ModelKind:
     name: str
     description: str
-    #: The module whose file is archived as the model file.
+    #: The module whose file is archived as the model file, or a file of the repository.
     model_module: str
     config: str
     #: Writes the serialized weights into a directory and returns the file.
     weights: Callable[[Path, Path], Path]
     #: A few request bodies and their Content-Type.
     payloads: Callable[[], tuple[list[bytes], str]]
+    #: Writes what else the model directory holds into a directory and returns it (its
+    #: contents go into every variant's model directory), or None.
+    extra: Callable[[Path, Path], Path] | None = None
 
-    @property
-    def model_path(self) -> str:
+    def model_path(self, root: Path) -> str:
+        if self.model_module.endswith(".py"):
+            return str(root / self.model_module)
         spec = importlib.util.find_spec(self.model_module)
         if spec is None or spec.origin is None:
             raise FileNotFoundError(f"expected module {self.model_module} to be installed")
@@ -94,6 +99,41 @@ def _resnet_payloads() -> tuple[list[bytes], str]:
     return bodies, "application/octet-stream"
 
 
+def _text_archive(root: Path) -> zipfile.ZipFile:
+    mar = root / "model_store" / "minilm.mar"
+    if not mar.exists():
+        raise FileNotFoundError(f"expected {mar} (run `make mar` first), found none")
+    return zipfile.ZipFile(mar)
+
+
+def _minilm_spec(root: Path, build: Path) -> Path:
+    """The archive's model description: the worker builds the encoder from its archived
+    pretrained directory, as it does when serving ``model_store/minilm.mar``."""
+    build.mkdir(parents=True, exist_ok=True)
+    out = build / MODEL_SPEC_FILE
+    with _text_archive(root) as archive:
+        out.write_bytes(archive.read(MODEL_SPEC_FILE))
+    return out
+
+
+def _minilm_extra(root: Path, build: Path) -> Path:
+    """The pretrained directory and the drift profile, as ``model_store/minilm.mar`` has them."""
+    out = build / "minilm-extra"
+    if not out.exists():
+        with _text_archive(root) as archive:
+            for name in archive.namelist():
+                if name.startswith("pretrained/") or name == "drift-profile.npz":
+                    archive.extract(name, out)
+    return out
+
+
+def _minilm_payloads() -> tuple[list[bytes], str]:
+    from hookwatch.tools.text.fortunes import read_category, split_texts
+
+    texts = split_texts(read_category("computers")).held_out[:64]
+    return [json.dumps(text).encode() for text in texts], "application/json"
+
+
 MODELS: Mapping[str, ModelKind] = {
     "digits": ModelKind(
         "digits",
@@ -110,6 +150,16 @@ MODELS: Mapping[str, ModelKind] = {
         "models/resnet18/model-config.yaml",
         _resnet_weights,
         _resnet_payloads,
+    ),
+    "minilm": ModelKind(
+        "minilm",
+        "all-MiniLM-L6-v2 sentence encoder, held-out `computers` fortunes as JSON strings "
+        "(token-aware hooks on its six blocks, drift profile loaded)",
+        "models/minilm/model.py",
+        "models/minilm/model-config.yaml",
+        _minilm_spec,
+        _minilm_payloads,
+        _minilm_extra,
     ),
 }
 
@@ -144,6 +194,7 @@ def build_group(root: Path, store: Path, build: Path, model: str, batch: int) ->
     build.mkdir(parents=True, exist_ok=True)
     store.mkdir(parents=True, exist_ok=True)
     weights = kind.weights(root, build)
+    extra = ["--extra-files", str(kind.extra(root, build))] if kind.extra is not None else []
     base = yaml.safe_load((root / kind.config).read_text())
     names: dict[str, str] = {}
     for variant in VARIANTS:
@@ -159,7 +210,7 @@ def build_group(root: Path, store: Path, build: Path, model: str, batch: int) ->
                 "--version",
                 "1.0",
                 "--model-file",
-                kind.model_path,
+                kind.model_path(root),
                 "--serialized-file",
                 str(weights),
                 "--handler",
@@ -171,6 +222,7 @@ def build_group(root: Path, store: Path, build: Path, model: str, batch: int) ->
                 "--archive-format",
                 "no-archive",
                 "--force",
+                *extra,
             ],
             check=True,
         )

@@ -23,6 +23,8 @@ smallest Bonferroni p-value, MMD-OR on the largest standardised MMD^2. Permutati
 vectorised; the first windows of every job are checked against alibi-detect's own ``KSDrift``
 and ``MMDDrift`` and the script stops if they disagree.
 
+**text** jobs: the sentence embeddings of the text section, KS and MMD per window.
+
 **online** jobs: alibi-detect's ``CVMDriftOnline`` on the softmax and ``MMDDriftOnline`` on the
 penultimate layer, configured for one expected run time, on streams of clean then shifted
 samples (the sample of the first detection) and on a long clean stream (detections, each
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +176,14 @@ def _check_against_alibi(
             raise SystemExit(f"MMD on {rep}: expected alibi-detect's {distance}, got {mmd[r]}")
 
 
+def _window_sets(data: dict[str, Any]) -> Iterator[tuple[str, Any, np.random.Generator]]:
+    """Each window size of a job, its windows and its permutations' generator (seeded by the
+    draw and the size, so a job's p-values do not depend on which sizes it holds)."""
+    for key in sorted(k for k in data if k.startswith("windows_")):
+        w = key.removeprefix("windows_")
+        yield w, data[key], np.random.default_rng(int(data["seed"]) * 1000 + int(w))
+
+
 def windows_job(data: dict[str, Any]) -> dict[str, Any]:
     reps = [str(r) for r in data["reps"]]
     refs = {r: data[f"ref_{r}"].astype(np.float32) for r in reps}
@@ -183,10 +194,7 @@ def windows_job(data: dict[str, Any]) -> dict[str, Any]:
     features = [refs[r].shape[1] for r in reps]
     out: dict[str, Any] = {}
     checked = 0
-    for key in sorted(k for k in data if k.startswith("windows_")):
-        w = key.removeprefix("windows_")
-        windows = data[key]
-        rng = np.random.default_rng(int(data["seed"]) * 1000 + int(w))
+    for w, windows, rng in _window_sets(data):
         n = len(refs[reps[0]])
         ks = np.empty((len(windows), len(reps)))
         mmd = np.empty((len(windows), len(reps)))
@@ -219,6 +227,40 @@ def windows_job(data: dict[str, Any]) -> dict[str, Any]:
             f"{time.perf_counter() - started:.0f} s",
             flush=True,
         )
+    out["checked"] = np.int64(checked)
+    return out
+
+
+def text_job(data: dict[str, Any]) -> dict[str, Any]:
+    """The text section's windows on one representation (the sentence embeddings): per window,
+    ``KSDrift``'s Bonferroni p-value (asymptotic, no permutations) and ``MMDDrift``'s
+    permutation p-value."""
+    ref = data["ref"].astype(np.float32)
+    pool = data["pool"].astype(np.float32)
+    p_val = float(data["p_val"])
+    permutations = int(data["permutations"])
+    kernel = _Kernel(ref)
+    n, features = ref.shape
+    out: dict[str, Any] = {}
+    checked = 0
+    for w, windows, rng in _window_sets(data):
+        ks = np.empty(len(windows))
+        mmd = np.empty(len(windows))
+        for i, index in enumerate(windows):
+            window = pool[index]
+            m = len(index)
+            assign = _assignments(n, m, permutations, rng)
+            distance = _ks_max_distance(np.concatenate([ref, window]), assign[:1], n)[0]
+            ks[i] = _ks_pvalue(float(distance), features, n, m)
+            mmd2 = _mmd2(kernel.pooled(ref, window), assign, n)
+            mmd[i] = (mmd2[1:] >= mmd2[0]).mean()
+            if i < CHECKED_WINDOWS:
+                _check_against_alibi(
+                    ["embedding"], {"embedding": ref}, {"embedding": window}, ks[i : i + 1],
+                    mmd2[:1], p_val,
+                )  # fmt: skip
+                checked += 1
+        out.update({f"ks_{w}": ks, f"mmd_{w}": mmd})
     out["checked"] = np.int64(checked)
     return out
 
@@ -300,7 +342,8 @@ def main(argv: list[str]) -> int:
     for job in argv[1:]:
         data = dict(np.load(job))
         kind = str(data["kind"])
-        out = windows_job(data) if kind == "windows" else online_job(data)
+        jobs = {"windows": windows_job, "text": text_job, "online": online_job}
+        out = jobs[kind](data)
         out["impl"] = np.frombuffer(f"alibi-detect {alibi.__version__}".encode(), dtype=np.uint8)
         np.savez(Path(job).with_suffix(".out.npz"), **out)
     return 0

@@ -122,7 +122,29 @@ def headline(results: Mapping[str, Any]) -> dict[str, str]:
             f"vs {against}": f"{c['win']} wins, {c['tie']} ties, {c['loss']} losses"
             for against, c in counts.items()
         },
+        **_text_headline(results),
     }
+
+
+def _text_headline(results: Mapping[str, Any]) -> dict[str, str]:
+    """The text section's figures the README quotes: at W=25, equal false-alarm rate, the
+    subtle shifts, each method; and hookwatch's own clean rate per W."""
+    text = results.get("text")
+    if text is None:
+        return {}
+    by = {(c["w"], c["method"]): c for c in text["cells"]}
+    methods = {"hookwatch": "hookwatch", "KS (embedding)": "KS", "MMD (embedding)": "MMD"}
+    out = {}
+    for scenario in ("linux", "literature 25 %"):
+        out[f"text {scenario}"] = f"{scenario}: " + ", ".join(
+            f"{short} {_pct1(float(np.mean(by[(25, m)]['equal_rate'][scenario])))}"
+            for m, short in methods.items()
+        )
+    out["text clean"] = ", ".join(
+        f"{_pct1(float(np.mean(by[(w, 'hookwatch')]['false_alarms'])))} at W={w}"
+        for w in sorted({c["w"] for c in text["cells"]})
+    )
+    return out
 
 
 def _summary(results: Mapping[str, Any]) -> list[str]:
@@ -449,6 +471,66 @@ def _streaming(results: Mapping[str, Any]) -> list[str]:
     ]
 
 
+def _text(results: Mapping[str, Any]) -> list[str]:
+    """The text section (``hookwatch.tools.evaluation.text``), when it has run."""
+    text = results.get("text")
+    if text is None:
+        return []
+    args = text["args"]
+    names = [s["name"] for s in text["scenarios"]]
+    head = "| W | method | clean windows alarming | " + " | ".join(names) + " |"
+    rule = "|---|---|---|" + "---|" * len(names)
+
+    def rows(key: str) -> list[str]:
+        return [
+            f"| {c['w']} | {c['method']} | "
+            + (_span(c["false_alarms"]) if key == "detected" else _pct(text["equal_rate"]))
+            + " | "
+            + " | ".join(_span(c[key][n]) for n in names)
+            + " |"
+            for c in text["cells"]
+        ]
+
+    layers = ", ".join(f"`{layer}`" for layer in text["layers"])
+    return [
+        "## Text: a sentence encoder on fortunes",
+        "",
+        f"{text['model']}, served as the text demo is (`models/minilm/`): watched {layers}, "
+        f"each layer's 384 token-averaged units tested on {text['max_features'] - 1} principal "
+        "components and the residual distance, the input on its token count. Per draw "
+        f"({args['seeds']}), the `computers` fortunes ({text['texts']['computers']} texts) split "
+        f"anew into a reference of {text['reference'][0]} (the profile, built through the serving "
+        "hooks and read back from its file) and held-out clean traffic; windows of W distinct "
+        f"texts: {args['clean_windows']} clean and {args['shifted_windows']} per shifted scenario "
+        "per draw and W, each judged by a fresh worker tracker (thresholds calibrated at load, "
+        f"{args['calibration_windows']} resampled windows) and, on the same windows' 384-d "
+        "sentence embeddings, by alibi-detect's `KSDrift` (Bonferroni) and `MMDDrift` "
+        f"({args['permutations']} permutations). `hookwatch (embedding only)`: its output "
+        "detector alone, on the same embeddings as the baselines. Mean over draws (min-max).",
+        "",
+        "At each method's own setting (hookwatch: 1 % of clean windows alarming on any "
+        "detector, calibrated on the reference; alibi-detect: p < 0.01):",
+        "",
+        head,
+        rule,
+        *rows("detected"),
+        "",
+        f"At an equal false-alarm rate: each method's threshold set on its own clean windows so "
+        f"that {_pct(text['equal_rate'])} of them alarm (per draw and W), and the share of "
+        "shifted windows past it:",
+        "",
+        head,
+        rule,
+        *rows("equal_rate"),
+        "",
+        "Scenarios: "
+        + "; ".join(f"`{s['name']}`: {s['description']}" for s in text["scenarios"])
+        + f". Computed in {text['seconds']:.0f} s by `python -m "
+        "hookwatch.tools.evaluation.text` (the last step of `make eval-drift`).",
+        "",
+    ]
+
+
 def markdown(results: Mapping[str, Any]) -> str:
     meta = results["meta"]
     lines = [
@@ -465,6 +547,7 @@ def markdown(results: Mapping[str, Any]) -> str:
         *_timeline(results),
         *_wide(results),
         *_streaming(results),
+        *_text(results),
         "## Scenarios",
         "",
         *[f"- `{s['name']}`: {s['description']}" for s in results["scenarios"]],

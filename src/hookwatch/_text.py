@@ -1,0 +1,210 @@
+"""Text requests for a transformer: validate, tokenise per request, pad per batch.
+
+The one module that imports ``transformers`` (the ``hookwatch[text]`` extra), and only when a
+model-config has ``input.text``: the core imports without it. Each request is tokenised on its
+own, so a text that is too long, not text, or not UTF-8 gets its own 4xx and the rest of its
+batch is served; the batch is padded to its longest text, and the attention mask goes to the
+forward (and through ``monitoring.mask`` to the hooks, so padding never counts).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from hookwatch._config import TextSpec
+from hookwatch._errors import BadInputError, ConfigError
+
+__all__ = ["TextItem", "TextPipeline", "Tokenizer", "load_tokenizer"]
+
+log = logging.getLogger("hookwatch")
+
+#: Largest request body read as text (bytes); the texts' own limits come after.
+MAX_TEXT_BODY_BYTES = 1 << 22
+_TOO_LARGE = 413
+
+
+class Tokenizer(Protocol):
+    """What hookwatch uses of a HuggingFace tokenizer."""
+
+    pad_token_id: int | None
+    padding_side: str
+    model_max_length: int
+
+    def __call__(self, text: list[str], **kwargs: Any) -> Any: ...
+
+
+def load_tokenizer(directory: Path) -> Tokenizer:
+    """The tokenizer saved in ``directory`` (``AutoTokenizer``, offline: nothing downloaded)."""
+    if not directory.is_dir():
+        raise ConfigError(
+            f"input.text.tokenizer: expected a tokenizer directory at {directory}, got no such "
+            "directory (archive it with the model)"
+        )
+    try:
+        from transformers import AutoTokenizer
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        raise ConfigError(
+            "input.text: expected transformers to tokenise text, got none installed: "
+            "pip install 'hookwatch[text]'"
+        ) from None
+    # Its warnings would otherwise reach the worker log once per long text.
+    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+    try:
+        tokenizer: Tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    except (OSError, ValueError) as error:
+        raise ConfigError(
+            f"input.text.tokenizer: expected a saved tokenizer in {directory}, got "
+            f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        ) from None
+    return tokenizer
+
+
+@dataclass(frozen=True)
+class TextItem:
+    """One request, tokenised: per text, each tokenizer output the model takes."""
+
+    tokens: tuple[dict[str, list[int]], ...]
+    #: The request sent a list (its answer is a list too), not one string.
+    listed: bool
+
+    @property
+    def rows(self) -> int:
+        return len(self.tokens)
+
+
+class TextPipeline:
+    """Text requests → token tensors: :meth:`decode` per request, :meth:`batch` per forward."""
+
+    def __init__(self, spec: TextSpec, model_dir: str | Path | None) -> None:
+        self.spec = spec
+        directory = Path(model_dir) if model_dir is not None else Path.cwd()
+        self._tokenizer = load_tokenizer(directory / spec.tokenizer)
+        limit = self._tokenizer.model_max_length
+        if spec.max_tokens > limit:
+            raise ConfigError(
+                f"input.text.max_tokens: expected at most the tokenizer's model_max_length "
+                f"({limit}), got {spec.max_tokens}"
+            )
+        probe = self._tokenizer(["probe"], add_special_tokens=True)
+        missing = [a for a in spec.arguments if a not in probe]
+        if missing:
+            raise ConfigError(
+                f"input.text.arguments: expected outputs of the tokenizer "
+                f"({', '.join(probe.keys())}), got {missing}"
+            )
+        self._pad = {
+            name: (self._tokenizer.pad_token_id or 0) if name == "input_ids" else 0
+            for name in spec.arguments
+        }
+        self._expected = (
+            f"a JSON string or a list of 1 to {spec.max_texts} strings (or a text/plain body), "
+            f"of at most {spec.max_chars} characters and {spec.max_tokens} tokens each"
+        )
+
+    def decode(self, body: Any) -> TextItem:
+        """One request's body → its texts, tokenised; raises :class:`BadInputError`."""
+        texts, listed = self._texts(self._parse(body))
+        encoded = self._tokenizer(texts, add_special_tokens=True, truncation=False)
+        tokens = []
+        for index, ids in enumerate(encoded["input_ids"]):
+            if len(ids) > self.spec.max_tokens:
+                raise BadInputError(
+                    f"texts of at most {self.spec.max_tokens} tokens",
+                    f"{len(ids)} tokens in {_which(index, listed)}",
+                    status=_TOO_LARGE,
+                )
+            tokens.append({name: list(encoded[name][index]) for name in self.spec.arguments})
+        return TextItem(tuple(tokens), listed)
+
+    def _parse(self, body: Any) -> Any:
+        """TorchServe hands over a JSON body (application/json) parsed, a text/* body as a
+        string, anything else as bytes: a string is one text either way, bytes are one text
+        in UTF-8, a list holds several."""
+        if isinstance(body, bytes | bytearray):
+            if len(body) > MAX_TEXT_BODY_BYTES:
+                raise BadInputError(
+                    f"a body of at most {MAX_TEXT_BODY_BYTES} bytes",
+                    f"{len(body)} bytes",
+                    status=_TOO_LARGE,
+                )
+            try:
+                return bytes(body).decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise BadInputError(
+                    f"{self._expected}, in UTF-8", f"bytes that are not UTF-8 ({error.reason})"
+                ) from None
+        return body
+
+    def _texts(self, payload: Any) -> tuple[list[str], bool]:
+        spec = self.spec
+        listed = isinstance(payload, list)
+        texts = payload if listed else [payload]
+        if not texts or not all(isinstance(t, str) for t in texts):
+            got = (
+                "an empty list"
+                if listed and not texts
+                else f"a list holding {_kinds(texts)}"
+                if listed
+                else _kinds([payload])
+            )
+            raise BadInputError(self._expected, got)
+        if len(texts) > spec.max_texts:
+            raise BadInputError(
+                f"at most {spec.max_texts} texts per request",
+                f"{len(texts)} texts",
+                status=_TOO_LARGE,
+            )
+        for index, text in enumerate(texts):
+            if len(text) > spec.max_chars:
+                raise BadInputError(
+                    f"texts of at most {spec.max_chars} characters",
+                    f"{len(text)} characters in {_which(index, listed)}",
+                    status=_TOO_LARGE,
+                )
+            if not text.strip():
+                raise BadInputError(self._expected, f"an empty text in {_which(index, listed)}")
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                # A lone surrogate (JSON "\ud800") is not text a tokenizer can take.
+                raise BadInputError(
+                    f"{self._expected}, in UTF-8",
+                    f"an unpaired surrogate in {_which(index, listed)}",
+                ) from None
+        return texts, listed
+
+    def batch(self, items: Sequence[TextItem]) -> dict[str, torch.Tensor]:
+        """Every text of ``items``, padded to the longest, as the forward's keyword arguments."""
+        rows = [tokens for item in items for tokens in item.tokens]
+        width = max(
+            len(r["input_ids"] if "input_ids" in r else next(iter(r.values()))) for r in rows
+        )
+        left = self._tokenizer.padding_side == "left"
+        out: dict[str, torch.Tensor] = {}
+        for name in self.spec.arguments:
+            pad = self._pad[name]
+            padded = [
+                ([pad] * (width - len(r[name])) + r[name])
+                if left
+                else (r[name] + [pad] * (width - len(r[name])))
+                for r in rows
+            ]
+            out[name] = torch.tensor(padded, dtype=torch.long)
+        return out
+
+
+def _which(index: int, listed: bool) -> str:
+    return f"text {index}" if listed else "the text"
+
+
+def _kinds(values: Sequence[Any]) -> str:
+    names = sorted({type(v).__name__ for v in values if not isinstance(v, str)})
+    sample = next((v for v in values if not isinstance(v, str)), None)
+    return f"{'/'.join(names)} {repr(sample)[:40]}".strip()

