@@ -47,8 +47,11 @@ $(MAR): $(BIN)/.installed $(wildcard src/hookwatch/tools/demo/*.py) $(DRIFT_SRC)
 
 mar: $(MAR) ## train the demo CNN and archive it into model_store/
 
+# exec: make's only child is hookwatch itself, so a SIGTERM make forwards reaches it (through
+# sh it would not, and hookwatch would run on). Ctrl-C reaches both; hookwatch stops everything
+# and exits 0, and so does make.
 run: deps $(MAR) ## start TorchServe + exporter + Prometheus on loopback, send traffic, show live metrics
-	$(BIN)/hookwatch run
+	exec $(BIN)/hookwatch run
 
 stop: ## stop everything `make run` started (by recorded pid)
 	@if [ -x $(BIN)/hookwatch ]; then $(BIN)/hookwatch stop; else echo "nothing to stop"; fi

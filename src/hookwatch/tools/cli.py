@@ -7,6 +7,7 @@ and each command imports what it needs when it runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import os
@@ -14,6 +15,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,44 +61,114 @@ def _stack(args: argparse.Namespace, **kwargs: Any) -> Any:
 
     return Stack(
         root=args.root,
-        run_dir=args.root / ".run",
+        run_dir=args.run_dir or args.root / ".run",
         ports=Ports.from_env(),
         workers=args.workers,
         **kwargs,
     )
 
 
-class _Stopped(Exception):
-    """A stop signal while the stack was starting."""
+@contextlib.contextmanager
+def _terminal_to_ourselves() -> Iterator[None]:
+    """Take the terminal's Ctrl-C for this process alone while the block runs.
+
+    Under ``make run`` this process shares its process group with make, and a terminal sends
+    Ctrl-C to the whole foreground group: make would get it too and, whatever its child does,
+    end itself by it (status 130). In a process group of its own made the terminal's
+    foreground group (what a shell does for a job), Ctrl-C reaches this process only; it stops
+    everything and exits 0, and make with it. The group is handed back at the end (and the
+    shell takes the terminal back when make ends, however this process ends). Nothing
+    changes without a terminal, or when this process leads its group already (a shell started
+    it directly).
+    """
+    try:
+        fd = sys.stdin.fileno()
+    except (AttributeError, ValueError, OSError):
+        fd = -1
+    previous = _take_foreground(fd)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            ttou = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+            with contextlib.suppress(OSError):
+                os.tcsetpgrp(fd, previous)
+            signal.signal(signal.SIGTTOU, ttou)
 
 
-def _hold(stack: Any, seconds: float, make_traffic: Any = None) -> int:
+def _take_foreground(fd: int) -> int | None:
+    """Move into a process group of our own, made the terminal's foreground group; returns
+    the group to hand the terminal back to, or None where nothing was changed."""
+    try:
+        if (
+            fd < 0
+            or not os.isatty(fd)
+            or os.getpgrp() == os.getpid()
+            or os.tcgetpgrp(fd) != os.getpgrp()
+        ):
+            return None
+    except OSError:
+        return None
+    previous = os.getpgrp()
+    # A process outside the foreground group that sets the foreground group gets SIGTTOU.
+    ttou = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    try:
+        os.setpgid(0, 0)
+        try:
+            os.tcsetpgrp(fd, os.getpgrp())
+        except OSError:
+            os.setpgid(0, previous)
+            raise
+    except OSError:
+        return None
+    finally:
+        signal.signal(signal.SIGTTOU, ttou)
+    return previous
+
+
+def _on_stop_signals() -> threading.Event:
+    """SIGINT (Ctrl-C) and SIGTERM set the returned event, and do nothing else: whatever runs
+    (a spawn, a readiness wait, the stop itself) reaches a point where it looks at it."""
+    stopping = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.set())
+    return stopping
+
+
+def _hold(
+    stack: Any, seconds: float, stopping: threading.Event, command: str, make_traffic: Any = None
+) -> int:
     """Start ``stack``, print where everything is, show the live view every 5 s until
-    Ctrl-C, SIGTERM, ``hookwatch stop`` or ``seconds``; stop everything it started."""
-    from hookwatch.tools.traffic import LiveView
+    Ctrl-C, SIGTERM, ``hookwatch stop`` or ``seconds``; stop everything it started.
 
-    if stack.recorded_pids():
+    Stopped at any moment (starting, running, stopping) it exits 0 and prints one line.
+    """
+    from hookwatch.tools.devstack import AlreadyRunning
+
+    stack.stop_requested = stopping
+    try:
+        with _terminal_to_ourselves(), stack.hold(command):
+            return _held(stack, seconds, stopping, make_traffic)
+    except AlreadyRunning as running:
         print(
-            "a stack is already recorded in .run/pids.json; run `hookwatch stop` (or "
-            "`make stop`) first",
+            f"hookwatch {running.command} is already running in {stack.run_dir} (pid "
+            f"{running.pid}): stop it with Ctrl-C there or `make stop` (`hookwatch stop`)",
             file=sys.stderr,
         )
         return 1
+
+
+def _held(stack: Any, seconds: float, stopping: threading.Event, make_traffic: Any) -> int:
+    from hookwatch.tools.devstack import Stopped
+    from hookwatch.tools.traffic import LiveView
+
+    left = stack.clear_stale()
+    if left:
+        print(f"stopped what a run that is gone left running: {', '.join(left)}", flush=True)
     busy = stack.ports.busy()
     if busy:
         print("cannot start:\n  " + "\n  ".join(busy), file=sys.stderr)
         return 1
-    stopping = threading.Event()
-    starting = True
-
-    def on_signal(*_: object) -> None:
-        stopping.set()
-        if starting:
-            # Starting blocks in readiness waits: leave them now, stop below.
-            raise _Stopped
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     name = stack.model_name
     traffic = None
     try:
@@ -109,14 +181,12 @@ def _hold(stack: Any, seconds: float, make_traffic: Any = None) -> int:
             stack.start_torchserve()
             stack.start_exporter()
             stack.start_prometheus()
-        except _Stopped:
+        except Stopped:
             return 0
         except (OSError, RuntimeError):
-            if stopping.is_set() or not stack.recorded_pids():
-                return 0  # stopped from another shell while starting: not a failure
+            if stopping.is_set():
+                return 0  # a process we were waiting for was stopped with us
             raise
-        finally:
-            starting = False
         p = stack.ports
         print(
             f"\n  inference   http://127.0.0.1:{p.inference}/predictions/{name}\n"
@@ -126,21 +196,20 @@ def _hold(stack: Any, seconds: float, make_traffic: Any = None) -> int:
             f"  Prometheus  http://127.0.0.1:{p.prometheus}/graph\n",
             flush=True,
         )
-        if make_traffic is not None:
+        if make_traffic is not None and not stopping.is_set():
             traffic = make_traffic(stack)
             traffic.start()
         view = LiveView(stack)
         deadline = time.monotonic() + seconds if seconds > 0 else None
-        while not stopping.is_set():
+        while not stopping.wait(5.0):
             if deadline is not None and time.monotonic() >= deadline:
                 break
-            if stopping.wait(5.0) or not stack.recorded_pids():
-                break  # a signal, or `hookwatch stop` from another shell
             try:
-                print(view.render(traffic), flush=True)
+                table = view.render(traffic)
             except (OSError, RuntimeError) as error:
-                # Prometheus going away (a stop racing this render) is no reason to fail.
-                print(f"(live view unavailable: {error})", flush=True)
+                table = f"(live view unavailable: {error})"
+            if not stopping.is_set():  # stopped while rendering: the stop line comes alone
+                print(table, flush=True)
         if traffic is not None:
             traffic.stop()
     finally:
@@ -154,6 +223,7 @@ def _hold(stack: Any, seconds: float, make_traffic: Any = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    stopping = _on_stop_signals()
     from hookwatch.tools.traffic import TrafficLoop
 
     shift = (
@@ -170,10 +240,11 @@ def _run(args: argparse.Namespace) -> int:
         )
         return TrafficLoop(stack, rate_per_s=args.rate, drift_after_s=args.drift_after)
 
-    return _hold(_stack(args), args.seconds, traffic)
+    return _hold(_stack(args), args.seconds, stopping, "run", traffic)
 
 
 def _serve(args: argparse.Namespace) -> int:
+    stopping = _on_stop_signals()
     from hookwatch.tools.own_model import mar_model_name
 
     mar: Path = args.mar
@@ -192,7 +263,7 @@ def _serve(args: argparse.Namespace) -> int:
         "ends it)",
         flush=True,
     )
-    return _hold(stack, args.seconds)
+    return _hold(stack, args.seconds, stopping, "serve")
 
 
 def _model_args(text: str) -> dict[str, Any]:
@@ -280,13 +351,27 @@ def _archive(args: argparse.Namespace) -> int:
 
 
 def _stop(args: argparse.Namespace) -> int:
+    """Stop what runs in the run directory, in one line: the ``hookwatch run``/``serve`` that
+    holds it (it stops its own stack and prints its own line), else what a run that is gone
+    left running."""
+    from hookwatch.tools.devstack import AlreadyRunning
+
     stack = _stack(args)
-    names = list(stack.recorded_pids())
-    if not names:
-        print("nothing recorded in .run/pids.json; nothing to stop")
+    holder = stack.stop_holder()
+    if holder is not None:
+        pid, command = holder
+        print(f"stopped hookwatch {command} (pid {pid}) and everything it started")
         return 0
-    killed = stack.stop()
-    print(f"stopped {', '.join(names)}" + (f" (SIGKILL: {', '.join(killed)})" if killed else ""))
+    try:
+        with stack.hold("stop"):
+            left = stack.clear_stale()
+    except AlreadyRunning:
+        print("a run started meanwhile; run `hookwatch stop` again to stop it", file=sys.stderr)
+        return 1
+    if left:
+        print(f"stopped {', '.join(left)} (left running by a run that is gone)")
+    else:
+        print(f"nothing runs in {stack.run_dir}; nothing to stop")
     return 0
 
 
@@ -407,6 +492,17 @@ def _units(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_dir_option(cmd: argparse.ArgumentParser) -> None:
+    env = os.environ.get("HOOKWATCH_RUN_DIR")
+    cmd.add_argument(
+        "--run-dir",
+        type=Path,
+        default=Path(env) if env else None,
+        help="where the stack's pids, logs and data go (default: $HOOKWATCH_RUN_DIR, else "
+        "ROOT/.run); one run at a time per directory",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hookwatch", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -446,6 +542,8 @@ def build_parser() -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=text)
         cmd.add_argument("--root", type=Path, default=Path.cwd(), help=REPO_ROOT_HINT)
         cmd.set_defaults(func=func)
+        if name in ("run", "stop"):
+            run_dir_option(cmd)
         if name == "build-demo":
             cmd.add_argument("--model-store", type=Path, default=None)
         if name in ("run", "stop"):
@@ -551,6 +649,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("mar", type=Path)
     serve.add_argument("--workers", type=int, default=1)
     serve.add_argument("--root", type=Path, default=Path.cwd(), help=REPO_ROOT_HINT)
+    run_dir_option(serve)
     serve.add_argument(
         "--seconds",
         type=float,
