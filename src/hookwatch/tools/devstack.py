@@ -216,6 +216,10 @@ class Stack:
     #: More targets per scrape job (``torchserve``, ``hookwatch``): one Prometheus over several
     #: stacks, as over the replicas of a fleet.
     extra_scrape_targets: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    #: Where the workers write their metric files, used as it is (a tmpfs, say): never
+    #: emptied or removed, so it must be empty when TorchServe starts. None: a directory in
+    #: ``run_dir`` emptied at every start.
+    metrics_dir: Path | None = None
     #: Set it (a signal handler may) to make a start in progress raise :class:`Stopped`.
     stop_requested: threading.Event = field(default_factory=threading.Event)
     _procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -234,7 +238,7 @@ class Stack:
 
     @property
     def multiproc_dir(self) -> Path:
-        return self.run_dir / "prometheus-multiproc"
+        return self.metrics_dir or self.run_dir / "prometheus-multiproc"
 
     @property
     def logs(self) -> Path:
@@ -315,9 +319,9 @@ class Stack:
     def start_torchserve(self, timeout: float = 180.0) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # prometheus-client's multiprocess mode needs an empty directory at start.
-        for stale in (self.multiproc_dir, self.logs):
+        for stale in (self.logs,) if self.metrics_dir else (self.multiproc_dir, self.logs):
             shutil.rmtree(stale, ignore_errors=True)
-        self.multiproc_dir.mkdir(parents=True)
+        self.multiproc_dir.mkdir(parents=True, exist_ok=self.metrics_dir is not None)
         tmp = self.run_dir / "tmp"
         tmp.mkdir(exist_ok=True)
         bindir = Path(sys.executable).parent
