@@ -9,7 +9,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 MAR := model_store/digits.mar
 PYTEST_ARGS ?=
 
-.PHONY: help deps venv mar run stop test check lint format unit integration clean eval-drift rules docs bench-scrape bench bench-quick dashboards-check
+.PHONY: help deps venv mar run stop test check lint format unit integration clean eval-drift rules docs bench-scrape bench bench-quick dashboards-check soak
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -98,6 +98,10 @@ rules: deps ## promtool: check and unit-test the alerting rules in monitoring/pr
 
 docs: $(BIN)/.installed ## regenerate docs/metrics.md from src/hookwatch/_catalogue.py
 	$(BIN)/hookwatch catalogue > docs/metrics.md
+
+SOAK_SECONDS ?= 600
+soak: deps $(MAR) ## soak, 10 min (SOAK_SECONDS): 70 % of capacity, bad requests, a worker killed; writes docs/soak/
+	$(BIN)/hookwatch soak --seconds $(SOAK_SECONDS)
 
 bench-scrape: $(MAR) ## exporter scrape time after 100 worker restarts: writes docs/bench/scrape.md
 	$(BIN)/python -m hookwatch.tools.bench.scrape --out docs/bench/scrape.md

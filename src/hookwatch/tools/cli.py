@@ -425,6 +425,30 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _soak(args: argparse.Namespace) -> int:
+    from hookwatch.tools.devstack import Ports
+    from hookwatch.tools.soak import report, runner
+
+    settings = (
+        runner.Settings.quick(args.seconds or 60.0)
+        if args.quick
+        else runner.Settings.full(args.seconds or 600.0)
+    )
+    work = (args.work or args.root / "build" / "soak").resolve()
+    out = args.out or (work / "report" if args.quick else args.root / "docs" / "soak")
+    if args.render:
+        problems = report.rewrite(out)
+    else:
+        result = runner.run(args.root.resolve(), settings, work, Ports.free())
+        problems = report.write(result, out)
+    print(
+        f"wrote {out}/README.md, soak.json and plots: " + ("passed" if not problems else "failed")
+    )
+    for problem in problems:
+        print(f"  {problem}")
+    return 1 if problems else 0
+
+
 def _profile(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
@@ -668,6 +692,30 @@ def build_parser() -> argparse.ArgumentParser:
     units.add_argument("--range", default="1h", help="PromQL duration (with --prometheus)")
     units.add_argument("--model", default=None, help="one model only")
     units.set_defaults(func=_units)
+
+    soak = sub.add_parser(
+        "soak",
+        help="the stack at 70 %% of its capacity with bad requests and a worker killed: "
+        "memory, descriptors, files, series and counts over time",
+    )
+    soak.add_argument("--root", type=Path, default=Path.cwd(), help=REPO_ROOT_HINT)
+    soak.add_argument(
+        "--seconds",
+        type=float,
+        default=float(os.environ.get("SOAK_SECONDS", "0")),
+        help="soak length (default 600, --quick 60; $SOAK_SECONDS)",
+    )
+    soak.add_argument(
+        "--quick", action="store_true", help="the 1-minute form: shorter samples and windows"
+    )
+    soak.add_argument("--out", type=Path, default=None, help="report directory (default docs/soak)")
+    soak.add_argument("--work", type=Path, default=None, help="run directory (build/soak)")
+    soak.add_argument(
+        "--render",
+        action="store_true",
+        help="run nothing: redraw README.md and the plots from the report directory's soak.json",
+    )
+    soak.set_defaults(func=_soak)
 
     bench = sub.add_parser("bench", help="measure the monitored handler against the plain one")
     bench.add_argument("--root", type=Path, default=Path.cwd(), help=REPO_ROOT_HINT)
