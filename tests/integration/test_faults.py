@@ -9,7 +9,6 @@ in tests/unit/test_faults.py.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -29,6 +28,7 @@ from hookwatch._service import ModelService
 from hookwatch.tools.demo.data import load_split
 from hookwatch.tools.devstack import Stack
 from tests.conftest import require, require_binary
+from tests.filesystem import fill
 from tests.integration.helpers import ROOT, demo_model, eventually, scrape, total
 
 pytestmark = pytest.mark.integration
@@ -207,16 +207,6 @@ def _remount(mount: Path, mode: str) -> None:
     subprocess.run(["mount", "-o", f"remount,{mode}", str(mount)], check=True)
 
 
-def _fill(mount: Path) -> Path:
-    filler = mount / "filler"
-    with filler.open("wb", buffering=0) as f:
-        for size in (1 << 16, 4096, 1):
-            with contextlib.suppress(OSError):
-                while True:
-                    f.write(b"\0" * size)
-    return filler
-
-
 def _writable(stack: Stack) -> float:
     return scrape(stack.ports.exporter)[("hookwatch_metrics_dir_writable", ())]
 
@@ -252,7 +242,7 @@ def test_an_unwritable_then_full_metrics_directory_never_stops_torchserve(
     assert faults >= 2  # each worker's publishes that could not write, counted once it could
 
     # Full: the files exist and keep counting; no worker dies of SIGBUS.
-    filler = _fill(small_tmpfs)
+    filler = fill(small_tmpfs)
     workers = sorted(stack.worker_pids())
     traffic.send(60)
     traffic.check()

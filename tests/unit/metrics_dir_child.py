@@ -9,7 +9,6 @@ tmpfs) shows as the exit status.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import logging
@@ -34,6 +33,7 @@ from hookwatch._metrics import (
 from hookwatch._service import ModelService
 from hookwatch.tools.demo.data import load_split
 from hookwatch.tools.demo.digits_cnn import DigitsCNN
+from tests.filesystem import fill
 
 ROOT = Path(__file__).resolve().parents[2]
 SPLIT = load_split()
@@ -51,18 +51,6 @@ class Counting(logging.Handler):
 
 def mount(*args: str) -> None:
     subprocess.run(["mount", *args], check=True)
-
-
-def fill(directory: Path) -> Path:
-    """Write zeros into ``directory`` until the filesystem has no block left."""
-    filler = directory / "filler"
-    # Unbuffered, so the write that finds the disk full is the one that raises.
-    with filler.open("wb", buffering=0) as f:
-        for size in (1 << 16, 4096, 1):
-            with contextlib.suppress(OSError):
-                while True:
-                    f.write(b"\0" * size)
-    return filler
 
 
 def main(scenario: str, base: Path) -> dict[str, Any]:
