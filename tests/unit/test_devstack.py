@@ -88,7 +88,12 @@ def _sleeper() -> int:
         text=True,
         check=True,
     )
-    return int(out.stdout)
+    pid = int(out.stdout)
+    deadline = time.monotonic() + 10
+    while os.getpgid(pid) != pid:  # the shell reports the pid before setsid has run
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    return pid
 
 
 def _gone(pid: int) -> bool:
