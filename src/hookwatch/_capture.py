@@ -51,6 +51,11 @@ class RateLimitedLog:
 _RUNNING: weakref.WeakSet[CaptureWorker[Any]] = weakref.WeakSet()
 #: How long interpreter exit waits for each capture thread to finish its current batch.
 EXIT_TIMEOUT_S = 2.0
+#: A capture loop that fails more than this many times within ``RESTART_WINDOW_S`` is not
+#: restarted into processing again: capture goes off (``on_off``) and the thread only publishes.
+#: A failure a day is a bug to fix, not a reason to stop watching; a failure per batch is.
+MAX_RESTARTS = 3
+RESTART_WINDOW_S = 60.0
 
 
 @atexit.register
@@ -77,6 +82,14 @@ class CaptureWorker(Generic[T]):
 
     One thread offering (TorchServe runs one batch at a time per worker) keeps the bound exact;
     several offering threads can overshoot ``capacity`` by at most one item each.
+
+    The thread supervises its own loop: anything that escapes it (``process`` and ``tick``
+    failures are already caught one by one; this is a bug in the loop itself, or a
+    ``BaseException`` such as ``SystemExit`` from processing code) is counted in
+    :attr:`faults`, logged (rate-limited) and the loop restarts. The batch in hand is lost
+    (:attr:`lost`). After more than ``MAX_RESTARTS`` failures in ``RESTART_WINDOW_S``, capture
+    goes off for good: ``on_off`` is called (the monitor closes its gate and switches its
+    hooks off), queued and later items are discarded, and the thread keeps publishing.
     """
 
     def __init__(
@@ -89,6 +102,7 @@ class CaptureWorker(Generic[T]):
         max_batch: int = 512,
         poll_s: float = 0.05,
         min_batch: int = 1,
+        on_off: Callable[[], None] | None = None,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"expected capacity >= 1, got {capacity}")
@@ -112,12 +126,22 @@ class CaptureWorker(Generic[T]):
         self._process_remaining = True
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._log = RateLimitedLog(log)
+        self._on_off = on_off
+        #: The batch being processed: what a failure of the loop loses.
+        self._in_hand: list[T] = []
         #: Written only by the request thread; read by the worker thread at each tick.
         self.dropped = 0
         self.accepted = 0
         #: Written only by the worker thread.
         self.faults = 0
         self.processed = 0
+        #: Items accepted but never processed: in hand when the loop failed, or discarded
+        #: once capture was off (counted in ``processed`` too, so ``wait_idle`` returns).
+        self.lost = 0
+        #: Times the loop failed and was restarted.
+        self.restarts = 0
+        #: True once capture went off after repeated failures (the thread only publishes).
+        self.off = False
 
     def start(self) -> None:
         self._thread.start()
@@ -156,10 +180,73 @@ class CaptureWorker(Generic[T]):
             )
 
     def _process_batch(self, batch: list[T]) -> None:
+        if self.off:
+            self._discard(len(batch))
+            return
+        self._in_hand = batch
         self._safe(partial(self._process, batch), "processing captures")
+        self._in_hand = []
         self.processed += len(batch)
 
+    def _discard(self, count: int) -> None:
+        self.lost += count
+        self.processed += count
+
     def _run(self) -> None:
+        failures: collections.deque[float] = collections.deque()
+        while True:
+            try:
+                self._loop()
+                break
+            except BaseException as error:  # whatever it is, the thread must outlive its loop
+                self._failed(error, failures)
+        self._flush_remaining()
+
+    def _failed(self, error: BaseException, failures: collections.deque[float]) -> None:
+        """Count and log a failure of the loop; switch capture off when they come too fast."""
+        self._discard(len(self._in_hand))
+        self._in_hand = []
+        self.faults += 1
+        self.restarts += 1
+        now = time.monotonic()
+        failures.append(now)
+        while failures and now - failures[0] > RESTART_WINDOW_S:
+            failures.popleft()
+        what = f"{type(error).__name__}: {error}"
+        if self.off or len(failures) <= MAX_RESTARTS:
+            self._log.warning(
+                "loop",
+                "hookwatch: the capture thread failed (%s); restarted (%d restarts so far), "
+                "serving continues",
+                what,
+                self.restarts,
+                exc_info=True,
+            )
+        else:
+            self.off = True
+            self._discard(len(self._drain_all()))
+            self._safe(self._on_off or (lambda: None), "switching capture off")
+            self._log.warning(
+                "off",
+                "hookwatch: the capture thread failed %d times within %.0f s (last: %s); "
+                "capture is off until the process restarts (hookwatch_layer_enabled 0), "
+                "request counts go on, serving continues",
+                len(failures),
+                RESTART_WINDOW_S,
+                what,
+                exc_info=True,
+            )
+        if self.off:
+            # Whatever keeps failing once capture is off is publishing: at most one try a tick.
+            self._stop.wait(self._interval)
+
+    def _drain_all(self) -> list[T]:
+        items: list[T] = []
+        while batch := self._drain():
+            items.extend(batch)
+        return items
+
+    def _loop(self) -> None:
         next_tick = time.monotonic() + self._interval
         backlog = False
         while True:
@@ -179,7 +266,6 @@ class CaptureWorker(Generic[T]):
             if tick_due:
                 self._safe(self._tick, "publishing metrics")
                 next_tick = time.monotonic() + self._interval
-        self._flush_remaining()
 
     def _flush_remaining(self) -> None:
         if self._process_remaining:

@@ -49,10 +49,12 @@ __all__ = [
     "DRIFT_THRESHOLD",
     "DRIFT_WINDOWS",
     "DRIFT_WINDOW_SAMPLES",
+    "EXPORTER_CATALOGUE",
     "EXTRA_LABEL_VALUES",
     "FLEET_METRICS",
     "LABELS",
     "LAYER_ENABLED",
+    "METRICS_DIR_WRITABLE",
     "MONITOR_FAULTS",
     "MULTIPROCESS_MEANING",
     "REFERENCE_ACTIVATION_STATISTIC",
@@ -298,7 +300,9 @@ DRIFT_PROFILE_LOADED = GaugeSpec(
     ("model",),
     "",
     "1 while drift detection runs against a loaded reference profile, 0 when the model has "
-    "no profile (or drift is switched off): it serves, without drift signals.",
+    "no profile, its profile cannot be used (corrupt, cut short, another format version, for "
+    'other layers: logged at load and counted in hookwatch_monitor_faults_total{layer="all"}) '
+    "or drift is switched off: it serves, without drift signals.",
     multiprocess_mode="livemin",
 )
 DRIFT_DETECTOR_USABLE = GaugeSpec(
@@ -444,12 +448,29 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     DRIFT_REFERENCE_BIN_SAMPLES,
 )
 
-BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in CATALOGUE}
+METRICS_DIR_WRITABLE = GaugeSpec(
+    "hookwatch_metrics_dir_writable",
+    (),
+    "",
+    "1 when a worker could create a metric file in PROMETHEUS_MULTIPROC_DIR at the last "
+    "scrape (the exporter creates a probe file there with a new file's blocks allocated, and "
+    "removes it), 0 when the directory is unwritable or full. Workers then keep serving and "
+    "counting in memory, and write their metrics once the directory takes them again.",
+    # Written by the exporter itself, never by a worker: the mode is never used.
+    multiprocess_mode="livemin",
+)
+
+#: Metrics the exporter computes at each scrape, one series per exporter (no ``model``
+#: label): the state of the metrics directory itself, which a worker that cannot write there
+#: cannot report. Not built by :class:`~hookwatch._metrics.MetricSet`.
+EXPORTER_CATALOGUE: tuple[MetricSpec, ...] = (METRICS_DIR_WRITABLE,)
+
+BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in (*CATALOGUE, *EXPORTER_CATALOGUE)}
 
 
 def exposed_names() -> frozenset[str]:
     """Every sample name any catalogued metric can put on a scrape."""
-    return frozenset(n for spec in CATALOGUE for n in spec.exposed_names)
+    return frozenset(n for spec in (*CATALOGUE, *EXPORTER_CATALOGUE) for n in spec.exposed_names)
 
 
 # -- documentation and cardinality --------------------------------------------------------------

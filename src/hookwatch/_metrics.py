@@ -24,16 +24,19 @@ from typing import Any, Protocol
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary, multiprocess
+from prometheus_client import mmap_dict as _mmap_dict
 from prometheus_client import values as _values
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics import MetricWrapperBase
-from prometheus_client.mmap_dict import MmapedDict as _MmapedDict
 from prometheus_client.mmap_dict import mmap_key
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from hookwatch._capture import RateLimitedLog
 from hookwatch._catalogue import (
     CAPTURES_DROPPED,
     CATALOGUE,
+    METRICS_DIR_WRITABLE,
     REQUEST_DURATION,
     REQUESTS,
     REQUESTS_REJECTED,
@@ -50,8 +53,10 @@ __all__ = [
     "CountSlots",
     "MetricSet",
     "MetricsServer",
+    "ReservedMmapedDict",
     "compact_dead_workers",
     "default_metrics",
+    "dir_writable",
     "exporter_registry",
     "merged_files",
     "parse_samples",
@@ -79,6 +84,68 @@ def _build(spec: MetricSpec, registry: CollectorRegistry) -> MetricWrapperBase:
     return Summary(spec.name, spec.help, spec.labels, registry=registry)
 
 
+#: Size prometheus-client gives a new metric file (it doubles it when full).
+_INITIAL_FILE_SIZE: int = getattr(_mmap_dict, "_INITIAL_MMAP_SIZE", 1 << 16)
+
+
+def _create_reserved(filename: str, size: int) -> None:
+    """Create ``filename`` (or keep it) with its first ``size`` bytes allocated on disk.
+
+    Raises OSError (ENOSPC on a full filesystem, EACCES/EROFS where it is unwritable) and
+    then leaves no empty file behind for the exporter to trip over.
+    """
+    fd = os.open(filename, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        existing = os.fstat(fd).st_size
+        try:
+            os.posix_fallocate(fd, 0, max(existing, size))
+        except OSError:
+            if existing == 0:
+                with contextlib.suppress(OSError):
+                    os.unlink(filename)
+            raise
+    finally:
+        os.close(fd)
+
+
+def _entry_size(key: str) -> int:
+    """Bytes prometheus-client's file takes for one more key (length, padded key, 2 doubles)."""
+    encoded = len(key.encode("utf-8"))
+    return 4 + encoded + (8 - (encoded + 4) % 8) + 16
+
+
+class ReservedMmapedDict(_mmap_dict.MmapedDict):
+    """prometheus-client's metric file with its disk blocks allocated before they are mapped.
+
+    prometheus-client sizes a file with ftruncate, which allocates nothing: the first write to
+    each page of the map allocates it, and on a full filesystem the kernel answers that write
+    with SIGBUS, which kills the process (a TorchServe worker, over a metric). Allocating the
+    blocks up front (posix_fallocate) turns a full disk into an OSError where the file is
+    created or grown, which hookwatch catches, and every later write to the map lands on
+    blocks the file owns already. Installed for every metric file a process writes (see below).
+    """
+
+    def __init__(self, filename: str, read_mode: bool = False) -> None:
+        if not read_mode:
+            _create_reserved(filename, _INITIAL_FILE_SIZE)
+        super().__init__(filename, read_mode)  # type: ignore[no-untyped-call]
+
+    def _init_value(self, key: str) -> None:
+        # Grown as prometheus-client would (doubling), but allocated before it maps the growth.
+        needed = self._used + _entry_size(key)
+        capacity = self._capacity
+        while needed > capacity:
+            capacity *= 2
+        if capacity > self._capacity:
+            os.posix_fallocate(self._f.fileno(), 0, capacity)
+        super()._init_value(key)  # type: ignore[no-untyped-call]
+
+
+# prometheus-client looks this name up in its values module each time it opens a process's
+# metric file: every value file of this process is reserved from now on.
+setattr(_values, "MmapedDict", ReservedMmapedDict)  # noqa: B010 - not exported upstream
+
+
 def multiprocess_dir() -> str | None:
     """The directory this process writes its metric files to, or None (one registry in
     process memory). prometheus-client decides once, when it is first imported."""
@@ -103,10 +170,24 @@ class _SlotFile:
     def __init__(self, directory: str, kind: str, keys: Iterable[str]) -> None:
         self.path = os.path.join(directory, f"{kind}_slots-{os.getpid()}-{next(_SLOT_FILES)}.db")
         self._file = MmapedDict(self.path)
-        for key in keys:
-            self._file.write_value(key, 0.0, 0.0)
+        try:
+            for key in keys:
+                self._file.write_value(key, 0.0, 0.0)
+        except OSError:
+            # Half a layout is no count file: the next try starts a new one.
+            self._file.close()
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+            raise
         # Every key exists now: the map is never grown again, so this view stays valid.
-        self.values = np.frombuffer(self._file._m, dtype=np.float64)
+        self.values: Any = np.frombuffer(self._file._m, dtype=np.float64)
+
+    def discard(self) -> None:
+        """Close and remove the file (a count file whose sibling could not be made)."""
+        self.values = None  # the map cannot close while a view of it exists
+        self._file.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
 
     def index(self, key: str) -> int:
         return int(self._file._positions[key] // 8)
@@ -176,7 +257,11 @@ class CountSlots:
             ]
             sum_key = mmap_key(name, name + "_sum", list(histogram.labels), values, help_text)
             layout.append((histogram, labels, bounds, bucket_keys, sum_key))
-        file = _SlotFile(directory, "histogram", [k for *_, b, s in layout for k in (*b, s)])
+        try:
+            file = _SlotFile(directory, "histogram", [k for *_, b, s in layout for k in (*b, s)])
+        except OSError:
+            self._counters.discard()
+            raise
         for histogram, labels, bounds, bucket_keys, sum_key in layout:
             self._histograms[(histogram.name, tuple(sorted(labels.items())))] = HistogramSlot(
                 file, bounds[:-1], [file.index(k) for k in bucket_keys], file.index(sum_key)
@@ -300,8 +385,8 @@ def _pid_alive(pid: int) -> bool:
 
 #: Commit record of the dead-worker archive (not a ``.db`` file, so no collector reads it).
 ARCHIVE_MANIFEST = "archive.json"
-#: prometheus-client's mmap file format; untyped upstream.
-MmapedDict: Any = _MmapedDict
+#: prometheus-client's mmap file format (untyped upstream), with reserved blocks.
+MmapedDict: Any = ReservedMmapedDict
 _ARCHIVE = re.compile(r"^(counter|summary|histogram)_archive-(\d+)\.db$")
 _PENDING = re.compile(r"^(counter|summary|histogram)_.+\.g(\d+)\.compacting$")
 #: A worker's files that only ever grow: prometheus-client's per type, and the request
@@ -326,6 +411,19 @@ def _raw_values(files: Iterable[str]) -> dict[tuple[str, str], float]:
         for key, value, _, _ in MmapedDict.read_all_values_from_file(f):
             totals[(typ, key)] = totals.get((typ, key), 0.0) + value
     return totals
+
+
+#: Suffix of a dead worker's file that could not be read, set aside by compaction.
+DAMAGED = ".damaged"
+
+
+def _readable(path: str) -> bool:
+    try:
+        for key, _, _, _ in MmapedDict.read_all_values_from_file(path):
+            json.loads(key)
+    except Exception:
+        return False
+    return True
 
 
 def _fsync(filename: str) -> None:
@@ -362,6 +460,12 @@ def compact_dead_workers(path: str, alive: Callable[[int], bool] = _pid_alive) -
     for name in names:
         m = _ACCUMULATED.match(name)
         if m and not alive(int(m.group(2))):
+            if not _readable(os.path.join(path, name)):
+                # Nothing in it can be counted, and an archive holding it could never be read:
+                # set it aside (out of every scrape and archive), kept for a post-mortem.
+                os.rename(os.path.join(path, name), os.path.join(path, name + DAMAGED))
+                log.warning("hookwatch exporter: %s cannot be read; renamed to *%s", name, DAMAGED)
+                continue
             target = f"{name.removesuffix('.db')}.g{nxt}.compacting"
             os.rename(os.path.join(path, name), os.path.join(path, target))
             pending.append(target)
@@ -397,14 +501,34 @@ def compact_dead_workers(path: str, alive: Callable[[int], bool] = _pid_alive) -
 
 
 def merged_files(path: str) -> list[str]:
-    """The ``*.db`` files one scrape merges: worker files plus the committed archive only."""
-    generation = int(_read_manifest(path)["generation"])
+    """The files one scrape merges: worker ``*.db`` files plus the committed archive, and dead
+    workers' files renamed for a compaction that has not committed (it failed: a full or
+    read-only directory), which are in no archive yet."""
+    manifest = _read_manifest(path)
+    generation = int(manifest["generation"])
+    absorbed = set(manifest["absorbed"])
     files = []
     for f in glob.glob(os.path.join(path, "*.db")):
         m = _ARCHIVE.match(os.path.basename(f))
         if m is None or int(m.group(2)) == generation:
             files.append(f)
+    for name in os.listdir(path):
+        if _PENDING.match(name) and name not in absorbed:
+            files.append(os.path.join(path, name))
     return files
+
+
+def dir_writable(path: str) -> bool:
+    """Whether a worker could create a metric file in ``path`` now: a probe file (not a
+    ``.db``, so never merged) created with a new file's blocks allocated, then removed."""
+    probe = os.path.join(path, f".hookwatch-probe-{os.getpid()}")
+    try:
+        _create_reserved(probe, _INITIAL_FILE_SIZE)
+    except OSError:
+        return False
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
+    return True
 
 
 class _ReapingCollector(Collector):
@@ -420,23 +544,80 @@ class _ReapingCollector(Collector):
         self._reap = reap
         self._compact = reap and compact
         self._lock = threading.Lock()
+        self._log = RateLimitedLog(log)
 
     def collect(self) -> Iterable[Any]:
+        # Housekeeping that fails (a read-only or full directory) is logged and retried on the
+        # next scrape; the scrape itself still answers with what the files hold.
         with self._lock:
             if self._reap:
-                pids = {
-                    int(m.group(1))
-                    for f in glob.glob(os.path.join(self._path, "gauge_live*_*.db"))
-                    if (m := _DB_PID.search(f))
-                }
-                for pid in pids:
-                    if not _pid_alive(pid):
-                        multiprocess.mark_process_dead(pid, self._path)  # type: ignore[no-untyped-call]
+                self._reap_dead_gauges()
             if self._compact:
-                compact_dead_workers(self._path)
+                try:
+                    compact_dead_workers(self._path)
+                except Exception as error:
+                    self._warn("compact", "compacting dead workers' files", error)
             files = merged_files(self._path)
-        samples: Iterable[Any] = multiprocess.MultiProcessCollector.merge(files)  # type: ignore[no-untyped-call]
+            writable = dir_writable(self._path)
+        samples = list(self._merge(files))
+        samples.append(
+            GaugeMetricFamily(
+                METRICS_DIR_WRITABLE.name, METRICS_DIR_WRITABLE.help, 1.0 if writable else 0.0
+            )
+        )
         return samples
+
+    def _reap_dead_gauges(self) -> None:
+        pids = {
+            int(m.group(1))
+            for f in glob.glob(os.path.join(self._path, "gauge_live*_*.db"))
+            if (m := _DB_PID.search(f))
+        }
+        for pid in pids:
+            if not _pid_alive(pid):
+                try:
+                    multiprocess.mark_process_dead(pid, self._path)  # type: ignore[no-untyped-call]
+                except OSError as error:
+                    self._warn("reap", "removing dead workers' gauge files", error)
+
+    def _merge(self, files: list[str]) -> Iterable[Any]:
+        try:
+            merged: Iterable[Any] = _merge(files)
+            return merged
+        except Exception:
+            # One damaged file (cut short, garbage) must not blank every hookwatch series:
+            # find it, leave it out, say so.
+            good = [f for f in files if _mergeable(f)]
+            bad = sorted(os.path.basename(f) for f in set(files) - set(good))
+            self._log.warning(
+                "unreadable",
+                "hookwatch exporter: left out %d metric files that cannot be read: %s",
+                len(bad),
+                ", ".join(bad[:10]),
+            )
+            return _merge(good)
+
+    def _warn(self, key: str, what: str, error: Exception) -> None:
+        self._log.warning(
+            key,
+            "hookwatch exporter: %s in %s failed (%s); retried on the next scrape",
+            what,
+            self._path,
+            error,
+        )
+
+
+def _merge(files: list[str]) -> Iterable[Any]:
+    merged: Iterable[Any] = multiprocess.MultiProcessCollector.merge(files)  # type: ignore[no-untyped-call]
+    return merged
+
+
+def _mergeable(path: str) -> bool:
+    try:
+        _merge([path])
+    except Exception:
+        return False
+    return True
 
 
 def exporter_registry(

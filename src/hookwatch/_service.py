@@ -29,7 +29,7 @@ from hookwatch._errors import BadInputError, ConfigError
 from hookwatch._hooks import resolve_layers, select_tensor
 from hookwatch._metrics import MetricSet
 from hookwatch._monitor import Monitor
-from hookwatch._profile import load_tracker
+from hookwatch._profile import serving_tracker
 from hookwatch._text import TextPipeline
 
 __all__ = [
@@ -417,8 +417,10 @@ class ModelService:
         monitor = None
         if monitored:
             config = resolve_layers(model, config, model_name)
-            drift = load_tracker(config, model_dir, model_name)
-            monitor = Monitor(model, config, model_name, metrics, drift=drift)
+            drift, faulted = serving_tracker(config, model_dir, model_name)
+            monitor = Monitor(
+                model, config, model_name, metrics, drift=drift, load_faults=int(faulted)
+            )
         return cls(model, handler.input, monitor, handler.labels, device, config.output, model_dir)
 
     def decode(self, bodies: Sequence[Any]) -> DecodedBatch:

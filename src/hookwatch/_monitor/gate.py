@@ -110,16 +110,7 @@ class RequestGate:
     ) -> None:
         self.model_name = model_name
         #: Where the counts also go as they happen, to survive the process (worker files).
-        self.slots = slots
-        if slots is not None:
-            name = {"model": model_name}
-            self._at_requests = slots.index(cat.REQUESTS, **name)
-            self._at_sampled = slots.index(cat.REQUESTS_SAMPLED, **name)
-            self._at_dropped = slots.index(cat.CAPTURES_DROPPED, **name)
-            self._at_rejected = {
-                r: slots.index(cat.REQUESTS_REJECTED, reason=r, **name) for r in REJECT_REASONS
-            }
-            self._duration = slots.histogram(cat.REQUEST_DURATION, **name)
+        self.slots: CountSlots | None = None
         self.sample_rate = sample_rate if enabled else 0.0
         #: The flag every hook reads (thread-local, open only inside a sampled forward).
         self.gate = Gate()
@@ -134,6 +125,35 @@ class RequestGate:
         self._rejected: dict[str, int] = defaultdict(int)
         self._dropped = 0
         self._hook_faults: dict[str, int] = defaultdict(int)
+        if slots is not None:
+            self.attach_slots(slots)
+
+    def attach_slots(self, slots: CountSlots) -> None:
+        """From now on also write the counts into ``slots``, starting from what was counted so
+        far (a count file created late, once the metrics directory took it, misses nothing)."""
+        name = {"model": self.model_name}
+        at_requests = slots.index(cat.REQUESTS, **name)
+        at_sampled = slots.index(cat.REQUESTS_SAMPLED, **name)
+        at_dropped = slots.index(cat.CAPTURES_DROPPED, **name)
+        at_rejected = {
+            r: slots.index(cat.REQUESTS_REJECTED, reason=r, **name) for r in REJECT_REASONS
+        }
+        with self._lock:
+            if self.slots is not None:
+                raise RuntimeError("expected a gate without a count file, got one with")
+            slots.add(at_requests, self._requests)
+            slots.add(at_sampled, self._sampled)
+            slots.add(at_dropped, self._dropped)
+            for reason, count in self._rejected.items():
+                slots.add(at_rejected[reason], count)
+            self._at_requests, self._at_sampled, self._at_dropped = (
+                at_requests,
+                at_sampled,
+                at_dropped,
+            )
+            self._at_rejected = at_rejected
+            self._duration = slots.histogram(cat.REQUEST_DURATION, **name)
+            self.slots = slots
 
     def receive(self, count: int) -> None:
         """Count ``count`` requests as received, before anything can go wrong with them."""

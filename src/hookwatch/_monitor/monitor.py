@@ -8,14 +8,16 @@ the :class:`~hookwatch._monitor.publisher.Publisher`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 from collections.abc import Sequence
 from types import TracebackType
 
 from torch import nn
 
 from hookwatch import _catalogue as cat
-from hookwatch._capture import CaptureWorker
+from hookwatch._capture import CaptureWorker, RateLimitedLog
 from hookwatch._config import MonitoringConfig
 from hookwatch._drift import DriftTracker
 from hookwatch._hooks import HookSet, HookState, describe_model, resolve_layers
@@ -56,6 +58,7 @@ class Monitor:
         model_name: str,
         metrics: MetricSet | None = None,
         drift: DriftTracker | None = None,
+        load_faults: int = 0,
     ) -> None:
         config = resolve_layers(model, config, model_name)
         note = describe_model(model)
@@ -68,6 +71,9 @@ class Monitor:
         if drift is not None:
             drift.tallied = frozenset(config.drift.fleet_detectors) & set(drift.references)
         self.drift = drift
+        #: Faults found while loading (a profile that could not be used), counted with the
+        #: capture thread's under ``layer="all"``.
+        self.load_faults = load_faults
         self.worker: CaptureWorker[Record] = CaptureWorker(
             config.queue_size,
             self._process,
@@ -75,17 +81,10 @@ class Monitor:
             config.flush_interval_s,
             poll_s=DRAIN_GAP_S,
             min_batch=DRAIN_BATCH,
+            on_off=self._capture_off,
         )
-        # Where worker files are written, the request counts go to a file of their own as
-        # they happen (they survive SIGKILL); elsewhere the publisher adds them every flush.
-        slots = self.metrics.count_slots(model_name)
         self.gate = RequestGate(
-            model_name,
-            config.sample_rate,
-            self.worker.offer,
-            config.enabled,
-            config.seed,
-            slots=slots,
+            model_name, config.sample_rate, self.worker.offer, config.enabled, config.seed
         )
         self.hooks = HookSet(self.gate.gate, self.gate, config.max_features, config.copy_limit)
         widths = drift.feature_widths() if drift is not None else {}
@@ -104,7 +103,12 @@ class Monitor:
             else {},
             classes=classes,
         )
-        self.publisher = Publisher(self.metrics, model_name, counts_published=slots is None)
+        self.publisher = Publisher(self.metrics, model_name)
+        self._classes = classes
+        #: True once the count file exists and every series is declared (see _setup_metrics).
+        self.metrics_ready = False
+        self._setup_lock = threading.Lock()
+        self._log = RateLimitedLog(log)
         if config.enabled:
             self.hooks.attach(
                 model,
@@ -115,10 +119,49 @@ class Monitor:
                 output_select=config.output.select,
                 mask=config.mask,
             )
-        self.publisher.declare(
-            config.watched if config.enabled else (), self.worker.capacity, drift, classes
-        )
+        try:
+            self._setup_metrics()
+        except OSError as error:
+            # An unwritable or full metrics directory must not fail the model's load: serve,
+            # count in memory, and retry on every publish until the files can be written.
+            self._log.warning(
+                "metrics",
+                "hookwatch: cannot write the metric files of model %r (%s: %s); serving on, "
+                "counting in memory and retrying every %g s (hookwatch_metrics_dir_writable 0 "
+                "on the exporter)",
+                model_name,
+                type(error).__name__,
+                error,
+                config.flush_interval_s,
+            )
         self.worker.start()
+
+    def _setup_metrics(self) -> None:
+        """Create the request path's count file and declare every series, once.
+
+        Where worker files are written, the request counts go to a file of their own as they
+        happen (they survive SIGKILL); what the gate counted before the file existed goes in
+        with it. Elsewhere (one process, one registry) the publisher adds them every flush.
+        Raises OSError while the metrics directory cannot take the files.
+        """
+        if self.metrics_ready:
+            return
+        # flush() publishes from the caller's thread too: one count file, never two.
+        with self._setup_lock:
+            if self.metrics_ready:
+                return
+            if self.gate.slots is None:
+                slots = self.metrics.count_slots(self.model_name)
+                if slots is not None:
+                    self.gate.attach_slots(slots)
+                    self.publisher.counts_published = False
+            self.publisher.declare(
+                self.config.watched if self.config.enabled else (),
+                self.worker.capacity,
+                self.drift,
+                self._classes,
+            )
+            self.metrics_ready = True
 
     # -- request path -----------------------------------------------------------------------
 
@@ -144,7 +187,11 @@ class Monitor:
     def answered(self, seconds: float, count: int = 1) -> None:
         """Record that ``count`` requests were answered ``seconds`` after they were received:
         the request-duration histogram (``hookwatch_request_duration_seconds``)."""
-        if not self.gate.answered(seconds, count):
+        if self.gate.answered(seconds, count):
+            return
+        # Worker files that cannot be written yet (hookwatch_metrics_dir_writable 0): the
+        # duration is lost, the answer is not; the next publish retries the files.
+        with contextlib.suppress(OSError):
             self.metrics.observe_histogram(
                 cat.REQUEST_DURATION, seconds, count, model=self.model_name
             )
@@ -158,14 +205,24 @@ class Monitor:
     def _process(self, records: list[Record]) -> None:
         self.processor.process(records)
 
+    def _capture_off(self) -> None:
+        """The capture thread gave up processing: stop sampling and switch every hook off,
+        so requests pay nothing for captures that would only be discarded."""
+        self.gate.sample_rate = 0.0
+        for layer in self.hooks.layer_states():
+            self.hooks.disable(layer)
+
     def _publish(self) -> None:
+        # Until the metric files exist, nothing is published (the counts wait in the gate).
+        self._setup_metrics()
         # One copy of the gate's tallies: the request counts and hook faults of one moment.
         counts = self.gate.counts()
         faults = dict(counts.hook_faults)
         for layer, count in self.processor.faults.items():
             faults[layer] = faults.get(layer, 0) + count
-        # The capture thread's own faults, and the mask pre-hook's (no single layer's).
-        faults[ALL_LAYERS] = faults.get(ALL_LAYERS, 0) + self.worker.faults
+        # The capture thread's own faults, the mask pre-hook's (no single layer's) and the
+        # profile load's.
+        faults[ALL_LAYERS] = faults.get(ALL_LAYERS, 0) + self.worker.faults + self.load_faults
         self.publisher.publish(
             Snapshot(
                 counts=counts,
@@ -182,9 +239,16 @@ class Monitor:
     # -- lifecycle --------------------------------------------------------------------------
 
     def flush(self, timeout: float = 5.0) -> bool:
-        """Wait until every accepted capture is processed, then publish (tests, shutdown)."""
+        """Wait until every accepted capture is processed, then publish (tests, shutdown).
+
+        False when it timed out, or when the metric files cannot be written yet (the capture
+        thread's next publish retries, and counts the fault).
+        """
         idle = self.worker.wait_idle(timeout)
-        self._publish()
+        try:
+            self._publish()
+        except OSError:
+            return False
         return idle
 
     def close(self) -> None:

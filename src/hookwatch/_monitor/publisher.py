@@ -19,6 +19,7 @@ from hookwatch._metrics import CounterChild, MetricSet
 from hookwatch._monitor.gate import RequestCounts
 from hookwatch._monitor.processor import DriftTally, LayerTally, Processed
 from hookwatch._names import (
+    ALL_LAYERS,
     CLASS_STATISTICS,
     NONFINITE_KINDS,
     REJECT_REASONS,
@@ -52,13 +53,9 @@ class Publisher:
         self.model_name = model_name
         #: False where the request path writes its counts to the worker file itself.
         self.counts_published = counts_published
-        m, name = metrics, model_name
-        # Bound once: these are written on every publish.
-        self._counters: dict[str, CounterChild] = {
-            "requests": m.counter(cat.REQUESTS, model=name),
-            "sampled": m.counter(cat.REQUESTS_SAMPLED, model=name),
-            "dropped": m.counter(cat.CAPTURES_DROPPED, model=name),
-        }
+        # Bound at declare(), once: these are written on every publish. Not here: binding
+        # creates the series, which in a worker means writing its metric file.
+        self._counters: dict[str, CounterChild] = {}
         #: Fleet-wide drift counters per (detector, kept feature, bin), bound at declare().
         self._bin_counters: dict[str, dict[tuple[int, int], CounterChild]] = {}
         self._published: dict[str, int] = {}
@@ -83,11 +80,16 @@ class Publisher:
         Prometheus windows (``delta``, ``increase``) need the zero before the first event.
         """
         m, name = self.metrics, self.model_name
-        for counter in (cat.REQUESTS, cat.REQUESTS_SAMPLED):
-            m.touch(counter, model=name)
+        self._counters = {
+            "requests": m.counter(cat.REQUESTS, model=name),
+            "sampled": m.counter(cat.REQUESTS_SAMPLED, model=name),
+            "dropped": m.counter(cat.CAPTURES_DROPPED, model=name),
+        }
         for reason in REJECT_REASONS:
             m.touch(cat.REQUESTS_REJECTED, model=name, reason=reason)
-        m.touch(cat.CAPTURES_DROPPED, model=name)
+        # Faults outside any one layer (the capture thread, publishing, loading) exist from
+        # the start too: a publish that fails for want of space still has a series to count in.
+        m.touch(cat.MONITOR_FAULTS, model=name, layer=ALL_LAYERS)
         m.set(cat.CAPTURE_QUEUE_CAPACITY, queue_capacity, model=name)
         m.set(cat.WORKERS, 1, model=name)
         m.touch(cat.REQUEST_DURATION, model=name)

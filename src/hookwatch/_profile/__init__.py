@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hookwatch._profile.builder import build_profile, capture_features
 from hookwatch._profile.format import FORMAT, READABLE, VERSION, DriftProfile
-from hookwatch._profile.loading import load_tracker, tracker_for
+from hookwatch._profile.loading import load_tracker, serving_tracker, tracker_for
 
 __all__ = [
     "FORMAT",
@@ -14,5 +14,6 @@ __all__ = [
     "build_profile",
     "capture_features",
     "load_tracker",
+    "serving_tracker",
     "tracker_for",
 ]

@@ -10,7 +10,7 @@ from hookwatch._config import MonitoringConfig
 from hookwatch._drift import DriftTracker
 from hookwatch._profile.format import DriftProfile
 
-__all__ = ["load_tracker", "tracker_for"]
+__all__ = ["load_tracker", "serving_tracker", "tracker_for"]
 
 log = logging.getLogger("hookwatch")
 
@@ -38,6 +38,34 @@ def load_tracker(
         )
         return None
     return tracker_for(DriftProfile.load(path), config, model_name)
+
+
+def serving_tracker(
+    config: MonitoringConfig, model_dir: str | Path | None, model_name: str
+) -> tuple[DriftTracker | None, bool]:
+    """:func:`load_tracker` for a serving worker, which never fails the model's load over its
+    profile: the tracker, or None and whether that is a fault (a profile that is there but
+    cannot be used: corrupt, truncated, another format version, for other layers).
+
+    A fault is logged here, once per load, and the monitor counts it in
+    ``hookwatch_monitor_faults_total{layer="all"}``; ``hookwatch_drift_profile_loaded`` is 0
+    either way. Drift verdicts from a profile that does not fit would be meaningless, so there
+    are none; the model serves as it would without a profile.
+    """
+    try:
+        return load_tracker(config, model_dir, model_name), False
+    except Exception as error:
+        # Anything: np.load on a damaged zip raises half a dozen types, calibration may run
+        # out of memory. None of it is a reason to stop serving.
+        log.error(
+            "hookwatch: the drift profile of model %r could not be used (%s: %s); serving "
+            "without drift detection (hookwatch_drift_profile_loaded 0). Rebuild it with "
+            "`hookwatch profile` or `hookwatch archive`",
+            model_name,
+            type(error).__name__,
+            str(error)[:300],
+        )
+        return None, True
 
 
 def tracker_for(profile: DriftProfile, config: MonitoringConfig, model_name: str) -> DriftTracker:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hookwatch._catalogue import (
     CATALOGUE,
+    EXPORTER_CATALOGUE,
     FLEET_METRICS,
     LABELS,
     MULTIPROCESS_MEANING,
@@ -65,6 +66,19 @@ def markdown(
         lines.append(
             f"| {name} | {spec.kind} | {spec.unit or '1'} | {labels} | {_cell(spec.help)} |"
         )
+    lines += [
+        "",
+        "## The exporter's own",
+        "",
+        "Computed by `hookwatch exporter` at each scrape, one series per exporter (no `model` "
+        "label, not part of the per-model count below).",
+        "",
+        "| name | type | unit | labels | meaning |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for spec in EXPORTER_CATALOGUE:
+        unit = spec.unit or "1"
+        lines.append(f"| `{spec.name}` | {spec.kind} | {unit} |  | {_cell(spec.help)} |")
     lines += [
         "",
         "## Gauges across worker processes",

@@ -7,6 +7,7 @@ and each command imports what it needs when it runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import os
@@ -14,6 +15,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,15 +61,39 @@ def _stack(args: argparse.Namespace, **kwargs: Any) -> Any:
 
     return Stack(
         root=args.root,
-        run_dir=args.root / ".run",
+        run_dir=args.run_dir or args.root / ".run",
         ports=Ports.from_env(),
         workers=args.workers,
         **kwargs,
     )
 
 
-class _Stopped(Exception):
-    """A stop signal while the stack was starting."""
+@contextlib.contextmanager
+def _terminal_to_ourselves() -> Iterator[None]:
+    """Take the terminal's Ctrl-C for this process alone while the block runs.
+
+    Under ``make run`` this process shares its process group with make, and a terminal sends
+    Ctrl-C to the whole foreground group: make would get it too and, whatever its child does,
+    end itself by it (status 130). In a process group of its own made the terminal's
+    foreground group (what a shell does for a job), Ctrl-C reaches this process only; it stops
+    everything and exits 0, and make with it. The group is handed back at the end (and the
+    shell takes the terminal back when make ends, however this process ends). Nothing
+    changes without a terminal, or when this process leads its group already (a shell started
+    it directly).
+    """
+    try:
+        fd = sys.stdin.fileno()
+    except (AttributeError, ValueError, OSError):
+        fd = -1
+    previous = _take_foreground(fd)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            ttou = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+            with contextlib.suppress(OSError):
+                os.tcsetpgrp(fd, previous)
+            signal.signal(signal.SIGTTOU, ttou)
 
 
 def _final_report(stack: Any, out: Path, minutes: float) -> None:
@@ -99,38 +125,94 @@ def _final_report(stack: Any, out: Path, minutes: float) -> None:
     print(f"report: {written.index.resolve()} (open it in a browser)", flush=True)
 
 
-def _hold(stack: Any, seconds: float, make_traffic: Any = None, report: Path | None = None) -> int:
+def _take_foreground(fd: int) -> int | None:
+    """Move into a process group of our own, made the terminal's foreground group; returns
+    the group to hand the terminal back to, or None where nothing was changed."""
+    try:
+        if (
+            fd < 0
+            or not os.isatty(fd)
+            or os.getpgrp() == os.getpid()
+            or os.tcgetpgrp(fd) != os.getpgrp()
+        ):
+            return None
+    except OSError:
+        return None
+    previous = os.getpgrp()
+    # A process outside the foreground group that sets the foreground group gets SIGTTOU.
+    ttou = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    try:
+        os.setpgid(0, 0)
+        try:
+            os.tcsetpgrp(fd, os.getpgrp())
+        except OSError:
+            os.setpgid(0, previous)
+            raise
+    except OSError:
+        return None
+    finally:
+        signal.signal(signal.SIGTTOU, ttou)
+    return previous
+
+
+def _on_stop_signals() -> threading.Event:
+    """SIGINT (Ctrl-C) and SIGTERM set the returned event, and do nothing else: whatever runs
+    (a spawn, a readiness wait, the stop itself) reaches a point where it looks at it."""
+    stopping = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.set())
+    return stopping
+
+
+def _hold(
+    stack: Any,
+    seconds: float,
+    stopping: threading.Event,
+    command: str,
+    make_traffic: Any = None,
+    report: Path | None = None,
+) -> int:
     """Start ``stack``, print where everything is, show the live view every 5 s until
     Ctrl-C, SIGTERM, ``hookwatch stop`` or ``seconds``; write the report into ``report``
-    (None: none) and stop everything it started."""
-    from hookwatch.tools.traffic import LiveView
+    (None: none) while Prometheus still runs, and stop everything it started.
 
-    if stack.recorded_pids():
+    Stopped at any moment (starting, running, stopping) it exits 0 and prints one line.
+    """
+    from hookwatch.tools.devstack import AlreadyRunning
+
+    stack.stop_requested = stopping
+    try:
+        with _terminal_to_ourselves(), stack.hold(command):
+            return _held(stack, seconds, stopping, make_traffic, report)
+    except AlreadyRunning as running:
         print(
-            "a stack is already recorded in .run/pids.json; run `hookwatch stop` (or "
-            "`make stop`) first",
+            f"hookwatch {running.command} is already running in {stack.run_dir} (pid "
+            f"{running.pid}): stop it with Ctrl-C there or `make stop` (`hookwatch stop`)",
             file=sys.stderr,
         )
         return 1
+
+
+def _held(
+    stack: Any,
+    seconds: float,
+    stopping: threading.Event,
+    make_traffic: Any,
+    report: Path | None,
+) -> int:
+    from hookwatch.tools.devstack import Stopped
+    from hookwatch.tools.traffic import LiveView
+
+    left = stack.clear_stale()
+    if left:
+        print(f"stopped what a run that is gone left running: {', '.join(left)}", flush=True)
     busy = stack.ports.busy()
     if busy:
         print("cannot start:\n  " + "\n  ".join(busy), file=sys.stderr)
         return 1
-    stopping = threading.Event()
-    starting = True
-
-    def on_signal(*_: object) -> None:
-        stopping.set()
-        if starting:
-            # Starting blocks in readiness waits: leave them now, stop below.
-            raise _Stopped
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     name = stack.model_name
     traffic = None
     began = time.monotonic()
-    stack.record_holder(os.getpid())
     try:
         print(
             f"starting TorchServe ({stack.workers} workers) with {stack.models}, the hookwatch "
@@ -141,14 +223,12 @@ def _hold(stack: Any, seconds: float, make_traffic: Any = None, report: Path | N
             stack.start_torchserve()
             stack.start_exporter()
             stack.start_prometheus()
-        except _Stopped:
+        except Stopped:
             return 0
         except (OSError, RuntimeError):
-            if stopping.is_set() or not stack.recorded_pids():
-                return 0  # stopped from another shell while starting: not a failure
+            if stopping.is_set():
+                return 0  # a process we were waiting for was stopped with us
             raise
-        finally:
-            starting = False
         p = stack.ports
         print(
             f"\n  inference   http://127.0.0.1:{p.inference}/predictions/{name}\n"
@@ -158,21 +238,20 @@ def _hold(stack: Any, seconds: float, make_traffic: Any = None, report: Path | N
             f"  Prometheus  http://127.0.0.1:{p.prometheus}/graph\n",
             flush=True,
         )
-        if make_traffic is not None:
+        if make_traffic is not None and not stopping.is_set():
             traffic = make_traffic(stack)
             traffic.start()
         view = LiveView(stack)
         deadline = time.monotonic() + seconds if seconds > 0 else None
-        while not stopping.is_set():
+        while not stopping.wait(5.0):
             if deadline is not None and time.monotonic() >= deadline:
                 break
-            if stopping.wait(5.0) or not stack.recorded_pids():
-                break  # a signal, or `hookwatch stop` from another shell
             try:
-                print(view.render(traffic), flush=True)
+                table = view.render(traffic)
             except (OSError, RuntimeError) as error:
-                # Prometheus going away (a stop racing this render) is no reason to fail.
-                print(f"(live view unavailable: {error})", flush=True)
+                table = f"(live view unavailable: {error})"
+            if not stopping.is_set():  # stopped while rendering: the stop line comes alone
+                print(table, flush=True)
         if traffic is not None:
             traffic.stop()
         if report is not None and stack.recorded_pids():
@@ -180,7 +259,6 @@ def _hold(stack: Any, seconds: float, make_traffic: Any = None, report: Path | N
             _final_report(stack, report, (time.monotonic() - began) / 60 + 1)
     finally:
         killed = stack.stop()
-        stack.forget_holder()
         print(
             "stopped TorchServe, exporter and Prometheus"
             + (f" (needed SIGKILL: {', '.join(killed)})" if killed else ""),
@@ -190,6 +268,7 @@ def _hold(stack: Any, seconds: float, make_traffic: Any = None, report: Path | N
 
 
 def _run(args: argparse.Namespace) -> int:
+    stopping = _on_stop_signals()
     from hookwatch.tools.traffic import TrafficLoop
 
     shift = (
@@ -206,10 +285,11 @@ def _run(args: argparse.Namespace) -> int:
         )
         return TrafficLoop(stack, rate_per_s=args.rate, drift_after_s=args.drift_after)
 
-    return _hold(_stack(args), args.seconds, traffic, _report_dir(args))
+    return _hold(_stack(args), args.seconds, stopping, "run", traffic, _report_dir(args))
 
 
 def _serve(args: argparse.Namespace) -> int:
+    stopping = _on_stop_signals()
     from hookwatch.tools.own_model import mar_model_name
 
     mar: Path = args.mar
@@ -229,7 +309,7 @@ def _serve(args: argparse.Namespace) -> int:
         flush=True,
     )
     if args.traffic == "none":
-        return _hold(stack, args.seconds, report=_report_dir(args))
+        return _hold(stack, args.seconds, stopping, "serve", report=_report_dir(args))
     from hookwatch.tools.text.fortunes import read_category
     from hookwatch.tools.traffic import TextTraffic
 
@@ -251,7 +331,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"sending {loop.clean_name} fortunes at {args.rate:g}/s{after}\n", flush=True)
         return loop
 
-    return _hold(stack, args.seconds, traffic, report=_report_dir(args))
+    return _hold(stack, args.seconds, stopping, "serve", traffic, _report_dir(args))
 
 
 def _drift_after(parser: argparse.ArgumentParser, shifted: str) -> None:
@@ -426,39 +506,28 @@ def _archive(args: argparse.Namespace) -> int:
     return 0
 
 
-#: How long `hookwatch stop` waits for `hookwatch run`/`serve` to write its report and stop.
-HOLDER_STOP_S = 120.0
-
-
-def _stop_holder(stack: Any) -> int | None:
-    """Ask the `hookwatch run`/`serve` holding ``stack`` to stop (SIGTERM), as Ctrl-C would:
-    it writes its report before it stops the stack. Returns its pid once it is gone."""
-    pid: int | None = stack.holder_pid()
-    if pid is None:
-        return None
-    print(f"asking hookwatch (pid {pid}) to write its report and stop ...", flush=True)
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return pid  # it ended between the look and the signal
-    deadline = time.monotonic() + HOLDER_STOP_S
-    while stack.holder_pid() == pid and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return pid
-
-
 def _stop(args: argparse.Namespace) -> int:
+    """Stop what runs in the run directory, in one line: the ``hookwatch run``/``serve`` that
+    holds it (it stops its own stack and prints its own line), else what a run that is gone
+    left running."""
+    from hookwatch.tools.devstack import AlreadyRunning
+
     stack = _stack(args)
-    holder = _stop_holder(stack)
-    names = list(stack.recorded_pids())
-    if not names and holder is not None:
-        print(f"stopped hookwatch (pid {holder}) and everything it started")
+    holder = stack.stop_holder()
+    if holder is not None:
+        pid, command = holder
+        print(f"stopped hookwatch {command} (pid {pid}) and everything it started")
         return 0
-    if not names:
-        print("nothing recorded in .run/pids.json; nothing to stop")
-        return 0
-    killed = stack.stop()
-    print(f"stopped {', '.join(names)}" + (f" (SIGKILL: {', '.join(killed)})" if killed else ""))
+    try:
+        with stack.hold("stop"):
+            left = stack.clear_stale()
+    except AlreadyRunning:
+        print("a run started meanwhile; run `hookwatch stop` again to stop it", file=sys.stderr)
+        return 1
+    if left:
+        print(f"stopped {', '.join(left)} (left running by a run that is gone)")
+    else:
+        print(f"nothing runs in {stack.run_dir}; nothing to stop")
     return 0
 
 
@@ -510,6 +579,30 @@ def _bench(args: argparse.Namespace) -> int:
     report.write(result, out)
     print(f"wrote {out} and {out.with_suffix('.json')} in {result.duration_s / 60:.1f} min")
     return 0
+
+
+def _soak(args: argparse.Namespace) -> int:
+    from hookwatch.tools.devstack import Ports
+    from hookwatch.tools.soak import report, runner
+
+    settings = (
+        runner.Settings.quick(args.seconds or 60.0)
+        if args.quick
+        else runner.Settings.full(args.seconds or 600.0)
+    )
+    work = (args.work or args.root / "build" / "soak").resolve()
+    out = args.out or (work / "report" if args.quick else args.root / "docs" / "soak")
+    if args.render:
+        problems = report.rewrite(out)
+    else:
+        result = runner.run(args.root.resolve(), settings, work, Ports.free())
+        problems = report.write(result, out)
+    print(
+        f"wrote {out}/README.md, soak.json and plots: " + ("passed" if not problems else "failed")
+    )
+    for problem in problems:
+        print(f"  {problem}")
+    return 1 if problems else 0
 
 
 def _profile(args: argparse.Namespace) -> int:
@@ -601,6 +694,17 @@ def report_options(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("--no-report", action="store_true", help="write no report on stop")
 
 
+def run_dir_option(cmd: argparse.ArgumentParser) -> None:
+    env = os.environ.get("HOOKWATCH_RUN_DIR")
+    cmd.add_argument(
+        "--run-dir",
+        type=Path,
+        default=Path(env) if env else None,
+        help="where the stack's pids, logs and data go (default: $HOOKWATCH_RUN_DIR, else "
+        "ROOT/.run); one run at a time per directory",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hookwatch", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -640,6 +744,8 @@ def build_parser() -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=text)
         cmd.add_argument("--root", type=Path, default=Path.cwd(), help=REPO_ROOT_HINT)
         cmd.set_defaults(func=func)
+        if name in ("run", "stop"):
+            run_dir_option(cmd)
         if name == "build-demo":
             cmd.add_argument("--model-store", type=Path, default=None)
         if name in ("run", "stop"):
@@ -741,6 +847,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("mar", type=Path)
     serve.add_argument("--workers", type=int, default=1)
     serve.add_argument("--root", type=Path, default=Path.cwd(), help=REPO_ROOT_HINT)
+    run_dir_option(serve)
     serve.add_argument(
         "--seconds",
         type=float,
@@ -798,6 +905,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="Grafana dashboards whose panels it draws (default: monitoring/grafana/dashboards)",
     )
     report.set_defaults(func=_report)
+
+    soak = sub.add_parser(
+        "soak",
+        help="the stack at 70 %% of its capacity with bad requests and a worker killed: "
+        "memory, descriptors, files, series and counts over time",
+    )
+    soak.add_argument("--root", type=Path, default=Path.cwd(), help=REPO_ROOT_HINT)
+    soak.add_argument(
+        "--seconds",
+        type=float,
+        default=float(os.environ.get("SOAK_SECONDS", "0")),
+        help="soak length (default 600, --quick 60; $SOAK_SECONDS)",
+    )
+    soak.add_argument(
+        "--quick", action="store_true", help="the 1-minute form: shorter samples and windows"
+    )
+    soak.add_argument("--out", type=Path, default=None, help="report directory (default docs/soak)")
+    soak.add_argument("--work", type=Path, default=None, help="run directory (build/soak)")
+    soak.add_argument(
+        "--render",
+        action="store_true",
+        help="run nothing: redraw README.md and the plots from the report directory's soak.json",
+    )
+    soak.set_defaults(func=_soak)
 
     bench = sub.add_parser("bench", help="measure the monitored handler against the plain one")
     bench.add_argument("--root", type=Path, default=Path.cwd(), help=REPO_ROOT_HINT)

@@ -1,12 +1,19 @@
 """Start and stop the native stack (TorchServe, exporter, Prometheus) as processes we own.
 
-Every process starts in a session of its own, its pid is written to ``<run_dir>/pids.json``,
-and stopping signals exactly those process groups: nothing is found by name.
+Every process starts in a session of its own, its pid and start time are written to
+``<run_dir>/pids.json``, and stopping signals exactly those process groups: nothing is found by
+name, and a pid the system has since given to another process is never signalled.
+
+The process that runs a stack (``hookwatch run`` or ``serve``) holds ``<run_dir>/run.lock``
+(an flock the kernel releases however that process ends) and names itself in ``run.json``:
+a second run in the same directory is refused, ``hookwatch stop`` asks the holder to stop, and
+files left by a holder that is gone are cleaned up.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import random
@@ -15,11 +22,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -54,8 +62,8 @@ def _ephemeral_low(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) 
 
 def _bindable(port: int) -> bool:
     with socket.socket() as sock:
-        # As the servers bind (Prometheus, the exporter): connections of a previous run left
-        # in TIME_WAIT do not make a port busy, only a listener does.
+        # As the servers bind (all set SO_REUSEADDR): a port whose last server has just
+        # stopped, with connections still in TIME_WAIT, is free for the next one.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
@@ -149,11 +157,33 @@ def http_post(
         return int(error.code), bytes(error.read())
 
 
+class Stopped(Exception):
+    """A stop was requested while the stack was starting (see :attr:`Stack.stop_requested`)."""
+
+
+class AlreadyRunning(Exception):
+    """Another process holds the run directory's lock."""
+
+    def __init__(self, pid: int | None, command: str) -> None:
+        super().__init__(f"hookwatch {command} is already running (pid {pid})")
+        self.pid = pid
+        self.command = command
+
+
 def _wait(
-    what: str, ready: Any, timeout: float, proc: subprocess.Popen[bytes] | None, log: Path | None
+    what: str,
+    ready: Any,
+    timeout: float,
+    proc: subprocess.Popen[bytes] | None,
+    log: Path | None,
+    stop: threading.Event | None = None,
 ) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        # A stop leaves the wait here, between two polls: never inside a spawn, so every
+        # process started so far is recorded and stop() finds it.
+        if stop is not None and stop.is_set():
+            raise Stopped(what)
         if proc is not None and proc.poll() is not None:
             tail = log.read_text(errors="replace")[-3000:] if log and log.exists() else ""
             raise RuntimeError(f"{what} exited with {proc.returncode} before it was ready\n{tail}")
@@ -196,6 +226,12 @@ class Stack:
     #: TorchServe's token authorisation: it writes key_file.json into the run dir at start,
     #: and every inference and management call carries the matching key.
     token_auth: bool = False
+    #: Where the workers write their metric files, used as it is (a tmpfs, say): never
+    #: emptied or removed, so it must be empty when TorchServe starts. None: a directory in
+    #: ``run_dir`` emptied at every start.
+    metrics_dir: Path | None = None
+    #: Set it (a signal handler may) to make a start in progress raise :class:`Stopped`.
+    stop_requested: threading.Event = field(default_factory=threading.Event)
     _procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def api_key(self, api: str) -> dict[str, str]:
@@ -211,8 +247,16 @@ class Stack:
         return self.run_dir / "pids.json"
 
     @property
+    def lock_file(self) -> Path:
+        return self.run_dir / "run.lock"
+
+    @property
+    def owner_file(self) -> Path:
+        return self.run_dir / "run.json"
+
+    @property
     def multiproc_dir(self) -> Path:
-        return self.run_dir / "prometheus-multiproc"
+        return self.metrics_dir or self.run_dir / "prometheus-multiproc"
 
     @property
     def logs(self) -> Path:
@@ -221,6 +265,8 @@ class Stack:
     # -- processes ----------------------------------------------------------------------------
 
     def _spawn(self, name: str, cmd: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+        if self.stop_requested.is_set():
+            raise Stopped(name)
         self.logs.mkdir(parents=True, exist_ok=True)
         log = open(self.logs / f"{name}.out", "ab")  # noqa: SIM115 - owned by the child
         proc = subprocess.Popen(
@@ -234,43 +280,34 @@ class Stack:
         )
         log.close()
         self._procs[name] = proc
-        pids = self.recorded_pids()
-        pids[name] = proc.pid
-        self.pid_file.write_text(json.dumps(pids, indent=2))
+        recorded = {k: {"pid": pid, "start": start} for k, (pid, start) in self.recorded().items()}
+        recorded[name] = {"pid": proc.pid, "start": process_start(proc.pid)}
+        tmp = self.pid_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(recorded, indent=2))
+        tmp.replace(self.pid_file)  # whole or not at all, whenever a stop reads it
 
-    # -- the process holding the stack (`hookwatch run` / `serve`) ---------------------------
-
-    @property
-    def holder_file(self) -> Path:
-        return self.run_dir / "holder.pid"
-
-    def record_holder(self, pid: int) -> None:
-        """Name the process that started this stack and stops it on SIGTERM: `hookwatch stop`
-        asks it, so it can write its report while Prometheus still runs."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.holder_file.write_text(f"{pid}\n")
-
-    def forget_holder(self) -> None:
-        self.holder_file.unlink(missing_ok=True)
-
-    def holder_pid(self) -> int | None:
-        """The recorded holder, while it lives and is a hookwatch process (a pid reused by
-        another program after a crash is never signalled)."""
+    def recorded(self) -> dict[str, tuple[int, int | None]]:
+        """Recorded processes: name → (pid, start time in clock ticks after boot, or None
+        for a file written before start times were recorded)."""
         try:
-            pid = int(self.holder_file.read_text())
-        except (OSError, ValueError):
-            return None
-        try:
-            command = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            return None
-        return pid if b"hookwatch" in command else None
+            data = json.loads(self.pid_file.read_text())
+        except (FileNotFoundError, ValueError):
+            return {}
+        out: dict[str, tuple[int, int | None]] = {}
+        for name, entry in data.items():
+            if isinstance(entry, dict):
+                start = entry.get("start")
+                out[str(name)] = (int(entry["pid"]), None if start is None else int(start))
+            else:
+                out[str(name)] = (int(entry), None)
+        return out
 
     def recorded_pids(self) -> dict[str, int]:
-        if not self.pid_file.exists():
-            return {}
-        data = json.loads(self.pid_file.read_text())
-        return {str(k): int(v) for k, v in data.items()}
+        return {name: pid for name, (pid, _) in self.recorded().items()}
+
+    def live_recorded(self) -> dict[str, int]:
+        """The recorded process groups that still run and are still ours (see _ours)."""
+        return {name: pid for name, (pid, start) in self.recorded().items() if _ours(pid, start)}
 
     def _render_ts_config(self) -> Path:
         lines = []
@@ -301,9 +338,9 @@ class Stack:
     def start_torchserve(self, timeout: float = 180.0) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # prometheus-client's multiprocess mode needs an empty directory at start.
-        for stale in (self.multiproc_dir, self.logs):
+        for stale in (self.logs,) if self.metrics_dir else (self.multiproc_dir, self.logs):
             shutil.rmtree(stale, ignore_errors=True)
-        self.multiproc_dir.mkdir(parents=True)
+        self.multiproc_dir.mkdir(parents=True, exist_ok=self.metrics_dir is not None)
         tmp = self.run_dir / "tmp"
         tmp.mkdir(exist_ok=True)
         bindir = Path(sys.executable).parent
@@ -332,6 +369,7 @@ class Stack:
             timeout,
             self._procs["torchserve"],
             self.logs / "torchserve.out",
+            self.stop_requested,
         )
 
     def _torchserve_ready(self) -> bool:
@@ -387,6 +425,7 @@ class Stack:
             timeout,
             self._procs["exporter"],
             self.logs / "exporter.out",
+            self.stop_requested,
         )
 
     def render_prometheus_config(self) -> Path:
@@ -442,11 +481,13 @@ class Stack:
             timeout,
             self._procs["prometheus"],
             self.logs / "prometheus.out",
+            self.stop_requested,
         )
 
     def stop(self, timeout: float = 30.0) -> list[str]:
-        """Stop every recorded process group; returns the names that needed SIGKILL."""
-        pids = self.recorded_pids()
+        """Stop every recorded process group that is still ours; returns the names that
+        needed SIGKILL. Removes the pid file."""
+        pids = self.live_recorded()
         for pid in pids.values():
             _signal_group(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
@@ -459,10 +500,84 @@ class Stack:
                 _signal_group(pid, signal.SIGKILL)
                 killed.append(name)
             self._reap(name, wait=True)
-        if self.pid_file.exists():
+        with contextlib.suppress(FileNotFoundError):
             self.pid_file.unlink()
         self._procs.clear()
         return killed
+
+    # -- who runs this directory ---------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def hold(self, command: str) -> Iterator[None]:
+        """Own the run directory while the block runs; :class:`AlreadyRunning` if another
+        process does. The lock goes with this process, however it ends."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                owner = self.owner() or {}
+                raise AlreadyRunning(owner.get("pid"), str(owner.get("command", "run"))) from None
+            self.owner_file.write_text(json.dumps({"pid": os.getpid(), "command": command}))
+            try:
+                yield
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    self.owner_file.unlink()
+        finally:
+            os.close(fd)  # releases the lock
+
+    def owner(self) -> dict[str, Any] | None:
+        """What run.json says about the process holding the directory (None: nothing)."""
+        try:
+            data: dict[str, Any] = json.loads(self.owner_file.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        return data
+
+    def held(self) -> bool:
+        """Whether a live process holds the run directory."""
+        if not self.lock_file.exists():
+            return False
+        fd = os.open(self.lock_file, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        return False
+
+    def clear_stale(self) -> list[str]:
+        """With the directory held: stop what a run that is gone left running (its processes
+        that are still ours) and remove its files. Returns the names it stopped."""
+        left = sorted(self.live_recorded())
+        self.stop()
+        return left
+
+    def stop_holder(self, timeout: float = 120.0) -> tuple[int | None, str] | None:
+        """Ask the process holding the run directory to stop (SIGTERM) and wait until it has
+        (it stops its stack itself). Returns its (pid, command), or None if nothing held it."""
+        deadline = time.monotonic() + timeout
+        owner = self.owner()
+        while self.held() and owner is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # locked a moment ago, run.json about to be written
+            owner = self.owner()
+        if not self.held():
+            return None
+        pid = owner.get("pid") if owner else None
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGTERM)
+        while self.held() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        command = str((owner or {}).get("command", "run"))
+        if self.held():
+            raise TimeoutError(
+                f"hookwatch {command} (pid {pid}) did not stop within {timeout:.0f} s"
+            )
+        return pid, command
 
     def _reap(self, name: str, wait: bool = False) -> None:
         proc = self._procs.get(name)
@@ -495,6 +610,29 @@ class Stack:
             return status, json.loads(reply)
         except json.JSONDecodeError:
             return status, reply.decode(errors="replace")
+
+
+def process_start(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks after boot, /proc/<pid>/stat field 22), or None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: count from its end.
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def _ours(pid: int, start: int | None) -> bool:
+    """Whether the process group recorded as (``pid``, ``start``) is still the one we started.
+
+    A live leader with another start time is a process that got the number after ours ended:
+    not ours. A dead leader whose group still has members is ours: Linux hands out no number
+    that is still some group's id.
+    """
+    if not _group_alive(pid):
+        return False
+    now = process_start(pid)
+    return now is None or start is None or now == start
 
 
 def _signal_group(pgid: int, sig: int) -> None:

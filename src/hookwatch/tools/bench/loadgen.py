@@ -123,7 +123,7 @@ def _cpu_over(window: tuple[float, float], clock: CpuClock | None) -> float | No
     return clock() - before
 
 
-class _Client:
+class Client:
     """One keep-alive connection; reconnects after a failure."""
 
     def __init__(self, target: Target, timeout_s: float) -> None:
@@ -132,6 +132,10 @@ class _Client:
         self._conn: http.client.HTTPConnection | None = None
 
     def post(self, body: bytes) -> bool:
+        return self.status(body) == 200
+
+    def status(self, body: bytes) -> int:
+        """The response's status code; 0 when no response came (connection lost, timeout)."""
         t = self._target
         try:
             if self._conn is None:
@@ -139,10 +143,10 @@ class _Client:
             self._conn.request("POST", t.path, body, {"Content-Type": t.content_type})
             response = self._conn.getresponse()
             response.read()
-            return response.status == 200
+            return int(response.status)
         except (OSError, http.client.HTTPException):
             self.close()
-            return False
+            return 0
 
     def close(self) -> None:
         if self._conn is not None:
@@ -175,7 +179,7 @@ def closed_loop(
     window: list[float] = []
 
     def run(index: int) -> None:
-        client = _Client(target, timeout_s)
+        client = Client(target, timeout_s)
         mine: list[float] = []
         started: list[float] = []
         failed = 0
@@ -224,6 +228,37 @@ def closed_loop(
     )
 
 
+class Schedule:
+    """An open loop's send times, shared by its sender threads: request ``i`` is due at
+    ``origin + i / rate``, until ``seconds`` have passed."""
+
+    def __init__(self, rate_rps: float, seconds: float) -> None:
+        self.rate = rate_rps
+        self.seconds = seconds
+        #: perf_counter() of request 0, set by :meth:`start`.
+        self.origin = 0.0
+        self._next = itertools.count()
+        self._lock = threading.Lock()
+
+    def start(self, lead_s: float = 0.05) -> float:
+        """Fix the origin ``lead_s`` from now (the senders' time to get going); returns it."""
+        self.origin = time.perf_counter() + lead_s
+        return self.origin
+
+    def wait_next(self) -> tuple[int, float, float] | None:
+        """Take the next request, sleep until it is due; returns its index, its offset from
+        the origin and how late it goes out (seconds), or None once the schedule is over."""
+        with self._lock:
+            i = next(self._next)
+        offset = i / self.rate
+        if offset >= self.seconds:
+            return None
+        delay = self.origin + offset - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        return i, offset, max(0.0, -delay)
+
+
 def open_loop(
     target: Target,
     rate_rps: float,
@@ -239,39 +274,27 @@ def open_loop(
             f"expected rate > 0, duration > 0, senders >= 1, got {rate_rps}, {duration_s}, "
             f"{senders}"
         )
-    schedule = itertools.count()
     lock = threading.Lock()
     latencies: list[float] = []
     counts = [0, 0]  # errors, late
     start_barrier = threading.Barrier(senders + 1)
-    origin: list[float] = []
-    interval = 1.0 / rate_rps
-    total_s = warmup_s + duration_s
+    schedule = Schedule(rate_rps, warmup_s + duration_s)
 
     def run() -> None:
-        client = _Client(target, timeout_s)
+        client = Client(target, timeout_s)
         mine: list[float] = []
         failed = late = 0
         payloads = target.payloads
         start_barrier.wait()
-        t_origin = origin[0]
         try:
-            while True:
-                with lock:
-                    i = next(schedule)
-                offset = i * interval
-                if offset >= total_s:
-                    break
-                scheduled = t_origin + offset
-                delay = scheduled - time.perf_counter()
-                if delay > 0:
-                    time.sleep(delay)
-                elif -delay > LATE_S and offset >= warmup_s:
+            while (slot := schedule.wait_next()) is not None:
+                i, offset, lateness = slot
+                if lateness > LATE_S and offset >= warmup_s:
                     late += 1
                 ok = client.post(payloads[i % len(payloads)])
                 if offset >= warmup_s:
                     if ok:
-                        mine.append(time.perf_counter() - scheduled)
+                        mine.append(time.perf_counter() - schedule.origin - offset)
                     else:
                         failed += 1
         finally:
@@ -284,9 +307,9 @@ def open_loop(
     threads = [threading.Thread(target=run, daemon=True) for _ in range(senders)]
     for thread in threads:
         thread.start()
-    origin.append(time.perf_counter() + 0.05)
+    origin = schedule.start()
     start_barrier.wait()
-    cpu_s = _cpu_over((origin[0] + warmup_s, origin[0] + total_s), cpu_clock)
+    cpu_s = _cpu_over((origin + warmup_s, origin + schedule.seconds), cpu_clock)
     for thread in threads:
         thread.join()
     return Segment.of(

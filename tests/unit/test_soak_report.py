@@ -1,0 +1,85 @@
+"""docs/soak/ is what the committed run's JSON says, and the soak's checks can fail."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hookwatch.tools.soak import report
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "soak"
+
+
+@pytest.fixture
+def result() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((DOCS / "soak.json").read_text())
+    return data
+
+
+def test_the_committed_readme_is_rendered_from_the_committed_json(result: dict[str, Any]) -> None:
+    assert (DOCS / "README.md").read_text() == report.render(result), "run `make soak`"
+    for plot in report.PLOTS:
+        assert (DOCS / plot).stat().st_size > 10_000
+        assert f"]({plot})" in (DOCS / "README.md").read_text()
+
+
+def test_the_committed_soak_is_the_full_one_and_passed(result: dict[str, Any]) -> None:
+    assert result["settings"]["seconds"] >= 600
+    assert report.check(result) == []
+
+
+def _broken(result: dict[str, Any], change: Any) -> list[str]:
+    other = copy.deepcopy(result)
+    change(other)
+    return report.check(other)
+
+
+def test_a_leak_is_caught(result: dict[str, Any]) -> None:
+    def leak(r: dict[str, Any]) -> None:
+        # The exporter's RSS rising 1 MiB a minute from the start.
+        for sample in r["samples"]:
+            sample["exporter"][0] += sample["t"] / 60.0
+
+    assert any("exporter: RSS grew" in p for p in _broken(result, leak))
+
+    def fds(r: dict[str, Any]) -> None:
+        for sample in r["samples"]:
+            for held in sample["workers"].values():
+                held[1] += int(sample["t"] // 30)
+
+    assert any("open fds grew" in p for p in _broken(result, fds))
+
+
+def test_a_lost_count_or_a_stray_error_is_caught(result: dict[str, Any]) -> None:
+    def lost(r: dict[str, Any]) -> None:
+        r["counts_after"]["hookwatch_requests"] -= 2
+
+    assert any("hookwatch counted" in p for p in _broken(result, lost))
+
+    def stray(r: dict[str, Any]) -> None:
+        r["traffic"]["unexpected"].append([1.0, "valid", 500])
+
+    assert any("away from the kill" in p for p in _broken(result, stray))
+
+    def rejects(r: dict[str, Any]) -> None:
+        r["counts_after"]["hookwatch_rejected"] += 1
+
+    assert any("rejects" in p for p in _broken(result, rejects))
+
+
+def test_files_or_series_that_move_are_caught(result: dict[str, Any]) -> None:
+    def more_files(r: dict[str, Any]) -> None:
+        r["samples"][-1]["files"] += 1
+
+    assert any(p.startswith("files after the kill") for p in _broken(result, more_files))
+
+    def series(r: dict[str, Any]) -> None:
+        for sample in r["samples"]:
+            if sample["t"] > r["kill"]["t"]:
+                sample["series"] += 3
+
+    assert any("before and after the kill" in p for p in _broken(result, series))
