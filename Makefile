@@ -9,6 +9,8 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 MAR := model_store/digits.mar
 TEXT_MAR := model_store/minilm.mar
 PYTEST_ARGS ?=
+# Extra options for `make run`, e.g. RUN_ARGS="--workers 4 --no-report" (see `hookwatch run -h`).
+RUN_ARGS ?=
 
 .PHONY: help deps venv mar run run-text stop test check lint format unit integration clean eval-drift eval-drift-text rules docs bench-scrape bench bench-quick dashboards-check soak
 
@@ -63,7 +65,7 @@ $(TEXT_MAR): $(BIN)/.installed $(DRIFT_SRC) src/hookwatch/_text.py src/hookwatch
 # sh it would not, and hookwatch would run on). Ctrl-C reaches both; hookwatch stops everything
 # and exits 0, and so does make.
 run: deps $(MAR) ## start TorchServe + exporter + Prometheus on loopback, send traffic, show live metrics; on stop write build/report/index.html
-	exec $(BIN)/hookwatch run
+	exec $(BIN)/hookwatch run $(RUN_ARGS)
 
 run-text: deps $(TEXT_MAR) ## the text demo live: MiniLM served, held-out `computers` fortunes, then `literature` (DRIFT_AFTER s)
 	$(BIN)/hookwatch serve $(TEXT_MAR) --workers 2 --traffic fortunes:computers:literature

@@ -100,7 +100,8 @@ def test_image_demo_batched_requests_are_monitored_and_answered_one_by_one(
 
     def counted() -> None:
         samples = scrape(stack.ports.exporter)
-        assert total(samples, "hookwatch_requests_total", model="digits") == 21
+        # Every request counts, served or rejected.
+        assert total(samples, "hookwatch_requests_total", model="digits") == 24
         assert total(samples, "hookwatch_requests_rejected_total", model="digits") == 3
         for layer in ("input", "act1", "act3", "output"):
             # Per request: each good request is one sample of each layer, the bad ones none.
@@ -161,11 +162,12 @@ def test_text_model_batches_texts_of_any_length_and_fails_only_the_bad_one(
             torch.testing.assert_close(
                 torch.tensor(answer["embedding"]), torch.tensor(alone[text]), atol=2e-5, rtol=1e-4
             )
-    good = sum(1 for status, _ in replies if status == 200)
+    # Every request counts, served or rejected: the batch's bodies and the texts sent alone.
+    requests = len(bodies) + len(TEXTS)
 
     def counted() -> None:
         samples = scrape(stack.ports.exporter)
-        assert total(samples, "hookwatch_requests_total", model="minilm") == good + len(TEXTS)
+        assert total(samples, "hookwatch_requests_total", model="minilm") == requests
         assert total(samples, "hookwatch_requests_rejected_total", model="minilm") == len(bad)
         sampled = total(samples, "hookwatch_requests_sampled_total", model="minilm")
         captured = total(samples, "hookwatch_captures_total", layer="input")

@@ -266,17 +266,22 @@ def test_compaction_folds_dead_workers_into_one_archive_exactly(
     # One live pid stays out of the archive; the five dead ones go in.
     live = sorted(int(p.stem.split("_")[1]) for p in work.glob("counter_[0-9]*.db"))[0]
     absorbed = compact_dead_workers(str(work), alive=lambda pid: pid == live)
-    assert absorbed == 15  # 5 x (counter, count slots, summary)
+    # 5 x (counter, counter slots, histogram, histogram slots, summary); the live gauges
+    # (livesum/livemin/livemax) of a dead worker are dropped, not archived.
+    assert absorbed == 5 * 5
     names = sorted(p.name for p in work.iterdir())
-    archives = ["counter_archive-1.db", "summary_archive-1.db", ARCHIVE_MANIFEST]
-    own = [f"counter_{live}.db", f"counter_slots-{live}-0.db", f"summary_{live}.db"]
-    assert names == sorted([*own, *archives])
+    archives = [f"{kind}_archive-1.db" for kind in ("counter", "histogram", "summary")]
+    own = [
+        *(f"{kind}_{live}.db" for kind in ("counter", "histogram", "summary")),
+        f"counter_slots-{live}-0.db",
+        f"histogram_slots-{live}-1.db",
+    ]
+    assert names == sorted([*own, *archives, ARCHIVE_MANIFEST])
     assert compare(before, _scrape_dir(work, compact=False)) == []
     # A second round (the live one died too) builds generation 2 from 1 plus the new files.
-    assert compact_dead_workers(str(work), alive=lambda pid: False) == 3
+    assert compact_dead_workers(str(work), alive=lambda pid: False) == 5
     assert sorted(p.name for p in work.glob("*.db")) == [
-        "counter_archive-2.db",
-        "summary_archive-2.db",
+        f"{kind}_archive-2.db" for kind in ("counter", "histogram", "summary")
     ]
     assert compare(before, _scrape_dir(work, compact=True)) == []
 
@@ -318,10 +323,10 @@ def test_scrape_bench_harness_runs(tmp_path: Path) -> None:
     assert out.read_text() == text
     rows = [line for line in text.splitlines() if line.startswith("| 1 live")]
     assert len(rows) == 3, text
-    # Each worker writes 6 files (counter, count slots, summary, livesum/livemin/livemax
-    # gauges): 4 x 6. Compaction leaves the live worker's 6 plus one archive per counter-like
-    # type.
-    assert "| 1 live + 3 dead, compaction | 24 → 8 |" in text, text
+    # Each worker writes 8 files (counter, counter slots, histogram, histogram slots, summary,
+    # livesum/livemin/livemax gauges): 4 x 8. Compaction leaves the live worker's 8 plus one
+    # archive per counter-like type (counter, histogram, summary).
+    assert "| 1 live + 3 dead, compaction | 32 → 11 |" in text, text
 
 
 def total_of(body: bytes, name: str) -> float:
