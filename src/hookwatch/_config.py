@@ -41,6 +41,8 @@ PROJECTIONS = ("pca", "none")
 #: class); ``values``: regression outputs, tested per output; ``embedding``: a vector, tested
 #: like a hidden layer; ``none``: statistics only, no output drift.
 HEADS = ("logits", "values", "embedding", "none")
+#: ``monitoring.hooks``: registered around sampled forwards only, or once for good.
+HOOK_MODES = ("sampled", "always")
 #: Input dtypes a request can be converted to (``handler.input.dtype``).
 INPUT_DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "bool")
 #: ``module:function`` of ``input.preprocess``.
@@ -250,6 +252,10 @@ class MonitoringConfig:
     #: ``[B, T, H]`` and the input's token ids ``[B, T]`` are then reduced over the tokens it
     #: marks, padding left out. None: activations are reduced by shape alone.
     mask: str | int | None = None
+    #: When the hooks are registered: ``sampled`` only around a sampled forward (an unsampled
+    #: forward runs the model as if unwatched), ``always`` once at load (the hooks then cost
+    #: a closed-gate check on every forward; for models whose code inspects its own hooks).
+    hooks: str = "sampled"
 
     @property
     def resolved(self) -> bool:
@@ -306,6 +312,8 @@ class MonitoringConfig:
             "or null",
             mask,
         )
+        hooks = raw.get("hooks", "sampled")
+        _expect(hooks in HOOK_MODES, "hooks", f"one of {list(HOOK_MODES)}", hooks)
         max_features = _integer(raw, "max_features", 256, 1, 65_536)
         drift = DriftConfig.from_mapping(raw.get("drift"))
         _expect(
@@ -332,6 +340,7 @@ class MonitoringConfig:
             max_units=_integer(raw, "max_units", 64, 0, 4096),
             max_classes=_integer(raw, "max_classes", 20, 0, 256),
             mask=mask,
+            hooks=hooks,
         )
 
 

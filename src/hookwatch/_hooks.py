@@ -1,10 +1,13 @@
-"""Forward hooks registered once on the watched layers and gated on every call.
+"""Forward hooks on the watched layers, registered around sampled forwards and gated.
 
 A hook does three things on the request path: read the gate, take an owned copy of a small
 activation or run the cheap reduction of a large one, and hand the result to a sink that never
-blocks. It never raises into the model's forward
-and never stores the activation; a fault disables that one layer and is reported through the
-sink's ``on_fault``.
+blocks. It never raises into the model's forward and never stores the activation; a fault
+disables that one layer and is reported through the sink's ``on_fault``.
+
+By default the hooks are on the modules only while a sampled forward runs (:meth:`HookSet.arm`
+before it, :meth:`HookSet.disarm` after it): an unsampled forward finds no hook on any module
+and takes PyTorch's hook-free call path, as if the model were not watched.
 """
 
 from __future__ import annotations
@@ -215,7 +218,12 @@ def resolve_layer(model: nn.Module, path: str) -> nn.Module:
 
 
 class LayerHook:
-    """One registered hook on one module: the unit that can be faulted and removed."""
+    """One hook on one module: the unit that can be faulted, registered and removed.
+
+    Built unregistered; :meth:`register` and :meth:`unregister` put it on its module and take
+    it off, any number of times. ``state`` says whether it is in use at all, not whether it is
+    registered right now.
+    """
 
     def __init__(
         self,
@@ -238,18 +246,40 @@ class LayerHook:
         # A projected layer keeps its projection's input width instead of the budget.
         self._max_features = max_features if width is None else width
         self._flatten = on_input
-        self._handle: RemovableHandle | None
+        self._handle: RemovableHandle | None = None
         self.state = HookState.ATTACHED
-        if on_input:
+
+    def register(self) -> None:
+        """Put the hook on its module (no-op when it is on already, faulted, removed or the
+        module is gone)."""
+        module = self._module_ref()
+        if self._handle is not None or self.state is not HookState.ATTACHED or module is None:
+            return
+        if self._flatten:
             # With the keyword arguments: a forward called as model(features=x) has no args.
             self._handle = module.register_forward_pre_hook(self._pre_hook, with_kwargs=True)
         else:
             self._handle = module.register_forward_hook(self._hook)
 
+    def unregister(self) -> None:
+        """Take the hook off its module; idempotent, other hooks on it untouched."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            handle.remove()
+
+    @property
+    def registered(self) -> bool:
+        return self._handle is not None
+
     # The gate first: it is closed on most calls, and reading it is the cheaper test.
-    def _pre_hook(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    # ``kwargs`` has a default: PyTorch snapshots a module's hooks before calling them but
+    # looks up which take keyword arguments at call time, so a hook removed by another thread
+    # in between is called without them.
+    def _pre_hook(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None
+    ) -> None:
         if self._gate.open and self.state is HookState.ATTACHED:
-            self._capture(args[0] if args else select_tensor(kwargs))
+            self._capture(args[0] if args else select_tensor(kwargs or {}))
 
     def _hook(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         if self._gate.open and self.state is HookState.ATTACHED:
@@ -313,9 +343,7 @@ class LayerHook:
         return self._module_ref()
 
     def remove(self) -> None:
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
+        self.unregister()
         self.state = HookState.DETACHED
 
 
@@ -333,15 +361,31 @@ class MaskHook:
         self._gate = gate
         self._sink = sink
         self._argument = argument
+        self._model_ref: weakref.ReferenceType[nn.Module] = weakref.ref(model)
         self.state = HookState.ATTACHED
-        self._handle: RemovableHandle | None = model.register_forward_pre_hook(
+        self._handle: RemovableHandle | None = None
+
+    def register(self) -> None:
+        """Put the pre-hook on the model, ahead of every other pre-hook it has."""
+        model = self._model_ref()
+        if self._handle is not None or self.state is not HookState.ATTACHED or model is None:
+            return
+        self._handle = model.register_forward_pre_hook(
             self._pre_hook, with_kwargs=True, prepend=True
         )
 
-    def _pre_hook(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def unregister(self) -> None:
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            handle.remove()
+
+    def _pre_hook(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None
+    ) -> None:
         gate = self._gate
         if not gate.open or self.state is not HookState.ATTACHED:
             return
+        kwargs = kwargs or {}
         try:
             argument = self._argument
             if isinstance(argument, str):
@@ -378,9 +422,7 @@ class MaskHook:
                 self._sink.on_fault(ALL_LAYERS, error)
 
     def remove(self) -> None:
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
+        self.unregister()
         self.state = HookState.DETACHED
 
 
@@ -412,6 +454,12 @@ def select_tensor(value: Any, select: int | str | None = None) -> torch.Tensor |
 class HookSet:
     """All hooks of one model: ``attach()`` once, ``detach()`` any number of times.
 
+    Attached ``on_demand``, the hooks are built but registered only between :meth:`arm` and
+    :meth:`disarm`: the request path arms around each sampled forward, so an unsampled one
+    runs without any hook of ours on the model. Arming is counted (several threads may run
+    sampled forwards at once): the hooks go on at the first arm and come off at the last
+    disarm. Otherwise they are registered at ``attach()`` and stay until ``detach()``.
+
     Usable as a context manager. Holds modules only through weak references.
     """
 
@@ -425,6 +473,11 @@ class HookSet:
         self._hooks: dict[str, LayerHook] = {}
         self._mask: MaskHook | None = None
         self.state = HookState.DETACHED
+        self.on_demand = False
+        # One lock for the arm count and the registrations it decides; taken twice per
+        # sampled forward, never by an unsampled one.
+        self._arm_lock = threading.Lock()
+        self._armed = 0
 
     def attach(
         self,
@@ -435,10 +488,12 @@ class HookSet:
         widths: Mapping[str, int] | None = None,
         output_select: int | str | None = None,
         mask: int | str | None = None,
+        on_demand: bool = False,
     ) -> HookSet:
-        """Register the hooks; ``widths`` overrides ``max_features`` per layer (projected
-        ones, the output), ``output_select`` picks the output's tensor to watch, ``mask`` names
-        the forward's attention-mask argument (keyword or position) for token activations."""
+        """Build the hooks and, unless ``on_demand``, register them; ``widths`` overrides
+        ``max_features`` per layer (projected ones, the output), ``output_select`` picks the
+        output's tensor to watch, ``mask`` names the forward's attention-mask argument
+        (keyword or position) for token activations."""
         if self.state is not HookState.DETACHED:
             raise RuntimeError(f"expected a detached HookSet, got state {self.state.value}")
         if _is_scripted(model):
@@ -446,7 +501,7 @@ class HookSet:
                 "expected an eager nn.Module, got a TorchScript module: forward hooks are not "
                 "supported on it; wrap it in an eager module to watch its input and output"
             )
-        # Resolve every path before registering anything, so a typo leaves the model untouched.
+        # Resolve every path before building anything, so a typo leaves the model untouched.
         root = hookable_root(model)
         targets = [(name, resolve_layer(root, name)) for name in layers]
         if mask is not None:
@@ -469,19 +524,80 @@ class HookSet:
                 width=None if widths is None else widths.get(name),
                 select=output_select if name == OUTPUT_LAYER else None,
             )
+        self.on_demand = on_demand
         self.state = HookState.ATTACHED
+        if not on_demand:
+            try:
+                self._register()
+            except BaseException:
+                self.detach()
+                raise
         return self
 
-    def detach(self) -> None:
-        for hook in self._hooks.values():
-            hook.remove()
-        self._hooks.clear()
+    def _register(self) -> None:
+        # The mask pre-hook first: it goes ahead of every pre-hook, and every hook of the
+        # forward reads the mask it sets.
         if self._mask is not None:
-            self._mask.remove()
-            self._mask = None
-        self.state = HookState.DETACHED
+            self._mask.register()
+        for hook in self._hooks.values():
+            hook.register()
+
+    def _unregister(self) -> None:
+        for hook in self._hooks.values():
+            hook.unregister()
+        if self._mask is not None:
+            self._mask.unregister()
+
+    def arm(self) -> None:
+        """Register the hooks for a sampled forward (on demand only; counted). Never raises:
+        a registration that fails takes every hook off again and is reported as a fault of
+        the whole model; that forward is then not captured."""
+        if not self.on_demand:
+            return
+        with self._arm_lock:
+            if self.state is not HookState.ATTACHED:
+                return
+            self._armed += 1
+            if self._armed > 1:
+                return
+            try:
+                self._register()
+            except Exception as error:
+                self._unregister()
+                with contextlib.suppress(Exception):
+                    self._sink.on_fault(ALL_LAYERS, error)
+
+    def disarm(self) -> None:
+        """Undo one :meth:`arm`: the last one takes every hook off again. Never raises."""
+        if not self.on_demand:
+            return
+        with self._arm_lock:
+            if self._armed == 0:  # detached in between: nothing is registered
+                return
+            self._armed -= 1
+            if self._armed == 0:
+                with contextlib.suppress(Exception):
+                    self._unregister()
+
+    @property
+    def registered(self) -> bool:
+        """True while at least one of the hooks is on its module."""
+        return any(hook.registered for hook in self._hooks.values())
+
+    def detach(self) -> None:
+        with self._arm_lock:
+            for hook in self._hooks.values():
+                hook.remove()
+            self._hooks.clear()
+            if self._mask is not None:
+                self._mask.remove()
+                self._mask = None
+            self._armed = 0
+            self.state = HookState.DETACHED
 
     def disable(self, layer: str) -> None:
+        """Switch one layer off (a fault): on demand, it is no longer registered from the
+        next sampled forward on; otherwise it stays registered and returns at once."""
         hook = self._hooks.get(layer)
         if hook is not None and hook.state is HookState.ATTACHED:
             hook.state = HookState.FAULTED

@@ -125,8 +125,27 @@ class RequestGate:
         self._rejected: dict[str, int] = defaultdict(int)
         self._dropped = 0
         self._hook_faults: dict[str, int] = defaultdict(int)
+        # Hooks registered around sampled forwards only (HookSet.arm/disarm); see arm_with.
+        self._arm: Callable[[], None] | None = None
+        self._disarm: Callable[[], None] | None = None
+        self._pinned = False
+        self._pin_lock = threading.Lock()
         if slots is not None:
             self.attach_slots(slots)
+
+    def arm_with(self, arm: Callable[[], None], disarm: Callable[[], None]) -> None:
+        """Call ``arm`` before and ``disarm`` after every sampled forward (hooks registered
+        on demand). At a sample rate of 1 every forward is sampled: the gate then holds one
+        arm of its own for as long as the rate stays there, sparing a registration per
+        request."""
+        self._arm, self._disarm = arm, disarm
+
+    def _pin(self, pin: bool) -> None:
+        with self._pin_lock:
+            if pin is self._pinned or self._arm is None or self._disarm is None:
+                return
+            (self._arm if pin else self._disarm)()
+            self._pinned = pin
 
     def attach_slots(self, slots: CountSlots) -> None:
         """From now on also write the counts into ``slots``, starting from what was counted so
@@ -175,6 +194,8 @@ class RequestGate:
         its requests would be one at a time; when only some are, the hooks capture their rows.
         """
         rate = self.sample_rate
+        if (rate >= 1.0) is not self._pinned:
+            self._pin(rate >= 1.0)
         count = len(sizes) if sizes is not None else batch_size
         rows: torch.Tensor | None = None
         if rate <= 0.0 or count == 0:
@@ -238,15 +259,22 @@ class RequestGate:
             )
 
     def _begin_record(self, rows: torch.Tensor | None = None, batch: int = 0) -> None:
+        if self._arm is not None:
+            self._arm()  # never raises; a failed registration only loses this capture
         self._local.record = {}
         self.gate.set(True, rows, batch)
 
     def _end_record(self, keep: bool) -> None:
-        self.gate.set(False)
-        record: Record | None = getattr(self._local, "record", None)
-        self._local.record = None
-        if record and keep:
-            self._hand_off(record)
+        try:
+            self.gate.set(False)
+            record: Record | None = getattr(self._local, "record", None)
+            self._local.record = None
+            if record and keep:
+                self._hand_off(record)
+        finally:
+            # The hooks come off whatever happened in the forward or the hand-off.
+            if self._disarm is not None:
+                self._disarm()
 
     def _hand_off(self, record: Record) -> bool:
         if self._offer(record):

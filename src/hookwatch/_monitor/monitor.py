@@ -20,7 +20,7 @@ from hookwatch import _catalogue as cat
 from hookwatch._capture import CaptureWorker, RateLimitedLog
 from hookwatch._config import MonitoringConfig
 from hookwatch._drift import DriftTracker
-from hookwatch._hooks import HookSet, HookState, describe_model, resolve_layers
+from hookwatch._hooks import HookSet, HookState, describe_model, hookable_root, resolve_layers
 from hookwatch._metrics import MetricSet, default_metrics
 from hookwatch._monitor.gate import Record, RequestCounts, RequestGate, RequestScope
 from hookwatch._monitor.processor import CaptureProcessor
@@ -110,6 +110,9 @@ class Monitor:
         self._setup_lock = threading.Lock()
         self._log = RateLimitedLog(log)
         if config.enabled:
+            # A compiled model guards its graphs on the hooks of its modules: registering
+            # them per sampled forward would recompile, so there they stay registered.
+            on_demand = config.hooks == "sampled" and hookable_root(model) is model
             self.hooks.attach(
                 model,
                 config.layers,
@@ -118,7 +121,10 @@ class Monitor:
                 widths=widths,
                 output_select=config.output.select,
                 mask=config.mask,
+                on_demand=on_demand,
             )
+            if on_demand:
+                self.gate.arm_with(self.hooks.arm, self.hooks.disarm)
         try:
             self._setup_metrics()
         except OSError as error:

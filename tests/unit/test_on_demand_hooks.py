@@ -1,0 +1,223 @@
+"""Hooks registered around sampled forwards only (``monitoring.hooks: sampled``)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from hookwatch._config import MonitoringConfig
+from hookwatch._errors import ConfigError
+from hookwatch._hooks import LayerHook
+from hookwatch._metrics import MetricSet
+from hookwatch._monitor import Monitor
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.act = nn.ReLU()
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.act(self.fc(x)))
+        return out
+
+
+class Probe(nn.Module):
+    """Net whose forward records how many hooks its modules carry while it runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = Net()
+        self.seen: list[int] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(hook_count(self))
+        out: torch.Tensor = self.inner(x)
+        return out
+
+
+def hook_count(model: nn.Module) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+def value(metrics: MetricSet, name: str, **labels: str) -> float:
+    key = (name, tuple(sorted(labels.items())))
+    return metrics.sample_values().get(key, float("nan"))
+
+
+def config(rate: float, **extra: Any) -> MonitoringConfig:
+    return MonitoringConfig.from_mapping(
+        {"layers": ["inner.act"], "sample_rate": rate, "seed": 3, **extra}
+    )
+
+
+def serve(monitor: Monitor, model: nn.Module, requests: int) -> None:
+    for _ in range(requests):
+        with torch.inference_mode(), monitor.request(1):
+            model(torch.randn(1, 4))
+
+
+def test_unsampled_forwards_find_no_hook_and_sampled_ones_find_all(metrics: MetricSet) -> None:
+    model = Probe()
+    monitor = Monitor(model, config(0.3), "m", metrics)
+    assert hook_count(model) == 0  # nothing registered at load
+    serve(monitor, model, 200)
+    monitor.flush()
+    monitor.close()
+    sampled = value(metrics, "hookwatch_requests_sampled_total", model="m")
+    # input pre-hook, inner.act hook, output hook: on during sampled forwards only.
+    assert sorted(set(model.seen)) == [0, 3]
+    assert model.seen.count(3) == sampled and 30 < sampled < 90
+    assert hook_count(model) == 0
+    for layer in ("input", "inner.act", "output"):
+        assert value(metrics, "hookwatch_captures_total", model="m", layer=layer) == sampled
+
+
+def test_other_codes_hooks_stay_and_keep_running(metrics: MetricSet) -> None:
+    model = Probe()
+    calls: list[str] = []
+    before = model.inner.act.register_forward_hook(lambda *a: calls.append("before"))
+    monitor = Monitor(model, config(0.5), "m", metrics)
+    after = model.inner.act.register_forward_hook(lambda *a: calls.append("after"))
+    serve(monitor, model, 40)
+    monitor.close()
+    assert calls == ["before", "after"] * 40
+    assert len(model.inner.act._forward_hooks) == 2
+    before.remove()
+    after.remove()
+    assert hook_count(model) == 0
+
+
+def test_hooks_come_off_when_the_forward_raises(metrics: MetricSet) -> None:
+    class Breaks(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.act = nn.ReLU()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.act(x)
+            raise RuntimeError("after the first layer")
+
+    model = Breaks()
+    cfg = MonitoringConfig.from_mapping({"layers": ["act"], "sample_rate": 0.99, "seed": 1})
+    monitor = Monitor(model, cfg, "m", metrics)
+    for _ in range(5):
+        with pytest.raises(RuntimeError), torch.inference_mode(), monitor.request(1):
+            model(torch.randn(1, 4))
+        assert hook_count(model) == 0
+    monitor.close()
+    assert monitor.worker.accepted == 0
+
+
+def test_full_sampling_keeps_the_hooks_on_until_the_rate_drops(metrics: MetricSet) -> None:
+    model = Probe()
+    monitor = Monitor(model, config(1.0), "m", metrics)
+    serve(monitor, model, 3)
+    assert hook_count(model) == 3  # pinned between requests at rate 1
+    monitor.gate.sample_rate = 0.0
+    serve(monitor, model, 2)
+    assert hook_count(model) == 0
+    assert model.seen == [3, 3, 3, 0, 0]
+    monitor.gate.sample_rate = 1.0
+    serve(monitor, model, 1)
+    monitor.close()  # detaching takes pinned hooks off too
+    assert hook_count(model) == 0
+
+
+def test_the_capture_thread_giving_up_stops_registration(metrics: MetricSet) -> None:
+    model = Probe()
+    monitor = Monitor(model, config(1.0), "m", metrics)
+    serve(monitor, model, 2)
+    monitor._capture_off()
+    serve(monitor, model, 2)
+    assert hook_count(model) == 0
+    assert model.seen == [3, 3, 0, 0]
+    monitor.close()
+
+
+def test_concurrent_sampled_and_unsampled_forwards(metrics: MetricSet) -> None:
+    model = Net()
+    cfg = MonitoringConfig.from_mapping({"layers": ["act"], "sample_rate": 0.5, "seed": 5})
+    monitor = Monitor(model, cfg, "m", metrics)
+    errors: list[BaseException] = []
+
+    def client() -> None:
+        try:
+            serve(monitor, model, 300)
+        except BaseException as error:  # any failure fails the test below
+            errors.append(error)
+
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    monitor.flush()
+    monitor.close()
+    assert errors == []
+    assert hook_count(model) == 0
+    sampled = value(metrics, "hookwatch_requests_sampled_total", model="m")
+    assert 450 < sampled < 750
+    # Every sampled forward captured every layer, whatever the other threads were doing.
+    for layer in ("input", "act", "output"):
+        assert value(metrics, "hookwatch_captures_total", model="m", layer=layer) == sampled
+    for layer in ("all", "input", "act", "output"):
+        assert value(metrics, "hookwatch_monitor_faults_total", model="m", layer=layer) == 0
+
+
+def test_a_failed_registration_is_a_fault_and_the_request_is_served(
+    metrics: MetricSet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = Probe()
+    monitor = Monitor(model, config(1.0), "m", metrics)
+    real = LayerHook.register
+
+    def broken(self: LayerHook) -> None:
+        if self.name == "output":
+            raise RuntimeError("registration refused")
+        real(self)
+
+    monkeypatch.setattr(LayerHook, "register", broken)
+    with torch.inference_mode(), monitor.request(1):
+        out = model(torch.randn(1, 4))
+    assert out.shape == (1, 3)
+    monkeypatch.undo()
+    monitor.gate.sample_rate = 0.0
+    serve(monitor, model, 1)
+    monitor.flush()
+    monitor.close()
+    assert model.seen == [0, 0]  # the failed arm took every hook off again
+    assert value(metrics, "hookwatch_monitor_faults_total", model="m", layer="all") == 1
+
+
+def test_always_keeps_the_hooks_registered(metrics: MetricSet) -> None:
+    model = Probe()
+    monitor = Monitor(model, config(0.0, hooks="always"), "m", metrics)
+    assert hook_count(model) == 3
+    serve(monitor, model, 2)
+    assert model.seen == [3, 3]
+    monitor.close()
+    assert hook_count(model) == 0
+
+
+def test_a_compiled_model_keeps_its_hooks_registered(metrics: MetricSet) -> None:
+    inner = Probe()
+    compiled = torch.compile(inner)  # lazy: nothing compiles until it is called
+    assert isinstance(compiled, nn.Module)
+    monitor = Monitor(compiled, config(0.5), "m", metrics)
+    # Registering per sampled forward would invalidate the compiled graphs' guards.
+    # (input and output hooks on the compiled wrapper, inner.act on the original module).
+    assert hook_count(compiled) == 3
+    monitor.close()
+    assert hook_count(compiled) == 0
+
+
+def test_hooks_mode_is_validated() -> None:
+    with pytest.raises(ConfigError, match=r"monitoring.hooks: expected one of \['sampled'"):
+        MonitoringConfig.from_mapping({"layers": [], "hooks": "sometimes"})
