@@ -75,9 +75,9 @@ class Settings:
             batches=(1, 8),
             # Many short rounds rather than a few long ones: this machine's speed wanders by
             # +-20 % over seconds, so variants measured close together in time, many times
-            # over, are what makes a median ratio resolve a few percent. ResNet-18 serves ~9
-            # requests/s here, so its segments are 12-22 s long (min_latencies) and its rounds
-            # fewer: ~22 of the ~34 minutes.
+            # over, are what makes a median ratio resolve a few percent. ResNet-18 serves 8-23
+            # requests/s here, so its segments are 5-22 s long (min_latencies) and its rounds
+            # fewer: 11-22 of the 25-35 minutes.
             rounds={"digits": 24, "resnet18": 5, "minilm": 8},
             seconds={"digits": 0.75, "resnet18": 3.0, "minilm": 3.0},
             warmup_s=0.25,
