@@ -37,21 +37,33 @@ def test_quick_bench_writes_a_table_with_every_variant(tmp_path: Path) -> None:
         for variant in VARIANTS[1:]:
             row = next(line for line in section.splitlines() if line.startswith(f"| {variant} |"))
             # six metrics (throughput, p50, p99 closed; p50, p99 open; worker CPU), each
-            # min / **median** / max
+            # min / **median** / max, then the latencies behind the p99s
             assert row.count("**") == 12, row
+            assert row.rstrip(" |").split(" | ")[-1].count(" / ") == 2, row
         assert "Failed requests in this group: 0." in section
     for heading in ("## Targets (CPU)", "### Exporter scrape", "### Memory", "## GPU"):
         assert heading in text
+    assert "Drift detection was on in every monitored variant" in text
     data = json.loads(out.with_suffix(".json").read_text())
     assert data["settings"]["mode"] == "quick"
     for group in data["groups"]:
+        # The bench stops when a monitored worker has no drift profile: both are recorded on.
+        assert group["drift_loaded"] == {"default": True, "full": True}
+        assert group["closed_s"] > 0 and group["open_s"] > 0
         rounds = data["settings"]["rounds"][group["model"]]
         assert len(group["closed"]) == len(group["opened"]) == rounds
         for segments in (*group["closed"], *group["opened"]):
             assert set(segments) == set(VARIANTS)
             assert all(s["requests"] > 0 and s["errors"] == 0 for s in segments.values())
+            # Every p99 rests on the latencies the settings ask for (digits is fast enough).
+            assert all(
+                s["requests"] >= data["settings"]["min_latencies"] for s in segments.values()
+            )
             # The worker's CPU time over the window, per request: read, positive, plausible.
             assert all(0 < s["cpu_ms"] < 1000 for s in segments.values())
-    assert {row["monitored"] for row in data["rss"]} == {True, False}
+    assert {(row["monitored"], row["drift"]) for row in data["rss"]} == {
+        (True, True),
+        (False, False),
+    }
     assert [h["model"] for h in data["hook_costs"]] == ["digits"]
     assert data["scrape"]["scrapes"] > 0

@@ -313,3 +313,57 @@ def test_the_text_model_variants_carry_the_archive_directory_and_profile(tmp_pat
         assert manifest["model"]["modelFile"] == "model.py"
     bodies, content_type = MODELS["minilm"].payloads()
     assert content_type == "application/json" and isinstance(json.loads(bodies[0]), str)
+
+
+def test_segments_are_long_enough_for_a_p99_and_a_cycle_rate() -> None:
+    from hookwatch.tools.bench.runner import segment_seconds
+
+    full = Settings.full()
+    # Fast model: the least length rules. ResNet-18 at batch 8 (~8 requests/s, 16 clients):
+    # 100 latencies, 10 % over, in closed loop; the open loop's schedule at 60 % of it.
+    assert segment_seconds(full, 0.75, 600.0, 4) == 0.75
+    assert segment_seconds(full, 3.0, 8.0, 16) == pytest.approx(13.75)
+    assert segment_seconds(full, 3.0, 4.8, 0) == pytest.approx(21.25)
+    # Many clients: each must complete its cycles, whatever the latencies need.
+    assert segment_seconds(full, 0.0, 100.0, 40) == pytest.approx(1.76)
+    assert segment_seconds(full, 3.0, 0.5, 16) == full.max_seconds
+
+
+def test_the_bench_stops_when_a_monitored_worker_has_no_drift_profile() -> None:
+    from types import SimpleNamespace
+
+    from hookwatch.tools.bench.runner import check_drift_loaded
+    from hookwatch.tools.bench.variants import Group
+
+    names = {v: f"m-{v}" for v in VARIANTS}
+    exposition = {"text": ""}
+
+    class Exporter(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = exposition["text"].encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Exporter)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    bench = SimpleNamespace(ports=SimpleNamespace(exporter=server.server_address[1]), logs="logs")
+    line = 'hookwatch_drift_profile_loaded{{model="{}"}} {}\n'
+    try:
+        group = Group("digits", 1, names)
+        exposition["text"] = line.format("m-default", 1) + line.format("m-full", 1)
+        assert check_drift_loaded(bench, group) == {"default": True, "full": True}  # type: ignore[arg-type]
+        exposition["text"] = line.format("m-default", 1) + line.format("m-full", 0)
+        with pytest.raises(
+            RuntimeError, match="m-full: expected hookwatch_drift_profile_loaded 1, got 0"
+        ):
+            check_drift_loaded(bench, group)  # type: ignore[arg-type]
+        exposition["text"] = line.format("m-default", 1)
+        with pytest.raises(RuntimeError, match="for m-full on the exporter, got no such series"):
+            check_drift_loaded(bench, group, timeout=0.5)  # type: ignore[arg-type]
+    finally:
+        server.shutdown()

@@ -131,14 +131,22 @@ class RssTrace:
     #: RSS in MB after every ``every`` requests.
     trace_mb: list[float]
     every: int
+    #: Drift detection ran (a profile was loaded); False in results from before it did.
+    drift: bool = False
 
     @property
     def growth_mb(self) -> float:
         return self.end_mb - self.start_mb
 
 
-def rss_trace(root: Path, build: Path, requests: int, monitored: bool) -> RssTrace:
-    """Serve the demo model in process, 100 % sampling when monitored; RSS from the OS."""
+def rss_trace(
+    root: Path, build: Path, requests: int, monitored: bool, model_dir: Path | None = None
+) -> RssTrace:
+    """Serve the demo model in process, 100 % sampling when monitored; RSS from the OS.
+
+    ``model_dir`` holds the drift profile, as a worker's model directory does: monitored, the
+    service then detects drift, and without a profile there it refuses to measure.
+    """
     from hookwatch.tools.demo.data import load_split
 
     torch.set_num_threads(1)
@@ -151,7 +159,16 @@ def rss_trace(root: Path, build: Path, requests: int, monitored: bool) -> RssTra
         "digits-rss",
         MetricSet(),
         monitored=monitored,
+        model_dir=None if model_dir is None else str(model_dir),
     )
+    if (
+        monitored
+        and model_dir is not None
+        and (service.monitor is None or not service.monitor.drift)
+    ):
+        raise RuntimeError(
+            f"rss: expected the drift profile in {model_dir} loaded, got none (see the log above)"
+        )
     bodies = [{"data": image.tolist()} for image in load_split().x_test[:256]]
     process = psutil.Process()
     for i in range(1000):
@@ -173,6 +190,7 @@ def rss_trace(root: Path, build: Path, requests: int, monitored: bool) -> RssTra
     service.close()
     return RssTrace(
         monitored=monitored,
+        drift=service.monitor is not None and service.monitor.drift is not None,
         requests=requests,
         start_mb=start / 2**20,
         end_mb=end / 2**20,
@@ -182,11 +200,15 @@ def rss_trace(root: Path, build: Path, requests: int, monitored: bool) -> RssTra
     )
 
 
-def rss_in_child(root: Path, build: Path, requests: int, monitored: bool) -> RssTrace:
+def rss_in_child(
+    root: Path, build: Path, requests: int, monitored: bool, model_dir: Path | None = None
+) -> RssTrace:
     cmd = [sys.executable, "-m", "hookwatch.tools.bench.micro", "rss", "--root", str(root)]
     cmd += ["--build", str(build), "--requests", str(requests)]
     if monitored:
         cmd.append("--monitored")
+    if model_dir is not None:
+        cmd += ["--model-dir", str(model_dir)]
     done = subprocess.run(cmd, check=True, capture_output=True, text=True)
     data = json.loads(done.stdout.strip().splitlines()[-1])
     return RssTrace(**data)
@@ -234,8 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     rss.add_argument("--build", type=Path, required=True)
     rss.add_argument("--requests", type=int, required=True)
     rss.add_argument("--monitored", action="store_true")
+    rss.add_argument("--model-dir", type=Path, default=None, help="holds the drift profile")
     args = parser.parse_args(argv)
-    trace = rss_trace(args.root, args.build, args.requests, args.monitored)
+    trace = rss_trace(args.root, args.build, args.requests, args.monitored, args.model_dir)
     print(json.dumps(asdict(trace)))
     return 0
 

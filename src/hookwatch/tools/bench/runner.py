@@ -5,6 +5,11 @@ TorchServe (one worker each), warmed up, then measured in rounds: every round ru
 once, in reverse order on odd rounds, so slow drift of the shared machine cancels out and each
 variant is compared with the plain run of its own round. Closed loop first, then open loop at a
 fixed share of the plain handler's closed-loop throughput.
+
+Segments are as long as the model's minimum or as long as it takes, at the plain handler's
+warm-up rate, for every p99 to rest on ``min_latencies`` latencies and every closed-loop client
+to complete ``min_cycles`` request cycles (so its rate is measured, not counted), whichever is
+longer. The monitored variants must have loaded their drift profile, or the bench stops.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -27,7 +32,7 @@ import psutil
 
 from hookwatch.tools.bench import micro
 from hookwatch.tools.bench.loadgen import CpuClock, Segment, Target, closed_loop, open_loop
-from hookwatch.tools.bench.stats import PLAIN, VARIANTS, round_order
+from hookwatch.tools.bench.stats import MONITORED, PLAIN, VARIANTS, round_order
 from hookwatch.tools.bench.variants import MODELS, Group, build_group
 from hookwatch.tools.devstack import Ports, Stack, http_get, http_post
 
@@ -39,7 +44,8 @@ class Settings:
     batches: tuple[int, ...]
     #: Rounds per model; every round runs each variant once, in alternating order.
     rounds: Mapping[str, int]
-    #: Measured seconds per segment, per model (a 40 ms model needs longer for a stable p99).
+    #: Least measured seconds per segment, per model; longer where the latencies and cycles
+    #: below need it (:func:`segment_seconds`).
     seconds: Mapping[str, float]
     warmup_s: float
     #: Closed-loop clients per unit of batch size (batching at 8 needs >= 8 in flight).
@@ -51,6 +57,15 @@ class Settings:
     hook_repeats: int
     rss_requests: int
     scrapes: int
+    #: Latencies each p99 rests on, at least, at the plain handler's warm-up rate: with 100, a
+    #: p99 is the 99th percentile and not the single slowest request.
+    min_latencies: int = 100
+    #: Request cycles every closed-loop client completes in a segment, at least: fewer and its
+    #: cycle rate is unmeasured and the throughput falls back to a count (quantised by batches).
+    min_cycles: int = 4
+    #: Longest measured segment; a model slower than that gets fewer latencies (the table
+    #: shows how many).
+    max_seconds: float = 30.0
 
     @classmethod
     def full(cls) -> Settings:
@@ -60,8 +75,10 @@ class Settings:
             batches=(1, 8),
             # Many short rounds rather than a few long ones: this machine's speed wanders by
             # +-20 % over seconds, so variants measured close together in time, many times
-            # over, are what makes a median ratio resolve a few percent.
-            rounds={"digits": 24, "resnet18": 10, "minilm": 8},
+            # over, are what makes a median ratio resolve a few percent. ResNet-18 serves 8-23
+            # requests/s here, so its segments are 5-22 s long (min_latencies) and its rounds
+            # fewer: 11-22 of the 25-35 minutes.
+            rounds={"digits": 24, "resnet18": 5, "minilm": 8},
             seconds={"digits": 0.75, "resnet18": 3.0, "minilm": 3.0},
             warmup_s=0.25,
             clients_per_batch=2,
@@ -107,6 +124,12 @@ class GroupResult:
     rss_start_mb: dict[str, float] = field(default_factory=dict)
     rss_end_mb: dict[str, float] = field(default_factory=dict)
     served: dict[str, int] = field(default_factory=dict)
+    #: Measured seconds of each closed-loop and open-loop segment (:func:`segment_seconds`).
+    closed_s: float = 0.0
+    open_s: float = 0.0
+    #: Whether each monitored variant's worker reported its drift profile loaded (the bench
+    #: stops before measuring when one did not); empty in results from before the check.
+    drift_loaded: dict[str, bool] = field(default_factory=dict)
 
 
 @dataclass
@@ -124,6 +147,37 @@ class BenchResult:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, default=str)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BenchResult:
+        """The result :meth:`to_json` wrote, also from before fields were added (they take
+        their defaults: a run before the drift check reads as one with drift unchecked)."""
+
+        def known(kind: Any, values: Mapping[str, Any]) -> dict[str, Any]:
+            names = {f.name for f in fields(kind)}
+            return {k: v for k, v in values.items() if k in names}
+
+        def rounds(items: Sequence[Mapping[str, Mapping[str, Any]]]) -> list[dict[str, Segment]]:
+            return [{v: Segment(**known(Segment, seg)) for v, seg in r.items()} for r in items]
+
+        groups = []
+        for g in data["groups"]:
+            group = GroupResult(**known(GroupResult, g))
+            group.closed, group.opened = rounds(g["closed"]), rounds(g["opened"])
+            groups.append(group)
+        scrape = data.get("scrape")
+        return cls(
+            settings=Settings(**known(Settings, data["settings"])),
+            machine=dict(data["machine"]),
+            groups=groups,
+            hook_costs=[micro.HookCost(**known(micro.HookCost, h)) for h in data["hook_costs"]],
+            rss=[micro.RssTrace(**known(micro.RssTrace, t)) for t in data["rss"]],
+            scrape=None if scrape is None else micro.ScrapeTime(**scrape),
+            started=str(data.get("started", "")),
+            duration_s=float(data.get("duration_s", 0.0)),
+            load_before=tuple(data.get("load_before", (0.0, 0.0, 0.0))),
+            load_after=tuple(data.get("load_after", (0.0, 0.0, 0.0))),
+        )
 
 
 def describe_machine() -> dict[str, str]:
@@ -223,27 +277,94 @@ def _cpu_clock(pids: Sequence[int]) -> CpuClock:
     return clock
 
 
+def segment_seconds(settings: Settings, least: float, rate_rps: float, clients: int) -> float:
+    """Measured seconds of a segment at ``rate_rps`` (the plain handler's): at least ``least``,
+    long enough for ``min_latencies`` latencies and, with closed-loop ``clients``, for each
+    client's ``min_cycles`` cycles; at most ``max_seconds``.
+
+    Closed loop (``clients`` > 0) asks 10 % more, for a variant slower than plain; an open
+    loop's count is its schedule's, whatever the variant, and asks 2 % more."""
+    if rate_rps <= 0:
+        raise RuntimeError(f"expected a positive warm-up rate, got {rate_rps:.3f} requests/s")
+    margin = 1.1 if clients else 1.02
+    needed = max(settings.min_latencies, settings.min_cycles * clients) * margin / rate_rps
+    return round(min(settings.max_seconds, max(least, needed)), 2)
+
+
+def check_drift_loaded(server: BenchServer, group: Group, timeout: float = 60.0) -> dict[str, bool]:
+    """Each monitored variant's ``hookwatch_drift_profile_loaded`` from the exporter, which
+    must read 1: a bench without drift detection measures less than users run.
+
+    Polled until every series is there (the worker declares it when it builds its monitor;
+    the exporter reads it from the worker's metric files); a 0 fails at once.
+    """
+    from hookwatch._metrics import parse_samples
+
+    monitored = [v for v in VARIANTS if v in MONITORED]
+    deadline = time.monotonic() + timeout
+    while True:
+        status, body = http_get(f"http://127.0.0.1:{server.ports.exporter}/metrics", timeout=30.0)
+        samples = parse_samples(body.decode()) if status == 200 else {}
+        found = {
+            v: samples.get(("hookwatch_drift_profile_loaded", (("model", group.names[v]),)))
+            for v in monitored
+        }
+        for variant, value in found.items():
+            if value is not None and value != 1:
+                raise RuntimeError(
+                    f"bench {group.names[variant]}: expected hookwatch_drift_profile_loaded 1, "
+                    f"got {value:g} (the worker serves without drift; see its log in "
+                    f"{server.logs})"
+                )
+        if all(value is not None for value in found.values()):
+            return {v: True for v in monitored}
+        if time.monotonic() > deadline:
+            missing = ", ".join(group.names[v] for v, value in found.items() if value is None)
+            raise RuntimeError(
+                f"bench: expected hookwatch_drift_profile_loaded for {missing} on the exporter, "
+                f"got no such series after {timeout:.0f} s (exporter status {status})"
+            )
+        time.sleep(0.5)
+
+
 def run_group(server: BenchServer, group: Group, settings: Settings) -> GroupResult:
     bodies, content_type = MODELS[group.model].payloads()
     seconds = settings.seconds[group.model]
     clients = settings.clients(group.batch)
     result = GroupResult(group.model, group.batch, clients)
+    result.drift_loaded = check_drift_loaded(server, group)
+    _progress(
+        f"{group.model} b{group.batch}: drift profile loaded in {sorted(result.drift_loaded)}"
+    )
 
     def target(variant: str) -> Target:
         path = f"/predictions/{group.names[variant]}"
         return Target("127.0.0.1", server.ports.inference, path, bodies, content_type)
 
     clocks = {v: _cpu_clock(server.worker_pids(group.names[v])) for v in VARIANTS}
+    warm: dict[str, Segment] = {}
     for variant in VARIANTS:
-        closed_loop(target(variant), clients, max(1.0, seconds / 2), warmup_s=settings.warmup_s)
+        # As long as a segment's least: a ResNet-18 batch of 8 takes ~2 s, and a shorter
+        # warm-up would give its rate from a handful of requests.
+        warm[variant] = closed_loop(
+            target(variant), clients, max(1.0, seconds), warmup_s=settings.warmup_s
+        )
         result.rss_start_mb[variant] = _rss_mb(server.worker_pids(group.names[variant]))
+    # The cycle rate where every client completed one, else the count.
+    warm_rps = warm[PLAIN].throughput_rps
+    result.closed_s = segment_seconds(settings, seconds, warm_rps, clients)
+    result.open_s = segment_seconds(settings, seconds, settings.open_load * warm_rps, 0)
+    _progress(
+        f"{group.model} b{group.batch}: plain warm-up {warm_rps:.1f}/s; segments "
+        f"{result.closed_s:.1f} s closed, {result.open_s:.1f} s open"
+    )
     for index in range(settings.rounds[group.model]):
         segments = {}
         for variant in round_order(index):
             segments[variant] = closed_loop(
                 target(variant),
                 clients,
-                seconds,
+                result.closed_s,
                 warmup_s=settings.warmup_s,
                 cpu_clock=clocks[variant],
             )
@@ -263,7 +384,7 @@ def run_group(server: BenchServer, group: Group, settings: Settings) -> GroupRes
             segments[variant] = open_loop(
                 target(variant),
                 result.open_rate_rps,
-                seconds,
+                result.open_s,
                 warmup_s=settings.warmup_s,
                 cpu_clock=clocks[variant],
             )
@@ -323,8 +444,13 @@ def run(root: Path, settings: Settings, work: Path, ports: Ports) -> BenchResult
                 )
             )
     if "digits" in settings.models:
+        # The monitored variant's own model directory: its drift profile makes the in-process
+        # run detect drift as the served one does.
+        model_dir = store / next(g for g in groups if g.model == "digits").names["full"]
         for monitored in (False, True):
-            result.rss.append(micro.rss_in_child(root, build, settings.rss_requests, monitored))
+            result.rss.append(
+                micro.rss_in_child(root, build, settings.rss_requests, monitored, model_dir)
+            )
     result.duration_s = time.monotonic() - started
     result.load_after = os.getloadavg()
     return result
@@ -333,3 +459,8 @@ def run(root: Path, settings: Settings, work: Path, ports: Ports) -> BenchResult
 def load_result(path: Path) -> dict[str, Any]:
     data: dict[str, Any] = json.loads(path.read_text())
     return data
+
+
+def read_result(path: Path) -> BenchResult:
+    """The :class:`BenchResult` a run wrote to ``path`` (results.json)."""
+    return BenchResult.from_dict(load_result(path))

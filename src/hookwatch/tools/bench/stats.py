@@ -13,6 +13,8 @@ from hookwatch.tools.bench.loadgen import Segment
 PLAIN = "plain"
 #: In the order every round runs them (reversed on odd rounds, so drift cancels out).
 VARIANTS: tuple[str, ...] = (PLAIN, "default", "full", "naive")
+#: The variants that run hookwatch (and so drift detection).
+MONITORED: tuple[str, ...] = ("default", "full")
 VARIANT_TEXT: Mapping[str, str] = {
     PLAIN: "plain BaseHandler (same decode/encode, no monitor)",
     "default": "hookwatch at its default sampling (`sample_rate` unset: {default_rate:g})",
@@ -64,11 +66,29 @@ class TargetSpec:
     p99_increase: float
 
 
-#: The project's overhead targets on CPU (docs/bench/README.md), as fractions.
+#: The overhead targets on CPU (docs/bench/README.md), as fractions, for a model without
+#: targets of its own (the text model).
 CPU_TARGETS: Mapping[str, TargetSpec] = {
     "default": TargetSpec(throughput_loss=0.02, p99_increase=0.03),
     "full": TargetSpec(throughput_loss=0.05, p99_increase=0.08),
 }
+#: Per model, where issue 19 set them: the demo CNN keeps >= 0.99 of the plain throughput at
+#: default sampling and >= 0.95 at 100 %; ResNet-18 >= 0.99 at both (its 40 ms forward leaves
+#: the hooks nothing to hide behind but their own cost).
+MODEL_TARGETS: Mapping[tuple[str, str], TargetSpec] = {
+    ("digits", "default"): TargetSpec(throughput_loss=0.01, p99_increase=0.03),
+    ("digits", "full"): TargetSpec(throughput_loss=0.05, p99_increase=0.08),
+    ("resnet18", "default"): TargetSpec(throughput_loss=0.01, p99_increase=0.03),
+    ("resnet18", "full"): TargetSpec(throughput_loss=0.01, p99_increase=0.08),
+}
+
+
+def target_for(model: str | None, variant: str) -> TargetSpec:
+    if model is not None and (model, variant) in MODEL_TARGETS:
+        return MODEL_TARGETS[(model, variant)]
+    return CPU_TARGETS[variant]
+
+
 #: RSS growth allowed over 100k requests.
 RSS_TARGET_MB = 20.0
 
@@ -134,10 +154,14 @@ def _judge(what: str, values: Sequence[float], limit: float, sign: float) -> Ver
 
 
 def verdicts(
-    variant: str, closed: Sequence[Mapping[str, Segment]], opened: Sequence[Mapping[str, Segment]]
+    variant: str,
+    closed: Sequence[Mapping[str, Segment]],
+    opened: Sequence[Mapping[str, Segment]],
+    model: str | None = None,
 ) -> list[Verdict]:
-    """Judge the median over rounds, with its interval (min and max are in the table too)."""
-    target = CPU_TARGETS[variant]
+    """Judge the median over rounds, with its interval (min and max are in the table too),
+    against ``model``'s targets (:func:`target_for`)."""
+    target = target_for(model, variant)
     out = [
         _judge(
             "throughput loss (closed loop)",

@@ -3,7 +3,9 @@
 Every variant is a TorchServe model directory (``--archive-format no-archive``) built from the
 model's committed model-config.yaml, changed only where the variant differs: the handler
 file, ``monitoring.sample_rate`` (unset for ``default``, so hookwatch's default applies; 1.0
-for ``full``) and ``batchSize``.
+for ``full``) and ``batchSize``. Every model directory holds the model's drift profile, so the
+monitored variants run drift detection as a deployment does; the runner checks that their
+workers loaded it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,10 @@ import yaml
 
 from hookwatch._model import MODEL_SPEC_FILE
 from hookwatch.tools.bench.stats import VARIANTS
+
+#: The profile's file name in every model directory: ``drift.profile``'s default, which the
+#: committed model configs keep.
+PROFILE_FILE = "drift-profile.npz"
 
 HANDLERS: Mapping[str, str] = {
     "plain": "handlers/plain_handler.py",
@@ -48,8 +54,8 @@ class ModelKind:
     #: A few request bodies and their Content-Type.
     payloads: Callable[[], tuple[list[bytes], str]]
     #: Writes what else the model directory holds into a directory and returns it (its
-    #: contents go into every variant's model directory), or None.
-    extra: Callable[[Path, Path], Path] | None = None
+    #: contents go into every variant's model directory): at least the drift profile.
+    extra: Callable[[Path, Path], Path]
 
     def model_path(self, root: Path) -> str:
         if self.model_module.endswith(".py"):
@@ -71,6 +77,21 @@ def _digits_weights(root: Path, build: Path) -> Path:
     return out
 
 
+def _digits_extra(root: Path, build: Path) -> Path:
+    """The drift profile ``make mar`` built for these weights from held-out reference images
+    (``hookwatch build-demo``), taken from the archive as the weights are."""
+    out = build / "digits-extra"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    with zipfile.ZipFile(root / "model_store" / "digits.mar") as archive:
+        if PROFILE_FILE not in archive.namelist():
+            raise FileNotFoundError(
+                f"expected {PROFILE_FILE} in model_store/digits.mar (run `make mar`), found none"
+            )
+        archive.extract(PROFILE_FILE, out)
+    return out
+
+
 def _digits_payloads() -> tuple[list[bytes], str]:
     from hookwatch.tools.demo.data import load_split
 
@@ -87,6 +108,58 @@ def _resnet_weights(root: Path, build: Path) -> Path:
     if not out.exists():
         torch.manual_seed(0)
         torch.save(ResNet18().state_dict(), out)
+    return out
+
+
+#: Synthetic reference images the random-weight ResNet-18's drift profile is built from: the
+#: same distribution as the bench's request bodies (standard normal), another seed. Built
+#: locally, as the bench downloads nothing.
+RESNET_REFERENCE_IMAGES = 320
+
+
+def _resnet_extra(root: Path, build: Path) -> Path:
+    """A drift profile for the random-weight ResNet-18, built as ``hookwatch profile`` builds
+    one: reference inputs through the serving input pipeline and the serving hooks. Built once
+    per work directory (a minute or so on one thread), as its weights are."""
+    from hookwatch._config import read_model_config
+    from hookwatch._profile import build_profile
+    from hookwatch._service import InputPipeline
+    from hookwatch.tools.bench.resnet import ResNet18
+    from hookwatch.tools.own_model import forward_batches
+
+    out = build / "resnet18-extra"
+    if (out / PROFILE_FILE).exists():
+        return out
+    model_config = read_model_config(root / MODELS["resnet18"].config)
+    spec = model_config.handler.input
+    if model_config.monitoring.drift.profile != PROFILE_FILE:
+        raise ValueError(
+            f"expected drift.profile {PROFILE_FILE} in the ResNet-18 config, got "
+            f"{model_config.monitoring.drift.profile}"
+        )
+    torch.set_num_threads(1)
+    model = ResNet18()
+    model.load_state_dict(torch_load_state(_resnet_weights(root, build)))
+    model.eval()
+    pipeline = InputPipeline(spec)
+    rng = np.random.default_rng(1)
+
+    def batches() -> Iterator[torch.Tensor]:
+        for _ in range(0, RESNET_REFERENCE_IMAGES, 32):
+            images = rng.standard_normal((32, 3, 224, 224), dtype=np.float32)
+            yield pipeline.batch(torch.from_numpy(images))
+
+    profile = build_profile(
+        model,
+        model_config.monitoring,
+        forward_batches(batches(), spec.argument),
+        "resnet18",
+        bins=model_config.monitoring.drift.bins,
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    # Written under a temporary name first: an interrupted build leaves no profile to reuse.
+    partial = profile.save(out / "partial.npz")
+    partial.replace(out / PROFILE_FILE)
     return out
 
 
@@ -142,6 +215,7 @@ MODELS: Mapping[str, ModelKind] = {
         "models/digits/model-config.yaml",
         _digits_weights,
         _digits_payloads,
+        _digits_extra,
     ),
     "resnet18": ModelKind(
         "resnet18",
@@ -150,6 +224,7 @@ MODELS: Mapping[str, ModelKind] = {
         "models/resnet18/model-config.yaml",
         _resnet_weights,
         _resnet_payloads,
+        _resnet_extra,
     ),
     "minilm": ModelKind(
         "minilm",
@@ -194,7 +269,9 @@ def build_group(root: Path, store: Path, build: Path, model: str, batch: int) ->
     build.mkdir(parents=True, exist_ok=True)
     store.mkdir(parents=True, exist_ok=True)
     weights = kind.weights(root, build)
-    extra = ["--extra-files", str(kind.extra(root, build))] if kind.extra is not None else []
+    extra = kind.extra(root, build)
+    if not (extra / PROFILE_FILE).is_file():
+        raise FileNotFoundError(f"expected a drift profile {extra / PROFILE_FILE}, found none")
     base = yaml.safe_load((root / kind.config).read_text())
     names: dict[str, str] = {}
     for variant in VARIANTS:
@@ -222,7 +299,8 @@ def build_group(root: Path, store: Path, build: Path, model: str, batch: int) ->
                 "--archive-format",
                 "no-archive",
                 "--force",
-                *extra,
+                "--extra-files",
+                str(extra),
             ],
             check=True,
         )
