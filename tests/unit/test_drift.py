@@ -293,3 +293,19 @@ def test_batched_verdicts_of_several_detectors_keep_their_order_and_episodes() -
     assert by_batch == by_one
     assert any(drift for verdicts in by_one.values() for _, drift in verdicts)
     assert batched.first_alarms  # the shift was seen and the episode remembered
+
+
+def test_bin_codes_count_the_edges_strictly_below_each_value() -> None:
+    """The encoding compares plane by plane over the bins; it is still, per feature, the number
+    of its edges strictly below the value (searchsorted, left), padded edges never counted and
+    NaN in bin 0."""
+    rng = np.random.default_rng(12)
+    x = rng.normal(size=(300, 5))
+    x[:40] = np.round(x[:40], 1)  # values on an edge go to the bin that ends there
+    ref = BinnedReference.fit("act", "activation", np.round(rng.normal(size=(2000, 5)), 1), bins=9)
+    codes = ref.encode(x)
+    for f in range(ref.n_features):
+        edges = ref.edges[f][np.isfinite(ref.edges[f])]
+        np.testing.assert_array_equal(codes[:, f], np.searchsorted(edges, x[:, f], side="left"))
+    x[3, 2] = np.nan
+    assert ref.encode(x)[3, 2] == 0 and codes.dtype == np.uint8

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,15 +174,26 @@ class DriftTracker:
     def window(self) -> int:
         return self.calibration.window
 
-    def update(self, layer: str, features: NDArray[Any]) -> list[DriftResult]:
+    def update(
+        self, layer: str, features: NDArray[Any], pause: Callable[[], None] | None = None
+    ) -> list[DriftResult]:
+        """Feed a layer's features ``[B, F]``; the verdicts they brought, detector by detector.
+
+        ``pause`` is called before every detector after the first (the capture thread lets
+        the GIL go there: the output's four detectors are most of a drain's drift work).
+        """
         results: list[DriftResult] = []
         projection = self.projections.get(layer)
         if projection is not None:
             features = projection.apply(features)
+        first = True
         for name, x in derive(layer, features, self.output_layer, self.head).items():
             ref = self.references.get(name)
             if ref is None:
                 continue
+            if pause is not None and not first:
+                pause()
+            first = False
             window = self._windows[name]
             codes = ref.encode(x)
             test = self.sequential.get(name)

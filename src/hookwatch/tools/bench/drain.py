@@ -7,8 +7,9 @@ loaded through :meth:`ModelService.from_handler_config` as a TorchServe worker l
 * the request thread's cost per forward (wall and CPU, monitored minus plain, and the
   per-request latency percentiles of each);
 * the capture thread's CPU per sample (its processing and its publishing);
-* the wall time of each drain, which is how long the capture thread holds the GIL in one go
-  (numpy's small-array calls do not release it), p50/p99/max;
+* the wall time of each drain and of each stretch between the processor's pauses, which is
+  how long the capture thread holds the GIL in one go (numpy's small-array calls do not
+  release it), p50/p99/max;
 * the processor alone on recorded captures, per sample against the size of a drain.
 
 ``python -m hookwatch.tools.bench.drain --mar model_store/digits.mar``; the script only uses
@@ -58,14 +59,33 @@ class DrainTimer:
         #: (samples, wall s, thread CPU s) per drain.
         self.drains: list[tuple[int, float, float]] = []
         self.ticks: list[tuple[float, float]] = []
+        #: Wall seconds the capture thread ran between two pauses of a drain.
+        self.holds: list[float] = []
+        self._pauses: list[tuple[float, float]] = []
         self._lock = threading.Lock()
 
     def process(self, batch: list[Any]) -> None:
+        self._pauses = []
         wall, cpu = time.perf_counter(), time.thread_time()
         self._process(batch)
-        done = (len(batch), time.perf_counter() - wall, time.thread_time() - cpu)
+        end = time.perf_counter()
+        done = (len(batch), end - wall, time.thread_time() - cpu)
+        # Between pauses the thread holds the GIL; a drain without pauses is one hold.
+        edges = [wall, *(t for pause in self._pauses for t in pause), end]
+        holds = [b - a for a, b in zip(edges[::2], edges[1::2], strict=True)]
         with self._lock:
             self.drains.append(done)
+            self.holds.extend(holds)
+
+    def pause(self, pause: Callable[[], None]) -> Callable[[], None]:
+        """``pause`` (the processor's GIL yield), timed: the holds are the time between."""
+
+        def timed() -> None:
+            started = time.perf_counter()
+            pause()
+            self._pauses.append((started, time.perf_counter()))
+
+        return timed
 
     def tick(self) -> None:
         wall, cpu = time.perf_counter(), time.thread_time()
@@ -73,11 +93,14 @@ class DrainTimer:
         with self._lock:
             self.ticks.append((time.perf_counter() - wall, time.thread_time() - cpu))
 
-    def take(self) -> tuple[list[tuple[int, float, float]], list[tuple[float, float]]]:
+    def take(
+        self,
+    ) -> tuple[list[tuple[int, float, float]], list[tuple[float, float]], list[float]]:
         with self._lock:
             drains, self.drains = self.drains, []
             ticks, self.ticks = self.ticks, []
-        return drains, ticks
+            holds, self.holds = self.holds, []
+        return drains, ticks, holds
 
 
 def demo_service(mar: Path, workdir: Path, monitored: bool, name: str) -> ModelService:
@@ -158,6 +181,9 @@ def served(mar: Path, requests: int, rounds: int, max_batch: int | None = None) 
         worker._tick = timer.tick
         if max_batch is not None:
             worker._max_batch = max_batch
+        pause = getattr(monitor.processor, "_pause", None)  # older checkouts: no pauses
+        if pause is not None:
+            monitor.processor._pause = timer.pause(pause)
         for service in (plain, watched):
             _serve(service, bodies[: min(200, requests)])  # warm-up
         monitor.flush()
@@ -166,6 +192,7 @@ def served(mar: Path, requests: int, rounds: int, max_batch: int | None = None) 
         per_round: dict[str, list[dict[str, float]]] = {key: [] for key in keys}
         drains: list[tuple[int, float, float]] = []
         ticks: list[tuple[float, float]] = []
+        holds: list[float] = []
         gc_timer = GcTimer()
         gc.callbacks.append(gc_timer)
         for r in range(rounds):
@@ -186,9 +213,10 @@ def served(mar: Path, requests: int, rounds: int, max_batch: int | None = None) 
                         "throughput": len(times) / wall,
                     }
                 )
-            d, t = timer.take()
+            d, t, h = timer.take()
             drains += d
             ticks += t
+            holds += h
         gc.callbacks.remove(gc_timer)
         samples = sum(n for n, _, _ in drains)
         sizes = [n for n, _, _ in drains]
@@ -208,6 +236,9 @@ def served(mar: Path, requests: int, rounds: int, max_batch: int | None = None) 
             "drain_wall_ms_p50": _percentile(walls, 50),
             "drain_wall_ms_p99": _percentile(walls, 99),
             "drain_wall_ms_max": max(walls, default=0.0),
+            "gil_hold_ms_p50": _percentile([h * 1e3 for h in holds], 50),
+            "gil_hold_ms_p99": _percentile([h * 1e3 for h in holds], 99),
+            "gil_hold_ms_max": max((h * 1e3 for h in holds), default=0.0),
             "process_cpu_us_per_sample": sum(c for _, _, c in drains) / max(samples, 1) * 1e6,
             "publish_cpu_us_per_sample": sum(c for _, c in ticks) / max(samples, 1) * 1e6,
             "publish_wall_ms_p50": _percentile([w * 1e3 for w, _ in ticks], 50),
@@ -263,6 +294,8 @@ def processor_scaling(
                     units=monitor.processor.units,
                     classes=monitor.processor.classes,
                 )
+                if hasattr(processor, "_pause"):
+                    processor._pause = None  # CPU and wall of the work alone
                 wall, cpu = time.perf_counter(), time.thread_time()
                 for start in range(0, len(recorded), size):
                     processor.process(recorded[start : start + size])
