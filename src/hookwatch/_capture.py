@@ -56,13 +56,13 @@ EXIT_TIMEOUT_S = 2.0
 #: A failure a day is a bug to fix, not a reason to stop watching; a failure per batch is.
 MAX_RESTARTS = 3
 RESTART_WINDOW_S = 60.0
-#: Items processed per drain at most. A drain holds the GIL from start to end (numpy's calls on
-#: arrays this small do not release it), and a request thread that wants it back waits up to
-#: the interpreter's switch interval each time. Processing costs a fixed part per drain (a
-#: numpy call per statistic, layer and detector) plus a part per item: at 128 items the fixed
-#: part is already small, and one drain stays a few milliseconds (demo CNN, drift on; see
-#: docs/architecture.md), where 512 held the GIL for tens of milliseconds under load.
-MAX_DRAIN = 128
+#: Items processed per drain at most. Processing costs a fixed part per drain (a numpy call
+#: per statistic, layer and detector) plus a part per item, so larger drains cost less per
+#: item; what bounds them is the GIL: the processor lets it go between its steps (a layer's
+#: statistics, its drift windows, each detector), and a step's length grows with the drain.
+#: At 256 the demo CNN's longest step stays about 4 ms under a saturating load (docs/
+#: architecture.md, `make bench-drain`), where 512 with no pauses held it for tens of ms.
+MAX_DRAIN = 256
 #: Between two drains of a backlog the thread waits this long with the GIL released, so a
 #: request thread waiting for it runs before the next drain instead of after it.
 BACKLOG_PAUSE_S = 0.0005

@@ -162,10 +162,13 @@ class GcTimer:
         return sum(self.pauses.get(ident, [])) * 1e3 if ident is not None else 0.0
 
 
-def served(mar: Path, requests: int, rounds: int, max_batch: int | None = None) -> dict[str, Any]:
+def served(
+    mar: Path, requests: int, rounds: int, max_batch: int | None = None, pauses: bool = True
+) -> dict[str, Any]:
     """Alternating rounds of ``requests`` requests, monitored and plain; medians over rounds.
 
-    ``max_batch`` overrides the capture worker's cap on samples per drain (exploration only).
+    ``max_batch`` overrides the capture worker's cap on samples per drain and ``pauses=False``
+    takes the processor's GIL pauses out (exploration only).
     """
     torch.set_num_threads(1)
     bodies = _bodies(requests)
@@ -182,6 +185,8 @@ def served(mar: Path, requests: int, rounds: int, max_batch: int | None = None) 
         if max_batch is not None:
             worker._max_batch = max_batch
         pause = getattr(monitor.processor, "_pause", None)  # older checkouts: no pauses
+        if not pauses and pause is not None:
+            monitor.processor._pause = pause = None
         if pause is not None:
             monitor.processor._pause = timer.pause(pause)
         for service in (plain, watched):
@@ -320,12 +325,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="1,16,64,256,512")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-batch", type=int, default=None, help="override samples/drain")
+    parser.add_argument("--no-pause", action="store_true", help="no GIL pauses within drains")
     parser.add_argument("--skip-served", action="store_true")
     parser.add_argument("--skip-scaling", action="store_true")
     args = parser.parse_args(argv)
     report: dict[str, Any] = {}
     if not args.skip_served:
-        report["served"] = served(args.mar, args.requests, args.rounds, args.max_batch)
+        report["served"] = served(
+            args.mar, args.requests, args.rounds, args.max_batch, not args.no_pause
+        )
     if not args.skip_scaling:
         sizes = [int(s) for s in args.sizes.split(",")]
         report["scaling"] = processor_scaling(args.mar, args.samples, sizes, args.repeats)
