@@ -93,14 +93,10 @@ class SlidingWindow:
         One gather and one bincount for every verdict of a batch, instead of a push and a
         recount per verdict: the counts are the same integers.
         """
-        counts: IntArray
-        if len(ends):
-            history = np.concatenate([self.ordered(), codes])
-            # Each end's window is the last `size` codes before it, in the history.
-            rows = (ends + self.filled - self.size)[:, None] + self._positions[None, :]
-            counts = bin_counts(history[rows], self.bins)
-        else:
-            counts = np.zeros((0, len(self._offsets), self.bins), dtype=np.int64)
+        history = np.concatenate([self.ordered(), codes])
+        # Each end's window is the last `size` codes before it, in the history.
+        rows = (ends + self.filled - self.size)[:, None] + self._positions[None, :]
+        counts = bin_counts(history[rows], self.bins)
         self.push(codes)
         return counts
 
@@ -206,12 +202,13 @@ class DriftTracker:
                 pending = self._tally.get(name)
                 self._tally[name] = counts if pending is None else pending + counts
             ends = self._verdict_ends(name, len(codes))
-            counts = window.push_counting(codes, ends)
-            if len(ends):
-                # Every verdict of the batch scored in one call; the scores are those of the
-                # window as it stood at each step boundary.
-                scores = ref.score(counts)
-                results.extend(self._verdict(name, float(score)) for score in scores)
+            if not ends:
+                window.push(codes)
+                continue
+            # Every verdict of the batch scored in one call; the scores are those of the
+            # window as it stood at each step boundary.
+            scores = ref.score(window.push_counting(codes, np.asarray(ends, dtype=np.int64)))
+            results.extend(self._verdict(name, float(score)) for score in scores)
         return results
 
     def state_bytes(self) -> int:
@@ -260,7 +257,7 @@ class DriftTracker:
         taken, self._tally = self._tally, {}
         return taken
 
-    def _verdict_ends(self, name: str, n: int) -> NDArray[np.int64]:
+    def _verdict_ends(self, name: str, n: int) -> list[int]:
         """How many of ``n`` new samples precede each verdict they bring, in order.
 
         A verdict falls once the window is full and has taken ``step`` samples since the
@@ -281,14 +278,13 @@ class DriftTracker:
             if filled == window.size and since >= self.step:
                 since = 0
                 ends.append(done)
-        rest = np.zeros(0, dtype=np.int64)
         if done < n:
             # Full: the next verdict once `step` samples since the last, then every `step`.
-            first = done + max(1, self.step - since)
-            rest = np.arange(first, n + 1, self.step, dtype=np.int64)
-            since = n - int(rest[-1]) if len(rest) else since + n - done
+            rest = range(done + max(1, self.step - since), n + 1, self.step)
+            since = n - rest[-1] if rest else since + n - done
+            ends.extend(rest)
         self._since[name] = since
-        return np.concatenate([np.asarray(ends, dtype=np.int64), rest])
+        return ends
 
     def evaluate(self, name: str) -> DriftResult:
         """The verdict on ``name``'s window as it stands."""
