@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # Extra options for `make run`, e.g. RUN_ARGS="--workers 4 --no-report" (see `hookwatch run -h`).
 RUN_ARGS ?=
 
-.PHONY: help deps venv mar run run-text stop test check lint format unit integration clean eval-drift eval-drift-text rules docs bench-scrape bench bench-quick dashboards-check soak
+.PHONY: help deps venv mar run run-text stop test check lint format unit integration clean eval-drift eval-drift-text rules docs bench-scrape bench-drain bench bench-quick dashboards-check soak
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -120,6 +120,9 @@ docs: $(BIN)/.installed ## regenerate docs/metrics.md from src/hookwatch/_catalo
 SOAK_SECONDS ?= 600
 soak: deps $(MAR) ## soak, 10 min (SOAK_SECONDS): 70 % of capacity, bad requests, a worker killed; writes docs/soak/
 	$(BIN)/hookwatch soak --seconds $(SOAK_SECONDS)
+
+bench-drain: $(MAR) ## in-process cost of 100 % sampling with drift on: request thread, capture thread, drain wall time
+	$(BIN)/python -m hookwatch.tools.bench.drain --mar $(MAR)
 
 bench-scrape: $(MAR) ## exporter scrape time after 100 worker restarts: writes docs/bench/scrape.md
 	$(BIN)/python -m hookwatch.tools.bench.scrape --out docs/bench/scrape.md

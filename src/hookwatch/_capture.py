@@ -56,6 +56,16 @@ EXIT_TIMEOUT_S = 2.0
 #: A failure a day is a bug to fix, not a reason to stop watching; a failure per batch is.
 MAX_RESTARTS = 3
 RESTART_WINDOW_S = 60.0
+#: Items processed per drain at most. Processing costs a fixed part per drain (a numpy call
+#: per statistic, layer and detector) plus a part per item, so larger drains cost less per
+#: item; what bounds them is the GIL: the processor lets it go between its steps (a layer's
+#: statistics, its drift windows, each detector), and a step's length grows with the drain.
+#: At 256 the demo CNN's longest step stays about 4 ms under a saturating load (docs/
+#: architecture.md, `make bench-drain`), where 512 with no pauses held it for tens of ms.
+MAX_DRAIN = 256
+#: Between two drains of a backlog the thread waits this long with the GIL released, so a
+#: request thread waiting for it runs before the next drain instead of after it.
+BACKLOG_PAUSE_S = 0.0005
 
 
 @atexit.register
@@ -75,7 +85,8 @@ class CaptureWorker(Generic[T]):
     more than everything else it does for a capture). The thread polls every ``poll_s`` instead
     and drains once ``min_batch`` items wait, or when ``tick`` is due, so that what a tick
     publishes includes everything offered before it; it drains at once again while a drain
-    fills ``max_batch``. ``tick`` runs at least every ``interval_s`` on the same thread; it is
+    fills ``max_batch``, after a short pause (``backlog_pause_s``) that leaves the GIL to the
+    request threads. ``tick`` runs at least every ``interval_s`` on the same thread; it is
     where accumulated results get published. Waiting for ``min_batch`` matters when items
     arrive slowly: processing has a fixed cost per batch (a numpy call per statistic and
     layer) that a batch of one pays in full.
@@ -99,10 +110,11 @@ class CaptureWorker(Generic[T]):
         tick: Callable[[], None],
         interval_s: float = 1.0,
         name: str = "hookwatch-capture",
-        max_batch: int = 512,
+        max_batch: int = MAX_DRAIN,
         poll_s: float = 0.05,
         min_batch: int = 1,
         on_off: Callable[[], None] | None = None,
+        backlog_pause_s: float = BACKLOG_PAUSE_S,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"expected capacity >= 1, got {capacity}")
@@ -122,6 +134,7 @@ class CaptureWorker(Generic[T]):
         #: Set by wait_idle so a short buffer is drained without waiting for the tick.
         self._drain_requested = False
         self._poll = min(poll_s, interval_s)
+        self._backlog_pause = max(0.0, backlog_pause_s)
         self._stop = threading.Event()
         self._process_remaining = True
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -251,7 +264,8 @@ class CaptureWorker(Generic[T]):
         backlog = False
         while True:
             if backlog:
-                if self._stop.is_set():
+                # A wait, not a check: the GIL is released for the pause (see BACKLOG_PAUSE_S).
+                if self._stop.wait(self._backlog_pause):
                     break
             elif self._stop.wait(max(0.0, min(self._poll, next_tick - time.monotonic()))):
                 break

@@ -215,3 +215,97 @@ def test_the_detector_that_alarms_first_is_remembered_for_the_episode() -> None:
     tracker.update("late", shifted)
     tracker.update("early", shifted)
     assert tracker.first_alarms == {"early", "late"}
+
+
+def _verdicts_one_chunk_at_a_time(
+    ref: BinnedReference, size: int, step: int, batches: list[np.ndarray]
+) -> list[float]:
+    """The tracker's former loop, kept as the reference: push up to the next step boundary,
+    recount the window and score it, one verdict at a time."""
+    window = SlidingWindow(size, ref.n_features, ref.n_bins)
+    since = 0
+    scores: list[float] = []
+    for x in batches:
+        codes = ref.encode(x)
+        start = 0
+        while start < len(codes):
+            take = step - since if since < step else window.size - window.filled
+            chunk = codes[start : start + max(1, take)]
+            window.push(chunk)
+            start += len(chunk)
+            since += len(chunk)
+            if window.full and since >= step:
+                since = 0
+                scores.append(float(ref.score(window.counts)))
+    return scores
+
+
+@pytest.mark.parametrize(("size", "step"), [(40, 10), (40, 1), (40, 40), (20, 7), (20, 30)])
+def test_batched_verdicts_equal_the_chunk_by_chunk_reference(size: int, step: int) -> None:
+    """Verdicts of a batch are scored at once from gathered window counts; they must be the
+    same scores, at the same samples, as pushing and recounting up to every step boundary,
+    however the stream is cut (one sample at a time included)."""
+    rng = np.random.default_rng(3)
+    x = np.concatenate([_correlated(500, seed=4), _correlated(300, seed=5, shift=1.5)])
+    ref = BinnedReference.fit("act", "activation", _correlated(1000, seed=9), bins=8)
+    cal = calibrate([ref], window=size, false_alarm_rate=0.01, windows=300)
+    cuts = np.cumsum(rng.integers(1, 120, size=100))
+    for batches in (np.split(x, cuts[cuts < len(x)]), np.split(x, len(x)), [x]):
+        expected = _verdicts_one_chunk_at_a_time(ref, size, step, batches)
+        tracker = DriftTracker({"act": ref}, cal, step=step)
+        got = [r for b in batches for r in tracker.update("act", b)]
+        assert expected and [r.score for r in got] == expected  # exactly: the same integers
+        threshold = cal.thresholds["act"]
+        assert [r.is_drift for r in got] == [s > threshold for s in expected]
+        assert any(r.is_drift for r in got)
+
+
+def test_batched_verdicts_of_several_detectors_keep_their_order_and_episodes() -> None:
+    """The output's four detectors: one drain's verdicts come detector by detector, each in
+    sample order, the same as when the samples arrive one by one."""
+    rng = np.random.default_rng(6)
+    logits = rng.normal(size=(2000, 5)) * 2
+    refs = {
+        name: BinnedReference.fit(name, "output", x, bins=6)
+        for name, x in derive("output", logits[:1000]).items()
+        if name != "class_mix"
+    }
+    refs["class_mix"] = BinnedReference.categorical(
+        "class_mix", "output", logits[:1000].argmax(1), 5
+    )
+    cal = calibrate(list(refs.values()), window=50, false_alarm_rate=0.01, windows=300)
+    stream = np.concatenate([logits[1000:1300], logits[1300:] + np.array([3.0, 0, 0, 0, 0])])
+    one = DriftTracker(refs, cal, step=10)
+    batched = DriftTracker(refs, cal, step=10)
+    by_one: dict[str, list[tuple[float, bool]]] = {name: [] for name in refs}
+    by_batch: dict[str, list[tuple[float, bool]]] = {name: [] for name in refs}
+    for row in stream:
+        for r in one.update("output", row[None]):
+            by_one[r.detector].append((r.score, r.is_drift))
+    for part in np.split(stream, [37, 38, 250, 420, 999]):
+        batched.new_round()
+        results = batched.update("output", part)
+        order = [r.detector for r in results]
+        # Grouped by detector: each detector's verdicts of the drain are contiguous.
+        assert order == sorted(order, key=list(refs).index)
+        for r in results:
+            by_batch[r.detector].append((r.score, r.is_drift))
+    assert by_batch == by_one
+    assert any(drift for verdicts in by_one.values() for _, drift in verdicts)
+    assert batched.first_alarms  # the shift was seen and the episode remembered
+
+
+def test_bin_codes_count_the_edges_strictly_below_each_value() -> None:
+    """The encoding compares plane by plane over the bins; it is still, per feature, the number
+    of its edges strictly below the value (searchsorted, left), padded edges never counted and
+    NaN in bin 0."""
+    rng = np.random.default_rng(12)
+    x = rng.normal(size=(300, 5))
+    x[:40] = np.round(x[:40], 1)  # values on an edge go to the bin that ends there
+    ref = BinnedReference.fit("act", "activation", np.round(rng.normal(size=(2000, 5)), 1), bins=9)
+    codes = ref.encode(x)
+    for f in range(ref.n_features):
+        edges = ref.edges[f][np.isfinite(ref.edges[f])]
+        np.testing.assert_array_equal(codes[:, f], np.searchsorted(edges, x[:, f], side="left"))
+    x[3, 2] = np.nan
+    assert ref.encode(x)[3, 2] == 0 and codes.dtype == np.uint8

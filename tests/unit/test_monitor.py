@@ -3,6 +3,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from typing import Any
 
 import pytest
 import torch
@@ -146,10 +147,10 @@ def test_a_processing_fault_switches_one_layer_off_visibly(
     monitor = Monitor(net, config, "m", metrics)
     original = monitor.processor._process_layer
 
-    def flaky(layer: str, items: list, predicted: dict) -> None:  # type: ignore[type-arg]
+    def flaky(layer: str, *args: Any) -> None:
         if layer == "act":
             raise ValueError("broken statistic")
-        original(layer, items, predicted)
+        original(layer, *args)
 
     monkeypatch.setattr(monitor.processor, "_process_layer", flaky)
     with caplog.at_level(logging.WARNING, logger="hookwatch"):

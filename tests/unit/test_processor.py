@@ -11,7 +11,10 @@ from torch import nn
 
 from hookwatch._hooks import Capture, Gate, HookSet
 from hookwatch._monitor import CaptureProcessor, Record
-from hookwatch._names import SUMMARY_STATISTICS
+from hookwatch._monitor.processor import CLASS_COLUMNS
+from hookwatch._names import OUTPUT_LAYER, SUMMARY_STATISTICS
+from hookwatch._stats import INF_COLUMN, NAN_COLUMN, reduce_rows
+from hookwatch._views import ClassSlots
 
 
 class Net(nn.Module):
@@ -103,3 +106,60 @@ def test_a_failing_layer_is_switched_off_and_the_others_carry_on(
     assert processor.faults == {"act": 1}
     assert "act" not in taken.layers
     assert taken.layers["output"].captures == 12
+
+
+def _class_tallies_record_by_record(
+    batch: list[Record], classes: ClassSlots, layer: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """The per-class sums the former per-record loop gave: a record's rows take the output's
+    predicted classes when it has as many output rows, else no class."""
+    n = len(classes.labels)
+    sums, counts = np.zeros((n, len(CLASS_COLUMNS))), np.zeros(n, dtype=np.int64)
+    for record in batch:
+        if layer not in record:
+            continue
+        raw = record[layer].raw
+        assert raw is not None
+        rows = reduce_rows(raw.numpy())
+        output = record.get(OUTPUT_LAYER)
+        if output is None or output.raw is None or len(output.raw) != len(rows):
+            continue
+        logits = output.raw.numpy()
+        for row, logit in zip(rows, logits, strict=True):
+            if not np.isfinite(logit).all() or row[NAN_COLUMN] or row[INF_COLUMN]:
+                continue
+            slot = int(classes.slots(np.array([logit.argmax()]))[0])
+            sums[slot] += row[CLASS_COLUMNS]
+            counts[slot] += 1
+    return sums, counts
+
+
+def test_class_slots_of_a_whole_drain_equal_the_record_by_record_lookup() -> None:
+    """Predicted classes label every layer's rows with array lookups over the whole drain;
+    records of other sizes, without an output, or with non-finite logits included."""
+    rng = np.random.default_rng(2)
+    classes = ClassSlots.tracked([0, 2, 3])
+    batch: list[Record] = []
+    for i in range(120):
+        rows = int(rng.integers(1, 4))
+        logits = torch.from_numpy(rng.normal(size=(rows, 5)).astype(np.float32))
+        if i % 17 == 0:
+            logits[0, 1] = float("nan")
+        act_rows = rows if i % 11 else rows + 1  # a layer whose batch differs from the output's
+        act = torch.from_numpy(rng.normal(size=(act_rows, 6)).astype(np.float32))
+        record: Record = {"act": Capture("act", None, None, act)}
+        if i % 13:
+            record[OUTPUT_LAYER] = Capture(OUTPUT_LAYER, None, None, logits)
+        batch.append(record)
+    expected_sums, expected_counts = _class_tallies_record_by_record(batch, classes, "act")
+    whole = CaptureProcessor("m", max_features=8, widths={OUTPUT_LAYER: 5}, classes=classes)
+    whole.process(batch)
+    pieces = CaptureProcessor("m", max_features=8, widths={OUTPUT_LAYER: 5}, classes=classes)
+    for start in range(0, len(batch), 7):
+        pieces.process(batch[start : start + 7])
+    for processor in (whole, pieces):
+        tally = processor.take().layers["act"]
+        assert tally.class_counts is not None and tally.class_sums is not None
+        np.testing.assert_array_equal(tally.class_counts, expected_counts)
+        np.testing.assert_allclose(tally.class_sums, expected_sums, rtol=1e-5)
+    assert expected_counts.sum() > 100

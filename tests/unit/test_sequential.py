@@ -126,3 +126,67 @@ def test_the_tracker_hands_over_its_sequential_alarms_once_and_holds_a_bounded_l
         untaken.update("layer", shifted)
     assert len(untaken._alarms) == MAX_PENDING_ALARMS
     assert untaken.sequential["layer"].alarms > MAX_PENDING_ALARMS
+
+
+def _one_by_one(test: SequentialTest, codes: np.ndarray) -> tuple[list[int], list[float]]:
+    """The e-detector written sample by sample from its definition: the reference the block
+    arithmetic (cumulative products, alarms and restarts found inside a block) must match.
+    Returns the alarm positions and the log evidence after every sample."""
+    from hookwatch._drift.sequential import FRACTIONS, LOG_E_CAP, LOG_E_FLOOR, PRIOR_SAMPLES
+
+    features, bins = test._shape
+    lam = np.asarray(FRACTIONS)
+    weighted = np.zeros((features, bins))
+    r = np.zeros((len(FRACTIONS), features))
+    e = np.ones((len(FRACTIONS), features, bins))
+    alarms: list[int] = []
+    evidence: list[float] = []
+    for t, row in enumerate(codes.astype(np.int64)):
+        if t % 64 == 0:
+            forecast = (weighted + PRIOR_SAMPLES * test._q) / (
+                weighted.sum(axis=1, keepdims=True) + PRIOR_SAMPLES
+            )
+            distance = np.sqrt(((forecast - test._q) ** 2 * test._inv_q).sum(axis=1))
+            ratio = np.where(test._valid, forecast * test._inv_q, 1.0)
+            log_e = np.log1p(lam[:, None, None] * (ratio - 1.0)) - np.log1p(
+                lam[:, None, None] * (test._tolerance * distance)[None, :, None]
+            )
+            e = np.exp(np.clip(log_e, LOG_E_FLOOR, LOG_E_CAP) - math.log1p(math.exp(LOG_E_FLOOR)))
+        r = e[:, np.arange(features), row] * (r + 1.0)
+        mean = r.mean()
+        if mean >= test._threshold:
+            alarms.append(t + 1)
+            r = np.zeros_like(r)
+            evidence.append(-math.inf)
+        else:
+            evidence.append(math.log(mean))
+        weighted = weighted * test._decay
+        weighted[np.arange(features), row] += 1.0
+    return alarms, evidence
+
+
+def test_the_block_arithmetic_equals_the_detector_sample_by_sample() -> None:
+    """Alarms (several restarts inside one block among them) at the same samples, and the same
+    evidence, as the detector's definition applied one sample at a time."""
+    ref = _reference()
+    rng = np.random.default_rng(11)
+    codes = ref.encode(
+        np.concatenate([rng.normal(size=(700, FEATURES)), rng.normal(size=(900, FEATURES)) + 1.5])
+    )
+    expected, evidence = _one_by_one(_test(ref, 50), codes)
+    gaps = np.diff(expected)
+    assert len(expected) > 10 and gaps.min() < 64  # restarts within a refresh block
+    cuts = np.cumsum(rng.integers(1, 300, size=60))
+    for parts in ([codes], np.split(codes, cuts[cuts < len(codes)])):
+        test = _test(ref, 50)
+        got: list[int] = []
+        ends: list[int] = []
+        logs: list[float] = []
+        for part in parts:
+            got += [a.position for a in test.update(part)]
+            ends.append(test.seen)
+            logs.append(test.log_evidence)
+        assert got == expected
+        assert test.alarms == len(expected)
+        for end, log in zip(ends, logs, strict=True):
+            assert math.isclose(log, evidence[end - 1], rel_tol=1e-9, abs_tol=1e-9)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,6 +79,27 @@ class SlidingWindow:
         self.filled = min(self.size, self.filled + n)
         self.seen += seen
 
+    def ordered(self) -> CodeArray:
+        """The codes in the window, oldest first ``[filled, F]``."""
+        if not self.full:
+            # Until the ring wraps, it is filled from the start in arrival order.
+            return self._codes[: self.filled]
+        return np.concatenate([self._codes[self._next :], self._codes[: self._next]])
+
+    def push_counting(self, codes: CodeArray, ends: NDArray[np.int64]) -> IntArray:
+        """Push ``codes`` and return ``[len(ends), F, K]``: the window's counts as they were
+        right after ``codes[:end]`` for each end, each taken once the window was full.
+
+        One gather and one bincount for every verdict of a batch, instead of a push and a
+        recount per verdict: the counts are the same integers.
+        """
+        history = np.concatenate([self.ordered(), codes])
+        # Each end's window is the last `size` codes before it, in the history.
+        rows = (ends + self.filled - self.size)[:, None] + self._positions[None, :]
+        counts = bin_counts(history[rows], self.bins)
+        self.push(codes)
+        return counts
+
     @property
     def counts(self) -> IntArray:
         """``[F, K]`` bin counts of the samples in the window."""
@@ -149,15 +170,26 @@ class DriftTracker:
     def window(self) -> int:
         return self.calibration.window
 
-    def update(self, layer: str, features: NDArray[Any]) -> list[DriftResult]:
+    def update(
+        self, layer: str, features: NDArray[Any], pause: Callable[[], None] | None = None
+    ) -> list[DriftResult]:
+        """Feed a layer's features ``[B, F]``; the verdicts they brought, detector by detector.
+
+        ``pause`` is called before every detector after the first (the capture thread lets
+        the GIL go there: the output's four detectors are most of a drain's drift work).
+        """
         results: list[DriftResult] = []
         projection = self.projections.get(layer)
         if projection is not None:
             features = projection.apply(features)
+        first = True
         for name, x in derive(layer, features, self.output_layer, self.head).items():
             ref = self.references.get(name)
             if ref is None:
                 continue
+            if pause is not None and not first:
+                pause()
+            first = False
             window = self._windows[name]
             codes = ref.encode(x)
             test = self.sequential.get(name)
@@ -169,19 +201,14 @@ class DriftTracker:
                 counts = bin_counts(codes[None], ref.n_bins)[0]
                 pending = self._tally.get(name)
                 self._tally[name] = counts if pending is None else pending + counts
-            start = 0
-            # Chunks end at step boundaries, so verdicts fall every `step` samples however
-            # the capture thread happens to batch them.
-            while start < len(codes):
-                since = self._since[name]
-                take = self.step - since if since < self.step else window.size - window.filled
-                chunk = codes[start : start + max(1, take)]
-                window.push(chunk)
-                start += len(chunk)
-                self._since[name] += len(chunk)
-                if window.full and self._since[name] >= self.step:
-                    self._since[name] = 0
-                    results.append(self.evaluate(name))
+            ends = self._verdict_ends(name, len(codes))
+            if not ends:
+                window.push(codes)
+                continue
+            # Every verdict of the batch scored in one call; the scores are those of the
+            # window as it stood at each step boundary.
+            scores = ref.score(window.push_counting(codes, np.asarray(ends, dtype=np.int64)))
+            results.extend(self._verdict(name, float(score)) for score in scores)
         return results
 
     def state_bytes(self) -> int:
@@ -230,9 +257,41 @@ class DriftTracker:
         taken, self._tally = self._tally, {}
         return taken
 
+    def _verdict_ends(self, name: str, n: int) -> list[int]:
+        """How many of ``n`` new samples precede each verdict they bring, in order.
+
+        A verdict falls once the window is full and has taken ``step`` samples since the
+        previous one, so verdicts fall every ``step`` samples however the capture thread
+        batches them. Arithmetic on counters only, no pass over the samples.
+        """
+        window = self._windows[name]
+        since, filled = self._since[name], window.filled
+        ends: list[int] = []
+        done = 0
+        # Filling: at most one verdict on the way (when the window fills), then the full case.
+        while done < n and filled < window.size:
+            take = self.step - since if since < self.step else window.size - filled
+            chunk = min(max(1, take), n - done)
+            done += chunk
+            since += chunk
+            filled = min(window.size, filled + chunk)
+            if filled == window.size and since >= self.step:
+                since = 0
+                ends.append(done)
+        if done < n:
+            # Full: the next verdict once `step` samples since the last, then every `step`.
+            rest = range(done + max(1, self.step - since), n + 1, self.step)
+            since = n - rest[-1] if rest else since + n - done
+            ends.extend(rest)
+        self._since[name] = since
+        return ends
+
     def evaluate(self, name: str) -> DriftResult:
+        """The verdict on ``name``'s window as it stands."""
+        return self._verdict(name, float(self.references[name].score(self._windows[name].counts)))
+
+    def _verdict(self, name: str, score: float) -> DriftResult:
         ref = self.references[name]
-        score = float(ref.score(self._windows[name].counts))
         threshold = self.calibration.thresholds[name]
         result = DriftResult(name, ref.level, score > threshold, score, threshold, self.window)
         self._track_episode(result)

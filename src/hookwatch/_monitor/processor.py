@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -35,6 +36,23 @@ from hookwatch._views import ClassSlots, UnitReference, active_counts
 __all__ = ["CaptureProcessor", "DriftTally", "LayerTally", "Processed"]
 
 log = logging.getLogger("hookwatch")
+
+
+#: How long the capture thread sleeps at each pause within a drain (see yield_gil).
+YIELD_S = 0.0001
+
+
+def yield_gil() -> None:
+    """Let a thread that waits for the GIL have it.
+
+    numpy's calls on arrays this small keep the GIL, and a request thread that gave it up for
+    a torch operation waits for it until the interpreter's switch interval (5 ms) forces a
+    hand-over, once per operation. A sleep releases it at once; 0.1 ms rather than 0 so the
+    waiting thread wakes and takes it before this one does (measured: a request's p99 beside
+    a busy thread was 4 ms with no pauses, 1.1 ms with sleep(0) and 0.6 ms with 0.1 ms every
+    0.5 ms of work). It costs the capture thread wall time, not CPU.
+    """
+    time.sleep(YIELD_S)
 
 
 #: Columns of a statistics row exported per predicted class.
@@ -116,8 +134,12 @@ class CaptureProcessor:
         on_layer_off: Callable[[str], None] | None = None,
         units: Mapping[str, int] | None = None,
         classes: ClassSlots | None = None,
+        pause: Callable[[], None] | None = yield_gil,
     ) -> None:
         self.model_name = model_name
+        #: Called between the steps of a drain (a layer's statistics, its drift windows), so
+        #: one drain holds the GIL a step at a time; None: no pauses.
+        self._pause = pause
         self.drift = drift
         #: Units tracked per hidden layer (at most ``max_units``), and their references.
         self.units: dict[str, int] = dict(units or {})
@@ -140,18 +162,18 @@ class CaptureProcessor:
     def process(self, records: Sequence[Record]) -> None:
         if self.drift is not None:
             self.drift.new_round()
-        by_layer: dict[str, list[tuple[int, Capture]]] = defaultdict(list)
-        for index, record in enumerate(records):
-            for layer, capture in record.items():
-                by_layer[layer].append((index, capture))
+        by_layer = _by_layer(records)
         # The output first: its predictions label every layer's rows with a class.
         order = sorted(by_layer, key=lambda layer: layer != OUTPUT_LAYER)
-        predicted: dict[int, IntArray] = {}
+        # Filled by the output layer, even when a later step of its own processing fails.
+        predicted: list[_Predictions] = []
         for layer in order:
             if layer in self._disabled:
                 continue
+            if self._pause is not None:
+                self._pause()
             try:
-                self._process_layer(layer, by_layer[layer], predicted)
+                self._process_layer(layer, len(records), *by_layer[layer], predicted)
             except Exception as error:
                 self._disabled.add(layer)
                 if self._on_layer_off is not None:
@@ -203,6 +225,17 @@ class CaptureProcessor:
         sample shape; captures the hook already reduced only move to the host. Rows come back
         in the items' order, so they line up with other layers' rows of the same records.
         """
+        width = self.widths.get(layer, self._max_features)
+        raws = [c.raw for c in items]
+        # (`None in raws` would compare tensors with ==.)
+        if all(t is not None for t in raws):
+            # The usual drain: every item a raw copy of one sample shape and dtype, so one
+            # batch in item order, with no grouping step per item.
+            tensors = cast("list[torch.Tensor]", raws)
+            shape, dtype = tensors[0].shape[1:], tensors[0].dtype
+            if all(t.shape[1:] == shape and t.dtype == dtype for t in tensors):
+                rows, feats = self._reduce_batch(layer, tensors, width)
+                return rows, feats, [t.shape[0] for t in tensors]
         stats: list[np.ndarray[Any, Any] | None] = [None] * len(items)
         features: list[np.ndarray[Any, Any] | None] = [None] * len(items)
         groups: dict[tuple[object, ...], list[int]] = defaultdict(list)
@@ -214,15 +247,9 @@ class CaptureProcessor:
                     stats[i] = c.stats.cpu().numpy()
                 if c.features is not None:
                     features[i] = c.features.cpu().numpy()
-        width = self.widths.get(layer, self._max_features)
         for members in groups.values():
             tensors = [t for t in (items[i].raw for i in members) if t is not None]
-            batch = tensors[0] if len(tensors) == 1 else torch.cat(tensors)
-            if batch.is_floating_point() and batch.dtype not in (torch.float32, torch.float64):
-                batch = batch.float()  # half precision has no numpy twin on every build
-            x = batch.cpu().numpy()
-            rows = reduce_rows(x)
-            feats = feature_rows(x, width, flatten=layer == INPUT_LAYER)
+            rows, feats = self._reduce_batch(layer, tensors, width)
             if len(members) == len(items):
                 # Every item in one batch, already in item order (the usual drain).
                 return rows, feats, [t.shape[0] for t in tensors]
@@ -237,24 +264,32 @@ class CaptureProcessor:
         joined = np.concatenate(have) if have and len(have) == len(kept) else None
         return np.concatenate(kept) if len(kept) > 1 else kept[0], joined, sizes
 
+    def _reduce_batch(
+        self, layer: str, tensors: Sequence[torch.Tensor], width: int
+    ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """Statistics and features of raw copies of one sample shape and dtype, stacked."""
+        batch = tensors[0] if len(tensors) == 1 else torch.cat(list(tensors))
+        if batch.is_floating_point() and batch.dtype not in (torch.float32, torch.float64):
+            batch = batch.float()  # half precision has no numpy twin on every build
+        x = batch.cpu().numpy()
+        return reduce_rows(x), feature_rows(x, width, flatten=layer == INPUT_LAYER)
+
     def _process_layer(
-        self, layer: str, indexed: Sequence[tuple[int, Capture]], predicted: dict[int, IntArray]
+        self,
+        layer: str,
+        count: int,
+        records: IntArray,
+        items: Sequence[Capture],
+        predicted: list[_Predictions],
     ) -> None:
-        items = [capture for _, capture in indexed]
         stats, features, sizes = self._reduce(layer, items)
         nonfinite = (stats[:, NAN_COLUMN] != 0) | (stats[:, INF_COLUMN] != 0)
         finite = stats[~nonfinite] if nonfinite.any() else stats
         sums = finite[:, : len(SUMMARY_STATISTICS)].sum(axis=0, dtype=np.float64)
         if layer == OUTPUT_LAYER and self.classes is not None and features is not None:
-            starts = np.cumsum([0, *sizes])
-            for (record, _), a, b in zip(indexed, starts[:-1], starts[1:], strict=True):
-                logits = features[a:b]
-                # A sample with non-finite logits has no predicted class (-1).
-                predicted[record] = np.where(
-                    np.isfinite(logits).all(axis=1), logits.argmax(axis=1), -1
-                )
+            predicted.append(_Predictions.of(count, records, sizes, features, self.classes))
         units = self._units(layer, features, nonfinite)
-        by_class = self._by_class(indexed, sizes, stats, nonfinite, predicted)
+        by_class = self._by_class(records, sizes, stats, nonfinite, predicted)
         with self._lock:
             tally = self._pending.layers[layer]
             tally.captures += len(stats)
@@ -267,6 +302,8 @@ class CaptureProcessor:
             if by_class is not None:
                 tally.add_classes(*by_class)
         if self.drift is not None and layer not in self._drift_off and features is not None:
+            if self._pause is not None:
+                self._pause()
             self._update_drift(layer, features)
 
     def _units(
@@ -289,26 +326,16 @@ class CaptureProcessor:
 
     def _by_class(
         self,
-        indexed: Sequence[tuple[int, Capture]],
+        records: IntArray,
         sizes: Sequence[int],
         stats: np.ndarray[Any, Any],
         nonfinite: np.ndarray[Any, np.dtype[np.bool_]],
-        predicted: Mapping[int, IntArray],
+        predicted: Sequence[_Predictions],
     ) -> tuple[np.ndarray[Any, np.dtype[np.float64]], IntArray] | None:
         """Sums of the per-class statistics and finite samples per class slot."""
         if self.classes is None or not predicted:
             return None
-        slots = np.full(len(stats), -1, dtype=np.int64)
-        start = 0
-        for (record, _), size in zip(indexed, sizes, strict=True):
-            classes = predicted.get(record)
-            # Rows of a record whose output was not captured, or whose batch differs from the
-            # output's (a layer with another leading dimension), have no class.
-            if classes is not None and len(classes) == size:
-                slots[start : start + size] = np.where(
-                    classes >= 0, self.classes.slots(classes), -1
-                )
-            start += size
+        slots = predicted[0].row_slots(records, np.asarray(sizes, dtype=np.int64), len(stats))
         keep = (slots >= 0) & ~nonfinite
         n = len(self.classes.labels)
         counts = np.bincount(slots[keep], minlength=n).astype(np.int64)
@@ -327,7 +354,7 @@ class CaptureProcessor:
                 features = features[np.isfinite(features).all(axis=1)]
             if not len(features):
                 return
-            results = self.drift.update(layer, features)
+            results = self.drift.update(layer, features, self._pause)
             if results:
                 with self._lock:
                     self._pending.first_alarms = self.drift.first_alarms
@@ -359,3 +386,78 @@ class CaptureProcessor:
             error,
             consequence,
         )
+
+
+def _by_layer(records: Sequence[Record]) -> dict[str, tuple[IntArray, list[Capture]]]:
+    """Per layer, the indices of the records that captured it and their captures, in order.
+
+    Every record of a drain usually holds the same layers: one list per layer then, instead of
+    a tuple appended per record and layer.
+    """
+    if not records:
+        return {}
+    first = records[0].keys()
+    if all(record.keys() == first for record in records):
+        everyone = np.arange(len(records), dtype=np.int64)
+        return {layer: (everyone, [record[layer] for record in records]) for layer in first}
+    indices: dict[str, list[int]] = defaultdict(list)
+    captures: dict[str, list[Capture]] = defaultdict(list)
+    for index, record in enumerate(records):
+        for layer, capture in record.items():
+            indices[layer].append(index)
+            captures[layer].append(capture)
+    return {
+        layer: (np.asarray(indices[layer], dtype=np.int64), captures[layer]) for layer in indices
+    }
+
+
+@dataclass(frozen=True)
+class _Predictions:
+    """The output's predicted class slot per row of a drain, and which rows are whose record.
+
+    Computed once per drain over every output row at once; each layer then looks its rows'
+    slots up with a few array operations instead of a Python step per record.
+    """
+
+    #: Per record of the drain, its first output row and its output rows (-1: no output).
+    starts: IntArray
+    sizes: IntArray
+    #: Per output row, its class slot (-1: non-finite logits, no class).
+    slots: IntArray
+
+    @classmethod
+    def of(
+        cls,
+        count: int,
+        records: IntArray,
+        sizes: Sequence[int],
+        logits: np.ndarray[Any, Any],
+        classes: ClassSlots,
+    ) -> _Predictions:
+        rows = np.asarray(sizes, dtype=np.int64)
+        starts = np.zeros(count, dtype=np.int64)
+        per_record = np.full(count, -1, dtype=np.int64)
+        starts[records] = np.cumsum(rows) - rows
+        per_record[records] = rows
+        # A sample with non-finite logits has no predicted class (-1).
+        predicted = np.where(np.isfinite(logits).all(axis=1), logits.argmax(axis=1), -1)
+        slots: IntArray = np.where(predicted >= 0, classes.slots(predicted), -1)
+        return cls(starts, per_record, slots)
+
+    def row_slots(self, records: IntArray, sizes: IntArray, rows: int) -> IntArray:
+        """Class slot of each of a layer's ``rows`` rows: ``sizes[i]`` rows of ``records[i]``.
+
+        Rows of a record whose output was not captured, or whose batch differs from the
+        output's (a layer with another leading dimension), have no class (-1).
+        """
+        slots = np.full(rows, -1, dtype=np.int64)
+        match = self.sizes[records] == sizes
+        if not match.any():
+            return slots
+        m = sizes[match]
+        # Row j of the k-th matching record: its layer row and its output row.
+        within = np.arange(int(m.sum()), dtype=np.int64) - np.repeat(np.cumsum(m) - m, m)
+        layer_rows = np.repeat((np.cumsum(sizes) - sizes)[match], m) + within
+        output_rows = np.repeat(self.starts[records[match]], m) + within
+        slots[layer_rows] = self.slots[output_rows]
+        return slots
