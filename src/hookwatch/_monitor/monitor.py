@@ -33,14 +33,13 @@ __all__ = ["DRAIN_BATCH", "DRAIN_GAP_S", "Monitor"]
 log = logging.getLogger("hookwatch")
 
 #: The capture thread checks the buffer this often: its work (numpy, drift windows) then comes
-#: in batches, and it takes the GIL from the request thread at most ~20 times a second, not per
-#: request. The default buffer holds 1024 sampled forwards, far more than arrive in one gap.
+#: in batches, not per request, and each drain lets the GIL go between its layers and
+#: detectors. The default buffer holds 1024 sampled forwards, far more than arrive in one gap.
 DRAIN_GAP_S = 0.05
 #: ... and drains once this many sampled forwards wait (or a publish is due). Processing costs
-#: ~0.7 ms per drain whatever its size plus ~40 µs per record (demo CNN, five layers): at the
-#: default sampling a drain every gap would hold ~5 records and spend most of its time on the
-#: fixed part. 64 records keep one drain to a few milliseconds, so a request waits on the
-#: capture thread no longer than before.
+#: ~1 ms per drain whatever its size plus ~30 µs per record (demo CNN, five layers, drift on;
+#: `make bench-drain`): at the default sampling a drain every gap would hold ~5 records and
+#: spend most of its time on the fixed part.
 DRAIN_BATCH = 64
 
 
