@@ -564,6 +564,11 @@ def _catalogue(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stopped_bench(signum: int, frame: Any) -> None:
+    # SIGTERM ends the bench as Ctrl-C does: unwinding, so the TorchServe it started is stopped.
+    raise KeyboardInterrupt
+
+
 def _bench(args: argparse.Namespace) -> int:
     from hookwatch.tools.bench import report, runner
     from hookwatch.tools.devstack import Ports
@@ -586,7 +591,15 @@ def _bench(args: argparse.Namespace) -> int:
     out = args.out or (
         work / "results-quick.md" if args.quick else args.root / report.README_RESULTS[0]
     ).with_suffix(".md")
-    result = runner.run(args.root.resolve(), settings, work.resolve(), Ports.free())
+    previous = signal.signal(signal.SIGTERM, _stopped_bench)
+    try:
+        result = runner.run(args.root.resolve(), settings, work.resolve(), Ports.free())
+    except KeyboardInterrupt:
+        # The runner's own cleanup (TorchServe, its workers) has run on the way out.
+        print("hookwatch bench: stopped; nothing written", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     report.write(result, out)
     print(f"wrote {out} and {out.with_suffix('.json')} in {result.duration_s / 60:.1f} min")
     for source in report.README_RESULTS:
