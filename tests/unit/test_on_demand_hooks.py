@@ -95,23 +95,19 @@ def test_other_codes_hooks_stay_and_keep_running(metrics: MetricSet) -> None:
 
 
 def test_hooks_come_off_when_the_forward_raises(metrics: MetricSet) -> None:
-    class Breaks(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.act = nn.ReLU()
-
+    class Raises(Probe):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            self.act(x)
-            raise RuntimeError("after the first layer")
+            super().forward(x)  # every layer ran, the hooks with it
+            raise RuntimeError("after the model's layers")
 
-    model = Breaks()
-    cfg = MonitoringConfig.from_mapping({"layers": ["act"], "sample_rate": 0.99, "seed": 1})
-    monitor = Monitor(model, cfg, "m", metrics)
+    model = Raises()
+    monitor = Monitor(model, config(0.99), "m", metrics)
     for _ in range(5):
         with pytest.raises(RuntimeError), torch.inference_mode(), monitor.request(1):
             model(torch.randn(1, 4))
         assert hook_count(model) == 0
     monitor.close()
+    assert 3 in model.seen  # sampled forwards ran with the hooks on
     assert monitor.worker.accepted == 0
 
 
