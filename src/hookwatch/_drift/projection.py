@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 from numpy.typing import NDArray
 
 from hookwatch._drift.bins import FloatArray, expect
@@ -96,10 +97,16 @@ class Projection:
             x.shape,
         )
         centred = x - self.mean
-        scores = centred @ self.components
+        # The products in torch, not numpy: numpy's OpenBLAS starts a thread per core that
+        # spins between calls, CPU taken from serving, while torch's pool is the one the
+        # model's config sizes (torch_threads).
+        xs = torch.from_numpy(centred)
+        components = torch.from_numpy(self.components)
+        scores_t = xs @ components
+        scores = scores_t.numpy()
         if not self.residual:
             return scores.astype(np.float64)
-        rest = centred - scores @ self.components.T
+        rest = (xs - scores_t @ components.T).numpy()
         distance = np.sqrt(np.einsum("ij,ij->i", rest, rest))
         result: FloatArray = np.concatenate([scores, distance[:, None]], axis=1, dtype=np.float64)
         return result
