@@ -103,7 +103,7 @@ $(SCHEMA_CHECK)/node_modules/.installed: $(SCHEMA_CHECK)/package.json $(SCHEMA_C
 dashboards-check: deps $(SCHEMA_CHECK)/node_modules/.installed ## tsc: type-check monitoring/grafana/dashboards/*.json against Grafana's Dashboard type
 	cd $(SCHEMA_CHECK) && node check.mjs
 
-bench: $(MAR) $(TEXT_MAR) ## overhead bench, drift on, full (~25-35 min digits+ResNet-18, then ~10 MiniLM): writes docs/bench/results.md, results-minilm.md and README's verdicts (QUICK=1: bench-quick)
+bench: $(MAR) $(TEXT_MAR) ## overhead bench, drift on, full (~16-35 min digits+ResNet-18, then ~8 MiniLM): writes docs/bench/results.md, results-minilm.md and README's verdicts (QUICK=1: bench-quick)
 	$(BIN)/hookwatch bench $(if $(QUICK),--quick,)
 	$(if $(QUICK),,$(BIN)/hookwatch bench --models minilm --work build/bench-minilm --out docs/bench/results-minilm.md)
 
