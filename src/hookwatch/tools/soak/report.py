@@ -67,6 +67,15 @@ def _settings(result: Mapping[str, Any]) -> dict[str, Any]:
     return settings
 
 
+def _late_workers(result: Mapping[str, Any]) -> set[str]:
+    """The workers first seen after the soak's first sample (a killed worker's replacement)."""
+    samples = result["samples"]
+    if not samples:
+        return set()
+    first = set(samples[0]["workers"])
+    return {f"worker {pid}" for x in samples for pid in x["workers"] if pid not in first}
+
+
 def process_fits(result: Mapping[str, Any]) -> dict[str, tuple[Fit | None, Fit | None]]:
     """Per process (each worker pid, the exporter): the (RSS MiB, open fds) fits over its
     window: from ``warmup_s`` on, and for a worker that came later from ``settle_s`` after
@@ -90,6 +99,12 @@ def process_fits(result: Mapping[str, Any]) -> dict[str, tuple[Fit | None, Fit |
         if name != "exporter" and seen[pid] > first_t + s["sample_s"]:
             start = max(start, seen[pid] + s["settle_s"])
         kept = [p for p in points if p[0] >= start]
+        if start > s["warmup_s"] and kept and kept[-1][0] - kept[0][0] < s["settle_s"]:
+            # A worker that came late (the killed one's replacement) and lived less than
+            # settle_s past its own warm-up: a slope over a few seconds extrapolated to 10
+            # minutes measures its warm-up, not a leak. The 10-minute soak judges it.
+            out[name] = (None, None)
+            continue
         out[name] = (
             _fit(name, [(t, rss) for t, rss, _ in kept]),
             _fit(name, [(t, fds) for t, _, fds in kept]),
@@ -166,9 +181,10 @@ def check(result: Mapping[str, Any]) -> list[str]:
         )
     if f["rejected"] != f["bad_4xx"]:
         problems.append(f"hookwatch counted {f['rejected']:g} rejects, {f['bad_4xx']} were sent")
+    judged_apart = {f"worker {kill.get('pid')}", *_late_workers(result)}
     for name, (rss, fds) in process_fits(result).items():
-        if name == f"worker {kill.get('pid')}" and (rss is None or fds is None):
-            continue  # the killed worker: too few samples after warm-up in a short soak
+        if name in judged_apart and (rss is None or fds is None):
+            continue  # the killed worker or its replacement: too short a window to judge
         if rss is None or fds is None:
             problems.append(f"{name}: fewer than {MIN_POINTS} samples in its window")
             continue
