@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # Extra options for `make run`, e.g. RUN_ARGS="--workers 4 --no-report" (see `hookwatch run -h`).
 RUN_ARGS ?=
 
-.PHONY: help deps venv mar run run-text stop test check lint format unit integration clean eval-drift eval-drift-text rules docs bench-scrape bench-drain bench bench-quick dashboards-check soak
+.PHONY: help deps venv mar run run-text stop test check lint format unit integration clean eval-drift eval-drift-text rules docs bench-scrape bench-drain bench-profile bench bench-quick dashboards-check soak
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -123,6 +123,11 @@ soak: deps $(MAR) ## soak, 10 min (SOAK_SECONDS): 70 % of capacity, bad requests
 
 bench-drain: $(MAR) ## in-process cost of 100 % sampling with drift on: request thread, capture thread, drain wall time
 	$(BIN)/python -m hookwatch.tools.bench.drain --mar $(MAR)
+
+PROFILE_MODEL ?= digits
+PROFILE_BATCH ?= 1
+bench-profile: $(MAR) ## py-spy on served TorchServe workers under load, per variant and thread (PROFILE_MODEL, PROFILE_BATCH): writes docs/bench/profile-<model>-b<batch>.md
+	$(BIN)/python -m hookwatch.tools.bench.profile --model $(PROFILE_MODEL) --batch $(PROFILE_BATCH) --out docs/bench/profile-$(PROFILE_MODEL)-b$(PROFILE_BATCH).md
 
 bench-scrape: $(MAR) ## exporter scrape time after 100 worker restarts: writes docs/bench/scrape.md
 	$(BIN)/python -m hookwatch.tools.bench.scrape --out docs/bench/scrape.md

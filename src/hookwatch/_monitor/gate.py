@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -130,6 +131,10 @@ class RequestGate:
         self._disarm: Callable[[], None] | None = None
         self._pinned = False
         self._pin_lock = threading.Lock()
+        #: ``time.monotonic()`` of the last forward's scope: the capture thread paces its
+        #: drains while requests come (:meth:`Monitor.pace`). One float written per forward,
+        #: no lock.
+        self.active_at = float("-inf")
         if slots is not None:
             self.attach_slots(slots)
 
@@ -193,6 +198,7 @@ class RequestGate:
         is sampled on its own draw, so a batch of TorchServe's dynamic batching is sampled as
         its requests would be one at a time; when only some are, the hooks capture their rows.
         """
+        self.active_at = time.monotonic()
         rate = self.sample_rate
         if (rate >= 1.0) is not self._pinned:
             self._pin(rate >= 1.0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from types import TracebackType
 
@@ -23,7 +24,7 @@ from hookwatch._drift import DriftTracker
 from hookwatch._hooks import HookSet, HookState, describe_model, hookable_root, resolve_layers
 from hookwatch._metrics import MetricSet, default_metrics
 from hookwatch._monitor.gate import Record, RequestCounts, RequestGate, RequestScope
-from hookwatch._monitor.processor import CaptureProcessor
+from hookwatch._monitor.processor import CaptureProcessor, yield_gil
 from hookwatch._monitor.publisher import Publisher, Snapshot
 from hookwatch._names import ALL_LAYERS, OUTPUT_LAYER, unit_layers
 from hookwatch._views import ClassSlots
@@ -41,6 +42,17 @@ DRAIN_GAP_S = 0.05
 #: `make bench-drain`): at the default sampling a drain every gap would hold ~5 records and
 #: spend most of its time on the fixed part.
 DRAIN_BATCH = 64
+
+
+#: While requests are being served, the capture thread waits this long between the steps of
+#: a drain (:meth:`Monitor.pace`); "being served": a forward within the last ``ACTIVE_S``.
+#: The demo CNN's drains pause 13 times (five layers, drift on): ~130 ms of wall time for up
+#: to 256 records, ~2,000 sampled forwards a second before the half-full rule ends the pacing.
+#: Same-run A/Bs on the demo CNN at 100 % sampling (the quick bench, 10 rounds; see
+#: docs/bench/README.md): closed-loop p99 +75 % -> +19 % of the plain handler's at batch 1 and
+#: +86 % -> +28 % at batch 8 with 5 ms gaps; +15 % -> +1 % at batch 1 from 5 to ~10 ms.
+STEP_GAP_S = 0.010
+ACTIVE_S = 0.1
 
 
 class Monitor:
@@ -101,6 +113,7 @@ class Monitor:
             if config.max_units
             else {},
             classes=classes,
+            pause=self.pace,
         )
         self.publisher = Publisher(self.metrics, model_name)
         self._classes = classes
@@ -206,6 +219,27 @@ class Monitor:
         return self.gate.counts()
 
     # -- capture path -----------------------------------------------------------------------
+
+    def pace(self) -> None:
+        """The capture thread's pause between the steps of a drain (a layer's statistics, its
+        drift windows, each detector): ``STEP_GAP_S`` while requests are being served, else
+        just long enough to let go of the GIL.
+
+        The capture thread and the request thread share one GIL, and the request thread gives
+        it up at every torch operation of its forward: a step that runs then keeps it, and
+        the request waits for the step, once per operation. Spread out, the steps of a drain
+        meet fewer requests, and each of them one step at most; the drain takes longer in
+        wall time, not in CPU. An idle server (no forward for ``ACTIVE_S``) is not paced, nor
+        is a buffer more than half full: a server with no gaps would otherwise fill it and
+        drop.
+        """
+        if (
+            time.monotonic() - self.gate.active_at < ACTIVE_S
+            and self.worker.depth * 2 <= self.worker.capacity
+        ):
+            time.sleep(STEP_GAP_S)
+        else:
+            yield_gil()
 
     def _process(self, records: list[Record]) -> None:
         self.processor.process(records)

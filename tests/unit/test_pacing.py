@@ -1,0 +1,83 @@
+"""The capture thread paces its drains while requests are served (Monitor.pace)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from hookwatch._config import MonitoringConfig
+from hookwatch._metrics import MetricSet
+from hookwatch._monitor import monitor as monitor_module
+from hookwatch._monitor.monitor import ACTIVE_S, STEP_GAP_S, Monitor
+from hookwatch._monitor.processor import YIELD_S
+
+
+def _monitor(metrics: MetricSet, queue_size: int = 64) -> Monitor:
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    config = MonitoringConfig.from_mapping(
+        {"layers": ["1"], "sample_rate": 1.0, "queue_size": queue_size}
+    )
+    return Monitor(model, config, "m", metrics)
+
+
+@pytest.fixture
+def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """What the monitor's pauses sleep, recorded instead of slept."""
+    taken: list[float] = []
+    monkeypatch.setattr(monitor_module.time, "sleep", taken.append)
+    monkeypatch.setattr(monitor_module, "yield_gil", lambda: taken.append(YIELD_S))
+    return taken
+
+
+def test_every_forward_marks_the_server_active() -> None:
+    metrics = MetricSet()
+    with _monitor(metrics) as monitor:
+        assert monitor.gate.active_at == float("-inf")
+        before = time.monotonic()
+        with torch.inference_mode(), monitor.request(1):
+            pass
+        assert before <= monitor.gate.active_at <= time.monotonic()
+        # Unsampled forwards too: the pacing is about the requests, not the captures.
+        monitor.gate.sample_rate = 0.0
+        monitor.gate.active_at = float("-inf")
+        with monitor.request(1):
+            pass
+        assert monitor.gate.active_at > before
+
+
+def test_steps_are_spread_out_while_requests_come(sleeps: list[float]) -> None:
+    with _monitor(MetricSet()) as monitor:
+        monitor.gate.active_at = time.monotonic()
+        monitor.pace()
+    assert sleeps[0] == STEP_GAP_S
+
+
+def test_an_idle_server_is_not_paced(sleeps: list[float]) -> None:
+    with _monitor(MetricSet()) as monitor:
+        monitor.gate.active_at = time.monotonic() - 2 * ACTIVE_S
+        monitor.pace()
+    assert sleeps[0] == YIELD_S
+
+
+def test_a_buffer_more_than_half_full_is_not_paced(sleeps: list[float]) -> None:
+    with _monitor(MetricSet(), queue_size=4) as monitor:
+        monitor.worker.stop()  # nothing drains the buffer meanwhile
+        for _ in range(3):
+            monitor.worker.offer({})
+        monitor.gate.active_at = time.monotonic()
+        monitor.pace()
+    assert sleeps[0] == YIELD_S
+
+
+def test_a_paced_drain_still_processes_everything(metrics: MetricSet) -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    config = MonitoringConfig.from_mapping({"layers": ["1"], "sample_rate": 1.0})
+    with Monitor(model, config, "m", metrics) as monitor:
+        for _ in range(50):
+            with torch.inference_mode(), monitor.request(1):
+                model(torch.randn(1, 4))
+        assert monitor.flush(10.0)
+        assert monitor.worker.processed == monitor.worker.accepted == 50
