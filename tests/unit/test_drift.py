@@ -309,3 +309,18 @@ def test_bin_codes_count_the_edges_strictly_below_each_value() -> None:
         np.testing.assert_array_equal(codes[:, f], np.searchsorted(edges, x[:, f], side="left"))
     x[3, 2] = np.nan
     assert ref.encode(x)[3, 2] == 0 and codes.dtype == np.uint8
+
+
+def test_projection_residual_is_exact_where_it_is_a_small_share_of_the_row() -> None:
+    # Rows almost inside the components' subspace: |x|^2 - |P'x|^2 would lose the residual's
+    # digits to rounding, so those rows take the distance from an explicit reconstruction.
+    rng = np.random.default_rng(5)
+    basis = rng.normal(size=(3, 200))
+    x = rng.normal(size=(400, 3)) @ basis * 10.0 + 1e-2 * rng.normal(size=(400, 200))
+    projection = Projection.fit("layer", x, 4)
+    assert projection.residual
+    rows = np.vstack([x[:20], x[:20] + rng.normal(size=(20, 200))])  # near and far rows
+    centred = (rows - projection.mean).astype(np.float64)
+    components = projection.components.astype(np.float64)
+    expected = np.linalg.norm(centred - centred @ components @ components.T, axis=1)
+    np.testing.assert_allclose(projection.apply(rows)[:, -1], expected, rtol=1e-2)
