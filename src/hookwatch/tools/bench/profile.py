@@ -210,8 +210,11 @@ def report(model: str, batch: int, rate: int, profiles: Mapping[str, Profile]) -
     lines = [
         f"# Worker profile: {model}, batch {batch}",
         "",
-        f"py-spy samples per 1,000 requests at {rate} samples/s of activity (1 sample = "
-        f"{1000 / rate:g} ms on CPU), idle stacks excluded; worker CPU from the OS.",
+        f"py-spy samples per 1,000 requests at {rate} samples/s (1 sample = {1000 / rate:g} "
+        "ms), stacks py-spy finds idle left out. Without pausing the worker it cannot tell "
+        "every wait from work: frames that wait (the socket read `_retrieve_buffer`, a wait "
+        "for the GIL after a torch call, `Monitor.pace`, the capture loop) count their waits. "
+        "The CPU columns are the OS's, per thread.",
         "",
         "| variant | requests/s | worker CPU ms/request | main thread CPU ms/request | other "
         "threads' CPU ms/request | request thread samples | of it in hookwatch "
