@@ -67,13 +67,23 @@ def _settings(result: Mapping[str, Any]) -> dict[str, Any]:
     return settings
 
 
+def _first_seen(result: Mapping[str, Any]) -> dict[str, float]:
+    """Each worker pid and the time of the first sample it is in."""
+    seen: dict[str, float] = {}
+    for sample in result["samples"]:
+        for pid in sample["workers"]:
+            seen.setdefault(pid, sample["t"])
+    return seen
+
+
 def _late_workers(result: Mapping[str, Any]) -> set[str]:
-    """The workers first seen after the soak's first sample (a killed worker's replacement)."""
+    """The worker pids first seen after the soak's first sample (a killed worker's
+    replacement): their window starts ``settle_s`` after they appear."""
     samples = result["samples"]
     if not samples:
         return set()
-    first = set(samples[0]["workers"])
-    return {f"worker {pid}" for x in samples for pid in x["workers"] if pid not in first}
+    late_after = samples[0]["t"] + _settings(result)["sample_s"]
+    return {pid for pid, t in _first_seen(result).items() if t > late_after}
 
 
 def process_fits(result: Mapping[str, Any]) -> dict[str, tuple[Fit | None, Fit | None]]:
@@ -81,13 +91,11 @@ def process_fits(result: Mapping[str, Any]) -> dict[str, tuple[Fit | None, Fit |
     window: from ``warmup_s`` on, and for a worker that came later from ``settle_s`` after
     it was first seen, to its last sample."""
     s = _settings(result)
-    samples = result["samples"]
-    first_t = samples[0]["t"] if samples else 0.0
+    seen = _first_seen(result)
+    late = _late_workers(result)
     series: dict[str, list[tuple[float, float, float]]] = {}
-    seen: dict[str, float] = {}
-    for sample in samples:
+    for sample in result["samples"]:
         for pid, (rss, fds) in sample["workers"].items():
-            seen.setdefault(pid, sample["t"])
             series.setdefault(f"worker {pid}", []).append((sample["t"], rss, fds))
         if sample["exporter"] is not None:
             rss, fds = sample["exporter"]
@@ -96,7 +104,7 @@ def process_fits(result: Mapping[str, Any]) -> dict[str, tuple[Fit | None, Fit |
     for name, points in series.items():
         pid = name.removeprefix("worker ")
         start = s["warmup_s"]
-        if name != "exporter" and seen[pid] > first_t + s["sample_s"]:
+        if name != "exporter" and pid in late:
             start = max(start, seen[pid] + s["settle_s"])
         kept = [p for p in points if p[0] >= start]
         if start > s["warmup_s"] and kept and kept[-1][0] - kept[0][0] < s["settle_s"]:
@@ -181,7 +189,7 @@ def check(result: Mapping[str, Any]) -> list[str]:
         )
     if f["rejected"] != f["bad_4xx"]:
         problems.append(f"hookwatch counted {f['rejected']:g} rejects, {f['bad_4xx']} were sent")
-    judged_apart = {f"worker {kill.get('pid')}", *_late_workers(result)}
+    judged_apart = {f"worker {pid}" for pid in {kill.get("pid"), *_late_workers(result)}}
     for name, (rss, fds) in process_fits(result).items():
         if name in judged_apart and (rss is None or fds is None):
             continue  # the killed worker or its replacement: too short a window to judge
