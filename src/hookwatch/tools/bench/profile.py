@@ -27,11 +27,11 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hookwatch.tools.bench.loadgen import Target, closed_loop
+from hookwatch.tools.bench.loadgen import Segment, Target, closed_loop
 from hookwatch.tools.bench.runner import BenchServer, Settings, _cpu_clock, check_drift_loaded
 from hookwatch.tools.bench.stats import PLAIN, VARIANTS
 from hookwatch.tools.bench.variants import MODELS, build_group
@@ -74,28 +74,30 @@ class Profile:
         """Samples of ``thread`` with a frame containing ``predicate`` anywhere on the stack."""
         return sum(n for stack, n in self.stacks.get(thread, {}).items() if predicate in stack)
 
-    def own_frames(self, thread: str) -> collections.Counter[str]:
-        """Samples by the outermost hookwatch frame on the stack (what hookwatch called in)."""
+    def _by_frame(
+        self, thread: str, pick: Callable[[list[str]], str | None]
+    ) -> collections.Counter[str]:
+        """Samples of ``thread`` by the frame ``pick`` chooses from each stack (root first);
+        stacks it picks nothing from are left out."""
         out: collections.Counter[str] = collections.Counter()
         for stack, n in self.stacks.get(thread, {}).items():
-            frame = next((f for f in stack.split(";") if OWN in f), None)
+            frame = pick(stack.split(";"))
             if frame is not None:
                 out[_short(frame)] += n
         return out
 
+    def own_frames(self, thread: str) -> collections.Counter[str]:
+        """Samples by the outermost hookwatch frame on the stack (what hookwatch called in)."""
+        return self._by_frame(thread, lambda frames: next((f for f in frames if OWN in f), None))
+
     def innermost_own(self, thread: str) -> collections.Counter[str]:
         """Samples by the innermost hookwatch frame (the hookwatch code the time is under)."""
-        out: collections.Counter[str] = collections.Counter()
-        for stack, n in self.stacks.get(thread, {}).items():
-            frame = next((f for f in reversed(stack.split(";")) if OWN in f), "(outside)")
-            out[_short(frame)] += n
-        return out
+        return self._by_frame(
+            thread, lambda frames: next((f for f in reversed(frames) if OWN in f), "(outside)")
+        )
 
     def leaf_frames(self, thread: str) -> collections.Counter[str]:
-        out: collections.Counter[str] = collections.Counter()
-        for stack, n in self.stacks.get(thread, {}).items():
-            out[_short(stack.rsplit(";", 1)[-1])] += n
-        return out
+        return self._by_frame(thread, lambda frames: frames[-1])
 
 
 def _short(frame: str) -> str:
@@ -115,13 +117,9 @@ def parse_raw(text: str) -> dict[str, collections.Counter[str]]:
         if not stack or not count.isdigit():
             continue
         thread, _, frames = stack.partition(";")
-        out.setdefault(_thread_name(thread), collections.Counter())[frames] += int(count)
+        # py-spy labels a thread by its name when it has one: "hookwatch-capture (0x7f..)".
+        out.setdefault(thread.strip(), collections.Counter())[frames] += int(count)
     return out
-
-
-def _thread_name(label: str) -> str:
-    # "thread (0x7f..)" or "process 123:"... py-spy labels a thread by its name when it has one.
-    return label.strip()
 
 
 def thread_cpu(pid: int) -> tuple[float, float]:
@@ -165,7 +163,6 @@ def record(spy: str, pid: int, seconds: float, rate: int, out: Path) -> subproce
 
 
 def profile_variant(
-    server: BenchServer,
     target: Target,
     pid: int,
     variant: str,
@@ -177,7 +174,7 @@ def profile_variant(
 ) -> Profile:
     out = workdir / f"{variant}.txt"
     clock = _cpu_clock([pid])
-    result: dict[str, object] = {}
+    result: dict[str, Segment] = {}
 
     def drive() -> None:
         # A little longer than the recording, so py-spy never samples an idle worker.
@@ -194,12 +191,11 @@ def profile_variant(
     if spying.returncode != 0 or not out.exists():
         raise RuntimeError(f"py-spy on worker {pid} failed: {err.decode(errors='replace')[-500:]}")
     segment = result["segment"]
-    rps = segment.throughput_rps  # type: ignore[attr-defined]
     return Profile(
         variant,
-        requests=round(rps * seconds),
+        requests=round(segment.throughput_rps * seconds),
         seconds=seconds,
-        cpu_ms=segment.cpu_ms,  # type: ignore[attr-defined]
+        cpu_ms=segment.cpu_ms,
         stacks=parse_raw(out.read_text()),
         main_cpu_s=after[0] - before[0],
         other_cpu_s=after[1] - before[1],
@@ -321,7 +317,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 closed_loop(target, clients, 2.0)  # warm-up
                 (pid,) = server.worker_pids(name)
                 profiles[variant] = profile_variant(
-                    server,
                     target,
                     pid,
                     variant,
