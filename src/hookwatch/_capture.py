@@ -101,6 +101,9 @@ class CaptureWorker(Generic[T]):
     (:attr:`lost`). After more than ``MAX_RESTARTS`` failures in ``RESTART_WINDOW_S``, capture
     goes off for good: ``on_off`` is called (the monitor closes its gate and switches its
     hooks off), queued and later items are discarded, and the thread keeps publishing.
+
+    ``on_start`` runs first on the new thread (per-thread settings of the libraries that
+    ``process`` calls); a failure there is counted in :attr:`faults` and the loop starts anyway.
     """
 
     def __init__(
@@ -115,6 +118,7 @@ class CaptureWorker(Generic[T]):
         min_batch: int = 1,
         on_off: Callable[[], None] | None = None,
         backlog_pause_s: float = BACKLOG_PAUSE_S,
+        on_start: Callable[[], None] | None = None,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"expected capacity >= 1, got {capacity}")
@@ -140,6 +144,7 @@ class CaptureWorker(Generic[T]):
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._log = RateLimitedLog(log)
         self._on_off = on_off
+        self._on_start = on_start
         #: The batch being processed: what a failure of the loop loses.
         self._in_hand: list[T] = []
         #: Written only by the request thread; read by the worker thread at each tick.
@@ -206,6 +211,8 @@ class CaptureWorker(Generic[T]):
         self.processed += count
 
     def _run(self) -> None:
+        if self._on_start is not None:
+            self._safe(self._on_start, "setting up the capture thread")
         failures: collections.deque[float] = collections.deque()
         while True:
             try:

@@ -223,3 +223,63 @@ def test_min_batch_is_bounded() -> None:
     # Never more than half the buffer, or the buffer would fill and drop while the thread waits.
     small: CaptureWorker[int] = CaptureWorker(6, lambda b: None, lambda: None, min_batch=64)
     assert small._min_batch == 3
+
+
+def test_on_start_runs_on_the_thread_and_a_failure_there_stops_nothing() -> None:
+    started: list[int] = []
+    seen: list[int] = []
+
+    def on_start() -> None:
+        started.append(threading.get_ident())
+        raise RuntimeError("no setup")
+
+    worker: CaptureWorker[int] = CaptureWorker(
+        10, seen.extend, lambda: None, interval_s=0.05, on_start=on_start
+    )
+    worker.start()
+    worker.offer(1)
+    assert worker.wait_idle(5)
+    worker.stop()
+    assert started == [worker._thread.ident]
+    assert worker.faults == 1
+    assert seen == [1]
+
+
+# A matrix product large enough for MKL to split starts an OpenMP team on a thread that never
+# set its own count, whatever the serving thread set: one more OS thread in the process.
+THREADS_SCRIPT = """
+import os
+import torch
+from torch import nn
+import hookwatch
+
+torch.set_num_threads(1)
+a, b = torch.randn(256, 2048), torch.randn(2048, 64)
+a @ b  # the serving thread's own team (none at one thread) exists before counting
+counts = []
+
+def threads():
+    return len(os.listdir("/proc/self/task"))
+
+def process(batch):
+    before = threads()
+    a @ b
+    counts.append((before, threads()))
+
+monitor = hookwatch.watch(nn.Linear(4, 2), {}, name="threads")
+monitor.worker._process = process  # runs on the capture thread, as a drain does
+monitor.worker.offer({})
+assert monitor.worker.wait_idle(10)
+monitor.close()
+print(counts[0][0], counts[0][1])
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc")
+def test_the_capture_thread_runs_torch_with_the_serving_threads_thread_count() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", THREADS_SCRIPT], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    before, after = map(int, done.stdout.split())
+    assert after == before, f"the capture thread's product started {after - before} threads"

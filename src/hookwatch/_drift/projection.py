@@ -102,7 +102,8 @@ class Projection:
         centred = x - self.mean
         # The products in torch, not numpy: numpy's OpenBLAS starts a thread per core that
         # spins between calls, CPU taken from serving, while torch's pool is the one the
-        # model's config sizes (torch_threads).
+        # model's config sizes (torch_threads; the monitor gives the capture thread the same
+        # count, Monitor._match_torch_threads).
         xs = torch.from_numpy(centred)
         components = torch.from_numpy(self.components)
         scores_t = xs @ components

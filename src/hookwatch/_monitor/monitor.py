@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 from types import TracebackType
 
+import torch
 from torch import nn
 
 from hookwatch import _catalogue as cat
@@ -85,6 +86,9 @@ class Monitor:
         #: Faults found while loading (a profile that could not be used), counted with the
         #: capture thread's under ``layer="all"``.
         self.load_faults = load_faults
+        # Read on the thread that builds the monitor, which is the one that serves it in
+        # TorchServe (after the handler applied torch_threads): see _match_torch_threads.
+        self._torch_threads = torch.get_num_threads()
         self.worker: CaptureWorker[Record] = CaptureWorker(
             config.queue_size,
             self._process,
@@ -93,6 +97,7 @@ class Monitor:
             poll_s=DRAIN_GAP_S,
             min_batch=DRAIN_BATCH,
             on_off=self._capture_off,
+            on_start=self._match_torch_threads,
         )
         self.gate = RequestGate(
             model_name, config.sample_rate, self.worker.offer, config.enabled, config.seed
@@ -219,6 +224,19 @@ class Monitor:
         return self.gate.counts()
 
     # -- capture path -----------------------------------------------------------------------
+
+    def _match_torch_threads(self) -> None:
+        """Give the capture thread the serving thread's intra-op thread count.
+
+        torch's thread count is partly per thread: a new thread's matrix products (MKL) size
+        their OpenMP team to every core, whatever ``torch.set_num_threads`` said on the serving
+        thread. A drain's projection then ran on a second, spinning OpenMP thread that took a
+        core from serving (all-MiniLM-L6-v2 at 100 % sampling: 0.33 ms of CPU per request on
+        that thread, docs/bench/README.md item 14). The count is the one the serving thread
+        already had, so the process-wide default that ``set_num_threads`` also stores does not
+        change.
+        """
+        torch.set_num_threads(self._torch_threads)
 
     def pace(self) -> None:
         """The capture thread's pause between the steps of a drain (a layer's statistics, its
