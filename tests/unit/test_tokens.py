@@ -3,6 +3,8 @@ dict outputs, layer globs), per-request sampling inside a batch, and in-place sa
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 import torch
@@ -14,7 +16,7 @@ from hookwatch._metrics import MetricSet
 from hookwatch._monitor import Monitor
 from hookwatch._monitor.gate import RequestGate
 from hookwatch._profile import build_profile, tracker_for
-from hookwatch._stats import token_summary
+from hookwatch._stats import _masked_token_summary, _packed_token_summary, token_summary
 from tests.tiny_text import TinyEncoder, encode, sentences
 from tests.unit.test_hooks import ListSink
 
@@ -78,6 +80,44 @@ def test_token_summary_leaves_padding_out_and_agrees_with_a_per_sample_reference
     assert counts.flatten().tolist() == [2.0, 4.0]
     assert id_stats[0, 3].item() == 101 and id_stats[0, 4].item() == 0.0  # pad ids not counted
     assert id_stats[1, 4].item() == 0.25  # a real 0 id among the tokens is
+
+
+@pytest.mark.parametrize(
+    "summary", [_packed_token_summary, _masked_token_summary], ids=["packed", "masked"]
+)
+def test_both_padded_paths_agree_with_the_per_sample_reference(
+    summary: Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]],
+) -> None:
+    # The host packs the tokens, a device masks the padding: the tests run on the host, so
+    # the device's path is called directly, on the same cases.
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 6, 5, generator=generator)
+    mask = torch.tensor(
+        [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0], [0, 0, 1, 1, 1, 0]]
+    )  # a full row, an empty one, a left-padded one
+    x[0] = x[0].abs() + 0.5  # a minimum above zero: no sample starts from a zero of its own
+    x[3, 2, :2] = 0.0
+    x[0, 4:] = float("inf")  # in the padding: counts for nothing
+    x[3, 3, 1] = float("nan")  # among the tokens: counted, and not a zero
+    x[1, 2, 0] = float("-inf")
+    valid = mask.to(torch.bool)
+    stats, features = summary(x, valid, 3)
+    assert features.shape == (4, 3)
+    # A sample without tokens reads zeros (the reference has nothing to reduce).
+    assert not stats[2].any() and not features[2].any()
+    rows = [0, 1, 3]
+    want_stats, want_features = reference_summary(x.numpy()[rows], mask.numpy()[rows])
+    got_stats, got_features = stats.numpy()[rows], features.numpy()[rows]
+    # Row 0 is finite; 1 holds an -Inf and 3 a NaN, whose mean and spread are not numbers:
+    # there the counts must still be exact.
+    np.testing.assert_allclose(got_stats[0], want_stats[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got_features[0], want_features[0, :3], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got_stats[:, 4:], want_stats[:, 4:], rtol=1e-5, atol=1e-6)
+    assert got_stats[1, 2] == -np.inf and np.isnan(got_stats[2, :2]).all()
+    ids = torch.tensor([[101, 7, 0, 0], [101, 0, 9, 102]])
+    id_stats, counts = summary(ids, torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]]).bool(), 256)
+    assert counts.flatten().tolist() == [2.0, 4.0]
+    assert id_stats[:, 4].tolist() == [0.0, 0.25]
 
 
 def test_statistics_and_features_of_a_sentence_do_not_depend_on_its_batch_padding() -> None:
