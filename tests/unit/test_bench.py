@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import http.server
 import inspect
 import threading
@@ -18,7 +19,14 @@ from hookwatch._errors import BadInputError, ConfigError
 from hookwatch._metrics import MetricSet
 from hookwatch._service import ModelService, decode_payload
 from hookwatch.tools.bench import resnet
-from hookwatch.tools.bench.loadgen import Segment, Target, closed_loop, cycle_rate, open_loop
+from hookwatch.tools.bench.loadgen import (
+    MachineTimes,
+    Segment,
+    Target,
+    closed_loop,
+    cycle_rate,
+    open_loop,
+)
 from hookwatch.tools.bench.micro import HookCost, RssTrace, ScrapeTime
 from hookwatch.tools.bench.naive import NaiveCapture
 from hookwatch.tools.bench.report import render
@@ -149,6 +157,35 @@ def test_closed_loop_rate_and_cpu_come_from_the_cycles(
     assert Segment.of([0.01] * 10, 0, duration_s=2.0, cpu_s=0.5).cpu_ms == pytest.approx(50.0)
 
 
+def test_machine_cpu_is_every_process_per_request_and_busy_the_share_of_all_cores(
+    server: http.server.ThreadingHTTPServer,
+) -> None:
+    # user nice system idle iowait irq softirq steal guest guest_nice, in ticks of 1/100 s.
+    before = MachineTimes.parse("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3\n", 100.0)
+    after = MachineTimes.parse("cpu  250 0 100 900 50 0 0 0 7 0\n", 100.0)
+    window = after - before
+    assert (window.busy_s, window.all_s) == pytest.approx((2.0, 3.0))
+    seg = Segment.of([0.01] * 10, 0, duration_s=2.0, rate_rps=4.0, machine=window)
+    assert seg.machine_cpu_ms == pytest.approx(250.0)  # 2 s busy over 8 requests
+    assert seg.machine_busy == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="aggregate 'cpu' line"):
+        MachineTimes.parse("cpu0 1 2 3 4 5 6 7 8\n", 100.0)
+    # Measured with the worker's clock, over the same window (Linux: /proc/stat), while a
+    # thread here keeps a core busy: the machine's figure sees every process's CPU.
+    stop = time.monotonic() + 1.0
+
+    def spin() -> None:
+        while time.monotonic() < stop:
+            pass
+
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    got = closed_loop(_target(server), clients=2, duration_s=0.3, cpu_clock=lambda: 0.0)
+    spinner.join()
+    assert got.machine_cpu_ms is not None and got.machine_cpu_ms > 0
+    assert got.machine_busy is not None and 0.0 < got.machine_busy <= 1.0
+
+
 def test_open_loop_charges_stalls_to_the_requests_that_waited(
     server: http.server.ThreadingHTTPServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -275,6 +312,21 @@ def test_table_lists_every_variant_target_and_micro_figure() -> None:
     assert "RSS growth over 1,000 requests | +1.0 MB | - | 20 MB | holds" in text
     assert "| digits | 5 | 70.0 µs | 2.00 µs | 50.0 µs | 60.0 µs |" in text
     assert "Pending: no GPU machine" in text
+    assert "closed: machine CPU" not in text  # segments without the machine's figures
+    timed = [
+        {
+            v: dataclasses.replace(s, machine_cpu_ms=2.0 * (1 + i), machine_busy=0.97)
+            for i, (v, s) in enumerate(r.items())
+        }
+        for r in rounds
+    ]
+    text = render(
+        dataclasses.replace(result, groups=[GroupResult("digits", 1, 4, 60.0, timed, timed)])
+    )
+    assert "closed: machine CPU |" in text
+    assert "with the cores 97% busy" in text
+    assert "| full | 0.900 / **0.900** / 0.900 |" in text
+    assert "| 3.000 / **3.000** / 3.000 | 900 / 900; 900 / 900 |" in text  # full's machine CPU
 
 
 def test_naive_capture_takes_keyword_forwards_and_layer_patterns(metrics: MetricSet) -> None:

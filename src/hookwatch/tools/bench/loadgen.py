@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import http.client
 import itertools
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -46,6 +48,12 @@ class Segment:
     #: CPU time the serving worker process spent per request in the measured window (all its
     #: threads, the capture thread included), in ms; None when not measured.
     cpu_ms: float | None = None
+    #: CPU time every process on the machine spent per request over the same window (client,
+    #: frontend and workers alike), in ms, from /proc/stat; None where it is not readable.
+    machine_cpu_ms: float | None = None
+    #: Share of all cores' time busy over the window (1.0: the machine was saturated, and a
+    #: variant's extra CPU then comes straight out of everyone's throughput).
+    machine_busy: float | None = None
     #: Closed loop: the clients' summed request rates (see :func:`cycle_rate`); None where the
     #: count over the window is used instead.
     rate_rps: float | None = None
@@ -66,6 +74,7 @@ class Segment:
         late: int = 0,
         cpu_s: float | None = None,
         rate_rps: float | None = None,
+        machine: MachineTimes | None = None,
     ) -> Segment:
         if not latencies_s:
             raise RuntimeError(
@@ -74,6 +83,7 @@ class Segment:
             )
         ms = np.asarray(latencies_s, dtype=np.float64) * 1e3
         served = rate_rps * duration_s if rate_rps is not None else 0.0
+        per_request = served or len(ms)
         return cls(
             requests=len(ms),
             errors=errors,
@@ -85,7 +95,9 @@ class Segment:
             late=late,
             # Per request served at the measured rate: the count of requests in the window
             # would carry the same quantisation the rate avoids.
-            cpu_ms=None if cpu_s is None else cpu_s * 1e3 / (served or len(ms)),
+            cpu_ms=None if cpu_s is None else cpu_s * 1e3 / per_request,
+            machine_cpu_ms=None if machine is None else machine.busy_s * 1e3 / per_request,
+            machine_busy=None if machine is None or machine.all_s <= 0 else machine.busy,
             rate_rps=rate_rps,
         )
 
@@ -112,15 +124,55 @@ def cycle_rate(starts: Sequence[Sequence[float]]) -> float | None:
 CpuClock = Callable[[], float]
 
 
-def _cpu_over(window: tuple[float, float], clock: CpuClock | None) -> float | None:
-    """CPU seconds ``clock`` advances between the window's two ``perf_counter`` instants."""
-    if clock is None:
+@dataclass(frozen=True)
+class MachineTimes:
+    """Seconds of all cores' time, busy and in all, from the first line of /proc/stat."""
+
+    busy_s: float
+    all_s: float
+
+    @property
+    def busy(self) -> float:
+        return self.busy_s / self.all_s
+
+    def __sub__(self, other: MachineTimes) -> MachineTimes:
+        return MachineTimes(self.busy_s - other.busy_s, self.all_s - other.all_s)
+
+    @classmethod
+    def parse(cls, stat: str, ticks_per_s: float) -> MachineTimes:
+        """From /proc/stat's text: idle and iowait are the idle columns, the rest busy."""
+        fields = stat.splitlines()[0].split()
+        if fields[0] != "cpu":
+            raise ValueError(f"expected the aggregate 'cpu' line of /proc/stat, got {fields[0]!r}")
+        # user nice system idle iowait irq softirq steal (guest time is inside user already).
+        ticks = [int(v) for v in fields[1:9]]
+        idle = ticks[3] + ticks[4]
+        return cls((sum(ticks) - idle) / ticks_per_s, sum(ticks) / ticks_per_s)
+
+
+def machine_times() -> MachineTimes | None:
+    """This machine's CPU times so far; None where /proc/stat cannot be read (not Linux)."""
+    try:
+        return MachineTimes.parse(Path("/proc/stat").read_text(), os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
         return None
+
+
+def _cpu_over(
+    window: tuple[float, float], clock: CpuClock | None
+) -> tuple[float | None, MachineTimes | None]:
+    """CPU seconds ``clock`` advances between the window's two ``perf_counter`` instants, and
+    the machine's CPU times over the same window (both None without ``clock``)."""
+    if clock is None:
+        return None, None
     start, end = window
     time.sleep(max(0.0, start - time.perf_counter()))
-    before = clock()
+    before, machine_before = clock(), machine_times()
     time.sleep(max(0.0, end - time.perf_counter()))
-    return clock() - before
+    after, machine_after = clock(), machine_times()
+    if machine_before is None or machine_after is None:
+        return after - before, None
+    return after - before, machine_after - machine_before
 
 
 class Client:
@@ -213,7 +265,7 @@ def closed_loop(
     now = time.perf_counter()
     window.extend((now + warmup_s, now + warmup_s + duration_s))
     start_barrier.wait()
-    cpu_s = _cpu_over((window[0], window[1]), cpu_clock)
+    cpu_s, machine = _cpu_over((window[0], window[1]), cpu_clock)
     for thread in threads:
         thread.join()
     # A failed request's cycle is not a served one: the rate is scaled to the answered share.
@@ -225,6 +277,7 @@ def closed_loop(
         duration_s,
         cpu_s=cpu_s,
         rate_rps=None if rate is None else rate * answered,
+        machine=machine,
     )
 
 
@@ -309,9 +362,15 @@ def open_loop(
         thread.start()
     origin = schedule.start()
     start_barrier.wait()
-    cpu_s = _cpu_over((origin + warmup_s, origin + schedule.seconds), cpu_clock)
+    cpu_s, machine = _cpu_over((origin + warmup_s, origin + schedule.seconds), cpu_clock)
     for thread in threads:
         thread.join()
     return Segment.of(
-        latencies, counts[0], duration_s, offered_rps=rate_rps, late=counts[1], cpu_s=cpu_s
+        latencies,
+        counts[0],
+        duration_s,
+        offered_rps=rate_rps,
+        late=counts[1],
+        cpu_s=cpu_s,
+        machine=machine,
     )

@@ -146,6 +146,15 @@ def _has_cpu(group: GroupResult) -> bool:
     return all(seg.cpu_ms is not None for r in group.closed for seg in r.values())
 
 
+def _has_machine(group: GroupResult) -> bool:
+    """Whether every closed-loop segment read the machine's CPU (results before it did not)."""
+    return all(
+        seg.machine_cpu_ms is not None and seg.machine_busy is not None
+        for r in group.closed
+        for seg in r.values()
+    )
+
+
 def _group_title(group: GroupResult) -> str:
     return f"{group.model}, batch {group.batch}"
 
@@ -218,12 +227,21 @@ def render(result: BenchResult) -> str:
         "TorchServe worker process spent per request in the measured window, read from the "
         "OS: it isolates the handler's own cost from the client and the frontend, and varies "
         "less from round to round than throughput on a shared machine."
+        + (
+            " *machine CPU* is the CPU time of every process on the machine (load generator, "
+            "frontend, workers) per request over the same window, from /proc/stat: where the "
+            "machine is close to saturated (*busy*), a variant's throughput ratio follows the "
+            "inverse of its machine CPU ratio, whichever process spends the extra."
+            if any(_has_machine(group) for group in result.groups)
+            else ""
+        )
     )
     add("")
     for group in result.groups:
         add(f"### {_group_title(group)}")
         add("")
         has_cpu = _has_cpu(group)
+        has_machine = _has_machine(group)
         closed_plain = (
             f"{_median(group.closed, PLAIN, 'throughput_rps'):.1f} req/s, "
             f"p50 {_median(group.closed, PLAIN, 'p50_ms'):.2f} ms, "
@@ -231,6 +249,11 @@ def render(result: BenchResult) -> str:
         )
         if has_cpu:
             closed_plain += f", worker CPU {_median(group.closed, PLAIN, 'cpu_ms'):.3f} ms/request"
+        if has_machine:
+            closed_plain += (
+                f", machine CPU {_median(group.closed, PLAIN, 'machine_cpu_ms'):.3f} ms/request "
+                f"with the cores {_median(group.closed, PLAIN, 'machine_busy'):.0%} busy"
+            )
         counted = _counted(group.closed)
         cycles = (
             "throughput from the clients' request cycles"
@@ -261,8 +284,11 @@ def render(result: BenchResult) -> str:
         header = (
             "| variant | closed: throughput | closed: p50 | closed: p99 | open: p50 | open: p99 |"
         )
-        add(header + (" closed: worker CPU |" if has_cpu else "") + " p99 from (closed; open) |")
-        add("|---|---|---|---|---|---|" + ("---|" if has_cpu else "") + "---|")
+        extra = (" closed: worker CPU |" if has_cpu else "") + (
+            " closed: machine CPU |" if has_machine else ""
+        )
+        add(header + extra + " p99 from (closed; open) |")
+        add("|---|---|---|---|---|---|" + "---|" * (has_cpu + has_machine) + "---|")
         for variant in VARIANTS[1:]:
             cells = [
                 _spread(ratios(group.closed, variant, "throughput")),
@@ -278,6 +304,8 @@ def render(result: BenchResult) -> str:
                 cells += ["-", "-"]
             if has_cpu:
                 cells.append(_spread(ratios(group.closed, variant, "cpu")))
+            if has_machine:
+                cells.append(_spread(ratios(group.closed, variant, "machine_cpu")))
             counts = _count(group.closed, variant)
             cells.append(f"{counts}; {_count(group.opened, variant)}" if group.opened else counts)
             add(f"| {variant} | " + " | ".join(cells) + " |")

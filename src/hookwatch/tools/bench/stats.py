@@ -28,6 +28,7 @@ METRICS: Mapping[str, Metric] = {
     "p50": lambda s: s.p50_ms,
     "p99": lambda s: s.p99_ms,
     "cpu": lambda s: s.cpu_ms if s.cpu_ms is not None else float("nan"),
+    "machine_cpu": lambda s: s.machine_cpu_ms if s.machine_cpu_ms is not None else float("nan"),
 }
 
 
