@@ -233,8 +233,8 @@ class Monitor:
         thread. A drain's projection then ran on a second, spinning OpenMP thread that took a
         core from serving (all-MiniLM-L6-v2 at 100 % sampling: 0.33 ms of CPU per request on
         that thread, docs/bench/README.md item 14). The count is the one the serving thread
-        already had, so the process-wide default that ``set_num_threads`` also stores does not
-        change.
+        already had: the process-wide default that ``set_num_threads`` also stores was that
+        count already, or is now the count a new thread would have got anyway.
         """
         torch.set_num_threads(self._torch_threads)
 
