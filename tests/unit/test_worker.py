@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -276,6 +277,7 @@ print(counts[0][0], counts[0][1])
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc")
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: no OpenMP team to start")
 def test_the_capture_thread_runs_torch_with_the_serving_threads_thread_count() -> None:
     done = subprocess.run(
         [sys.executable, "-c", THREADS_SCRIPT], capture_output=True, text=True, timeout=120
