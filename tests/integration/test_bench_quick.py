@@ -36,9 +36,9 @@ def test_quick_bench_writes_a_table_with_every_variant(tmp_path: Path) -> None:
         section = text.split(group, 1)[1].split("###", 1)[0]
         for variant in VARIANTS[1:]:
             row = next(line for line in section.splitlines() if line.startswith(f"| {variant} |"))
-            # six metrics (throughput, p50, p99 closed; p50, p99 open; worker CPU), each
-            # min / **median** / max, then the latencies behind the p99s
-            assert row.count("**") == 12, row
+            # seven metrics (throughput, p50, p99 closed; p50, p99 open; worker and machine
+            # CPU), each min / **median** / max, then the latencies behind the p99s
+            assert row.count("**") == 14, row
             assert row.rstrip(" |").split(" | ")[-1].count(" / ") == 2, row
         assert "Failed requests in this group: 0." in section
     for heading in ("## Targets (CPU)", "### Exporter scrape", "### Memory", "## GPU"):
@@ -55,6 +55,11 @@ def test_quick_bench_writes_a_table_with_every_variant(tmp_path: Path) -> None:
         for segments in (*group["closed"], *group["opened"]):
             assert set(segments) == set(VARIANTS)
             assert all(s["requests"] > 0 and s["errors"] == 0 for s in segments.values())
+        for segments in group["closed"]:
+            # Every process's CPU over the window (Linux /proc/stat): the load generator and
+            # the frontend alone make it positive.
+            assert all(s["machine_cpu_ms"] > 0 for s in segments.values())
+            assert all(0 < s["machine_busy"] <= 1 for s in segments.values())
             # Every p99 rests on the latencies the settings ask for (digits is fast enough).
             assert all(
                 s["requests"] >= data["settings"]["min_latencies"] for s in segments.values()
