@@ -192,8 +192,9 @@ def _packed_token_summary(
     centred = kept - mean.index_select(0, sample)[:, None]
     std = per_sample(centred.square_().sum(dim=1)).div_(elements).sqrt_()
     # A sample without tokens keeps the zeros it starts from (include_self=False).
-    lo = torch.zeros(batch).scatter_reduce_(0, sample, kept.amin(dim=1), "amin", include_self=False)
-    hi = torch.zeros(batch).scatter_reduce_(0, sample, kept.amax(dim=1), "amax", include_self=False)
+    zeros = torch.zeros(batch, dtype=torch.float32)  # whatever the default dtype
+    lo = zeros.scatter_reduce(0, sample, kept.amin(dim=1), "amin", include_self=False)
+    hi = zeros.scatter_reduce(0, sample, kept.amax(dim=1), "amax", include_self=False)
     if math.isfinite(float((mean + std).sum())):
         nonzero = per_sample(kept.sign().abs_().sum(dim=1))
         nan_count = inf_count = torch.zeros_like(mean)

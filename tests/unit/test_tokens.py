@@ -118,6 +118,15 @@ def test_both_padded_paths_agree_with_the_per_sample_reference(
     id_stats, counts = summary(ids, torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]]).bool(), 256)
     assert counts.flatten().tolist() == [2.0, 4.0]
     assert id_stats[:, 4].tolist() == [0.0, 0.25]
+    # A model that set float64 as torch's default dtype gets the same float32 results.
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        again, _ = summary(x, valid, 3)
+    finally:
+        torch.set_default_dtype(default)
+    assert again.dtype == torch.float32
+    torch.testing.assert_close(again, stats, equal_nan=True)
 
 
 def test_statistics_and_features_of_a_sentence_do_not_depend_on_its_batch_padding() -> None:
