@@ -264,6 +264,32 @@ def test_torch_compile_models_are_watched_through_the_original_module(
     assert value(metrics, "hookwatch_captures_total", model="c", layer="act") == 3
 
 
+@pytest.mark.parametrize("how", ["torch.compile", "Module.compile"])
+def test_models_with_a_compiled_part_are_watched(metrics: MetricSet, how: str) -> None:
+    """The compiled part's hooks run in its traced graph, the others eagerly; they share one
+    record, which the trace must be able to take (tensors, not numpy arrays, in it)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(OrderedDict(fc=nn.Linear(4, 4), act=nn.ReLU(), out=nn.Linear(4, 2)))
+    if how == "torch.compile":
+        model.out = torch.compile(model.out, backend="eager")  # type: ignore[assignment]
+        layers = ["act", "out._orig_mod"]
+    else:
+        model.out.compile(backend="eager")
+        layers = ["act", "out"]
+    config = MonitoringConfig.from_mapping({"layers": layers, "sample_rate": 1.0})
+    monitor = Monitor(model.eval(), config, "c", metrics)
+    x = torch.randn(3, 4)
+    for _ in range(2):
+        with torch.inference_mode(), monitor.request(3):
+            out = model(x)
+    monitor.flush()
+    monitor.close()
+    assert out.shape == (3, 2)
+    for layer in ("input", *layers, "output"):
+        assert value(metrics, "hookwatch_captures_total", model="c", layer=layer) == 6, layer
+    assert value(metrics, "hookwatch_monitor_faults_total", model="c", layer="all") == 0
+
+
 def test_weights_load_from_a_state_dict_or_a_checkpoint(tmp_path: Path) -> None:
     model = KeywordMLP()
     torch.save({"epoch": 3, "model_state_dict": model.state_dict()}, tmp_path / "ckpt.pt")

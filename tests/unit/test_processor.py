@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from hookwatch._hooks import Capture, Gate, HookSet
+from hookwatch._hooks import Capture, Gate, HookSet, as_array
 from hookwatch._monitor import CaptureProcessor, Record
 from hookwatch._monitor.processor import CLASS_COLUMNS
 from hookwatch._names import OUTPUT_LAYER, SUMMARY_STATISTICS
@@ -32,7 +33,7 @@ class Collect:
     """A hook sink keeping one record per forward, as the request gate hands them off."""
 
     def __init__(self) -> None:
-        self.record: Record = {}
+        self.record: dict[str, Capture] = {}
 
     def offer(self, capture: Capture) -> bool:
         self.record[capture.layer] = capture
@@ -51,7 +52,7 @@ def records(net: Net, inputs: list[torch.Tensor], copy_limit: int) -> list[Recor
             with torch.inference_mode():
                 net(x)
             gate.set(False)
-            out.append(sink.record)
+            out.append(tuple(sink.record.values()))
             sink.record = {}
     return out
 
@@ -115,16 +116,17 @@ def _class_tallies_record_by_record(
     predicted classes when it has as many output rows, else no class."""
     n = len(classes.labels)
     sums, counts = np.zeros((n, len(CLASS_COLUMNS))), np.zeros(n, dtype=np.int64)
-    for record in batch:
+    for captures in batch:
+        record = {c.layer: c for c in captures}
         if layer not in record:
             continue
         raw = record[layer].raw
         assert raw is not None
-        rows = reduce_rows(raw.numpy())
+        rows = reduce_rows(as_array(raw))
         output = record.get(OUTPUT_LAYER)
         if output is None or output.raw is None or len(output.raw) != len(rows):
             continue
-        logits = output.raw.numpy()
+        logits = as_array(output.raw)
         for row, logit in zip(rows, logits, strict=True):
             if not np.isfinite(logit).all() or row[NAN_COLUMN] or row[INF_COLUMN]:
                 continue
@@ -147,10 +149,10 @@ def test_class_slots_of_a_whole_drain_equal_the_record_by_record_lookup() -> Non
             logits[0, 1] = float("nan")
         act_rows = rows if i % 11 else rows + 1  # a layer whose batch differs from the output's
         act = torch.from_numpy(rng.normal(size=(act_rows, 6)).astype(np.float32))
-        record: Record = {"act": Capture("act", None, None, act)}
+        record = [Capture("act", None, None, act)]
         if i % 13:
-            record[OUTPUT_LAYER] = Capture(OUTPUT_LAYER, None, None, logits)
-        batch.append(record)
+            record.append(Capture(OUTPUT_LAYER, None, None, logits))
+        batch.append(tuple(record))
     expected_sums, expected_counts = _class_tallies_record_by_record(batch, classes, "act")
     whole = CaptureProcessor("m", max_features=8, widths={OUTPUT_LAYER: 5}, classes=classes)
     whole.process(batch)
@@ -163,3 +165,34 @@ def test_class_slots_of_a_whole_drain_equal_the_record_by_record_lookup() -> Non
         np.testing.assert_array_equal(tally.class_counts, expected_counts)
         np.testing.assert_allclose(tally.class_sums, expected_sums, rtol=1e-5)
     assert expected_counts.sum() > 100
+
+
+def test_raw_copies_reduce_alike_as_arrays_tensors_or_both() -> None:
+    """Host captures hold numpy arrays, device (and bfloat16) ones tensors; a drain may hold
+    both, and half precision of either kind is reduced in float32."""
+    rng = np.random.default_rng(5)
+    acts = [rng.normal(size=(2, 6)).astype(np.float32) for _ in range(9)]
+
+    def tallies(records: list[Record]) -> tuple[int, np.ndarray]:
+        processor = CaptureProcessor("m", max_features=8)
+        processor.process(records)
+        tally = processor.take().layers["act"]
+        return tally.captures, tally.sums
+
+    def held(a: np.ndarray, i: int, how: str) -> Any:
+        if how == "arrays":
+            return a
+        if how == "tensors":
+            return torch.from_numpy(a)
+        if how == "both":
+            return torch.from_numpy(a) if i % 2 else a
+        if how == "half arrays":
+            return a.astype(np.float16)
+        return torch.from_numpy(a).half()  # half tensors
+
+    want_count, want_sums = tallies([(("act", None, None, a),) for a in acts])
+    assert want_count == 18
+    for how in ("tensors", "both", "half arrays", "half tensors"):
+        count, sums = tallies([(("act", None, None, held(a, i, how)),) for i, a in enumerate(acts)])
+        assert count == want_count, how
+        np.testing.assert_allclose(sums, want_sums, rtol=2e-3, atol=2e-3, err_msg=how)

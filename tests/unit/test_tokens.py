@@ -4,6 +4,7 @@ dict outputs, layer globs), per-request sampling inside a batch, and in-place sa
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -23,8 +24,13 @@ from tests.unit.test_hooks import ListSink
 LAYERS = ["encoder.layer.*.output"]
 
 
+def as_tensors(c: Capture) -> Capture:
+    """The capture with tensor fields (a host capture holds numpy arrays), to compare."""
+    return Capture(c.layer, *(None if f is None else torch.as_tensor(f) for f in c[1:]))
+
+
 def by_layer(sink: ListSink) -> dict[str, Capture]:
-    return {c.layer: c for c in sink.captures}
+    return {c.layer: as_tensors(c) for c in sink.captures}
 
 
 def capture(
@@ -272,7 +278,12 @@ def test_only_the_sampled_requests_rows_are_captured_with_their_mask(metrics: Me
     texts = sentences(6, seed=8)
     batch = encode(texts)
     records: list[dict[str, Capture]] = []
-    monitor.gate._offer = lambda record: records.append(record) or True  # type: ignore[method-assign]
+
+    def keep(record: Any) -> bool:
+        records.append({c[0]: as_tensors(Capture(*c)) for c in record})
+        return True
+
+    monitor.gate._offer = keep  # type: ignore[method-assign]
     scopes = 0
     while not any(0 < len(r["input"].stats) < 6 for r in records):  # type: ignore[arg-type]
         with torch.inference_mode(), monitor.request(6):

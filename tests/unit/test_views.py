@@ -152,10 +152,10 @@ def test_raw_captures_of_several_shapes_in_one_drain_keep_their_records_classes(
         act = np.maximum(rng.normal(size=(batch, 3, 2 + 3 * (i % 2))), 0).astype(np.float32)
         logits = rng.normal(size=(batch, 3)).astype(np.float32)
         records.append(
-            {
-                "act": Capture("act", None, None, torch.from_numpy(act)),
-                "output": Capture("output", None, None, torch.from_numpy(logits)),
-            }
+            (
+                Capture("act", None, None, torch.from_numpy(act)),
+                Capture("output", None, None, torch.from_numpy(logits)),
+            )
         )
         slots = np.minimum(logits.argmax(axis=1), 2)  # class 2 is "other"
         for row, slot in zip(act, slots, strict=True):

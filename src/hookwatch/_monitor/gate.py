@@ -22,7 +22,7 @@ import torch
 
 from hookwatch import _catalogue as cat
 from hookwatch._capture import RateLimitedLog
-from hookwatch._hooks import Capture, Gate
+from hookwatch._hooks import Capture, Gate, Held
 from hookwatch._metrics import CountSlots
 from hookwatch._names import REJECT_REASONS
 
@@ -33,7 +33,16 @@ log = logging.getLogger("hookwatch")
 #: What the hooks of one sampled forward pass captured, handed off as one item: one capture per
 #: layer. A module called several times in one forward (an activation module reused inside a
 #: residual block) keeps its last call, the block's output; one sample stays one capture.
-Record = dict[str, Capture]
+#: Plain tuples, not the dict the hooks fill during the forward nor their named tuples: the
+#: collector stops tracking an exact tuple of strings and numpy arrays at its first young
+#: collection (never a tuple subclass), so a waiting record is never promoted to the oldest
+#: generation (see ``hookwatch._hooks.hold``). A :class:`Capture` is one too, field for field.
+Held4 = tuple[str, Held | None, Held | None, Held | None]
+Record = tuple[Held4, ...]
+
+
+def _plain(capture: Capture) -> Held4:
+    return (capture.layer, capture.stats, capture.features, capture.raw)
 
 
 @dataclass(frozen=True)
@@ -273,10 +282,10 @@ class RequestGate:
     def _end_record(self, keep: bool) -> None:
         try:
             self.gate.set(False)
-            record: Record | None = getattr(self._local, "record", None)
+            captured: dict[str, Capture] | None = getattr(self._local, "record", None)
             self._local.record = None
-            if record and keep:
-                self._hand_off(record)
+            if captured and keep:
+                self._hand_off(tuple([_plain(c) for c in captured.values()]))
         finally:
             # The hooks come off whatever happened in the forward or the hand-off.
             if self._disarm is not None:
@@ -295,10 +304,10 @@ class RequestGate:
 
     def offer(self, capture: Capture) -> bool:
         """Add to the running forward's record (a list append, never blocks)."""
-        record: Record | None = getattr(self._local, "record", None)
+        record: dict[str, Capture] | None = getattr(self._local, "record", None)
         if record is None:
             # The gate was opened without a request scope: hand the capture off on its own.
-            return self._hand_off({capture.layer: capture})
+            return self._hand_off((_plain(capture),))
         record[capture.layer] = capture
         return True
 

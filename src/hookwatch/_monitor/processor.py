@@ -14,15 +14,15 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import numpy as np
 import torch
 
 from hookwatch._capture import RateLimitedLog
 from hookwatch._drift import DriftResult, DriftTracker, IntArray
-from hookwatch._hooks import Capture
-from hookwatch._monitor.gate import Record
+from hookwatch._hooks import Held, as_array
+from hookwatch._monitor.gate import Held4, Record
 from hookwatch._names import (
     CLASS_STATISTICS,
     INPUT_LAYER,
@@ -54,6 +54,10 @@ def yield_gil() -> None:
     """
     time.sleep(YIELD_S)
 
+
+#: Where a record's capture (a plain tuple of :class:`~hookwatch._hooks.Capture`'s fields)
+#: keeps its raw copy.
+RAW: Final = 3
 
 #: Columns of a statistics row exported per predicted class.
 CLASS_COLUMNS = [STATISTICS.index(s) for s in CLASS_STATISTICS]
@@ -217,7 +221,7 @@ class CaptureProcessor:
             return dict(self._faults)
 
     def _reduce(
-        self, layer: str, items: Sequence[Capture]
+        self, layer: str, items: Sequence[Held4]
     ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any] | None, list[int]]:
         """Statistics ``[N, 7]``, drift features ``[N, F]`` and rows per item, in item order.
 
@@ -226,29 +230,29 @@ class CaptureProcessor:
         in the items' order, so they line up with other layers' rows of the same records.
         """
         width = self.widths.get(layer, self._max_features)
-        raws = [c.raw for c in items]
-        # (`None in raws` would compare tensors with ==.)
+        raws = [c[RAW] for c in items]
+        # (`None in raws` would compare arrays with ==.)
         if all(t is not None for t in raws):
-            # The usual drain: every item a raw copy of one sample shape and dtype, so one
-            # batch in item order, with no grouping step per item.
-            tensors = cast("list[torch.Tensor]", raws)
-            shape, dtype = tensors[0].shape[1:], tensors[0].dtype
-            if all(t.shape[1:] == shape and t.dtype == dtype for t in tensors):
-                rows, feats = self._reduce_batch(layer, tensors, width)
-                return rows, feats, [t.shape[0] for t in tensors]
+            # The usual drain: every item a raw copy of one kind, sample shape and dtype, so
+            # one batch in item order, with no grouping step per item.
+            held = cast("list[Held]", raws)
+            kind, shape, dtype = type(held[0]), held[0].shape[1:], held[0].dtype
+            if all(type(t) is kind and t.shape[1:] == shape and t.dtype == dtype for t in held):
+                rows, feats = self._reduce_batch(layer, held, width)
+                return rows, feats, [t.shape[0] for t in held]
         stats: list[np.ndarray[Any, Any] | None] = [None] * len(items)
         features: list[np.ndarray[Any, Any] | None] = [None] * len(items)
         groups: dict[tuple[object, ...], list[int]] = defaultdict(list)
-        for i, c in enumerate(items):
-            if c.raw is not None:
-                groups[(tuple(c.raw.shape[1:]), c.raw.dtype)].append(i)
+        for i, (_, c_stats, c_features, raw) in enumerate(items):
+            if raw is not None:
+                groups[(type(raw), tuple(raw.shape[1:]), raw.dtype)].append(i)
             else:
-                if c.stats is not None:
-                    stats[i] = c.stats.cpu().numpy()
-                if c.features is not None:
-                    features[i] = c.features.cpu().numpy()
+                if c_stats is not None:
+                    stats[i] = as_array(c_stats)
+                if c_features is not None:
+                    features[i] = as_array(c_features)
         for members in groups.values():
-            tensors = [t for t in (items[i].raw for i in members) if t is not None]
+            tensors = [t for t in (items[i][RAW] for i in members) if t is not None]
             rows, feats = self._reduce_batch(layer, tensors, width)
             if len(members) == len(items):
                 # Every item in one batch, already in item order (the usual drain).
@@ -265,13 +269,20 @@ class CaptureProcessor:
         return np.concatenate(kept) if len(kept) > 1 else kept[0], joined, sizes
 
     def _reduce_batch(
-        self, layer: str, tensors: Sequence[torch.Tensor], width: int
+        self, layer: str, held: Sequence[Held], width: int
     ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-        """Statistics and features of raw copies of one sample shape and dtype, stacked."""
-        batch = tensors[0] if len(tensors) == 1 else torch.cat(list(tensors))
-        if batch.is_floating_point() and batch.dtype not in (torch.float32, torch.float64):
-            batch = batch.float()  # half precision has no numpy twin on every build
-        x = batch.cpu().numpy()
+        """Statistics and features of raw copies of one kind, sample shape and dtype, stacked."""
+        first = held[0]
+        if isinstance(first, np.ndarray):
+            x = first if len(held) == 1 else np.concatenate(held)
+            if x.dtype == np.float16:
+                x = x.astype(np.float32)
+        else:
+            tensors = cast("list[torch.Tensor]", list(held))
+            batch = tensors[0] if len(tensors) == 1 else torch.cat(tensors)
+            if batch.is_floating_point() and batch.dtype not in (torch.float32, torch.float64):
+                batch = batch.float()  # half precision has no numpy twin on every build
+            x = batch.cpu().numpy()
         return reduce_rows(x), feature_rows(x, width, flatten=layer == INPUT_LAYER)
 
     def _process_layer(
@@ -279,7 +290,7 @@ class CaptureProcessor:
         layer: str,
         count: int,
         records: IntArray,
-        items: Sequence[Capture],
+        items: Sequence[Held4],
         predicted: list[_Predictions],
     ) -> None:
         stats, features, sizes = self._reduce(layer, items)
@@ -388,24 +399,27 @@ class CaptureProcessor:
         )
 
 
-def _by_layer(records: Sequence[Record]) -> dict[str, tuple[IntArray, list[Capture]]]:
+def _by_layer(records: Sequence[Record]) -> dict[str, tuple[IntArray, list[Held4]]]:
     """Per layer, the indices of the records that captured it and their captures, in order.
 
-    Every record of a drain usually holds the same layers: one list per layer then, instead of
-    a tuple appended per record and layer.
+    Every record of a drain usually holds the same layers in the same order: one list per
+    layer then, instead of a tuple appended per record and layer.
     """
     if not records:
         return {}
-    first = records[0].keys()
-    if all(record.keys() == first for record in records):
+    names = [tuple([c[0] for c in record]) for record in records]
+    first = names[0]
+    if all(n == first for n in names):
         everyone = np.arange(len(records), dtype=np.int64)
-        return {layer: (everyone, [record[layer] for record in records]) for layer in first}
+        return {
+            layer: (everyone, [record[i] for record in records]) for i, layer in enumerate(first)
+        }
     indices: dict[str, list[int]] = defaultdict(list)
-    captures: dict[str, list[Capture]] = defaultdict(list)
+    captures: dict[str, list[Held4]] = defaultdict(list)
     for index, record in enumerate(records):
-        for layer, capture in record.items():
-            indices[layer].append(index)
-            captures[layer].append(capture)
+        for capture in record:
+            indices[capture[0]].append(index)
+            captures[capture[0]].append(capture)
     return {
         layer: (np.asarray(indices[layer], dtype=np.int64), captures[layer]) for layer in indices
     }

@@ -22,7 +22,7 @@ from torch import nn
 from hookwatch._config import MonitoringConfig, as_monitoring_config
 from hookwatch._drift import BinnedReference, DegenerateReference, Projection, derive
 from hookwatch._errors import ProfileError
-from hookwatch._hooks import Capture, Gate, HookSet, resolve_layers
+from hookwatch._hooks import Capture, Gate, HookSet, as_array, resolve_layers
 from hookwatch._names import OUTPUT_LAYER, STATISTICS, level_of, unit_layers
 from hookwatch._profile.format import DriftProfile
 from hookwatch._stats import INF_COLUMN, NAN_COLUMN
@@ -61,9 +61,9 @@ class _Collector:
         features = {}
         for layer, capture in self.current.items():
             if capture.features is not None:
-                features[layer] = capture.features.cpu().numpy()
+                features[layer] = as_array(capture.features)
             if capture.stats is not None:
-                self._add_statistics(layer, capture.stats.cpu().numpy().astype(np.float64))
+                self._add_statistics(layer, as_array(capture.stats).astype(np.float64))
         self.current = {}
         return features
 
