@@ -290,6 +290,52 @@ def test_models_with_a_compiled_part_are_watched(metrics: MetricSet, how: str) -
     assert value(metrics, "hookwatch_monitor_faults_total", model="c", layer="all") == 0
 
 
+def test_an_input_whose_length_varies_keeps_its_statistics_and_ends_only_its_drift(
+    metrics: MetricSet,
+) -> None:
+    """A variable-length input with no attention mask (a waveform, a series): its flattened
+    features change width with the request, so its drift tests cannot run; its statistics,
+    and every other layer, go on."""
+
+    class Pooled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv1d(1, 4, 3, padding=1)
+            self.act = nn.ReLU()
+            self.head = nn.Linear(4, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            hidden = self.act(self.conv(x.unsqueeze(1)))  # [B, 4, T]
+            out: torch.Tensor = self.head(hidden.mean(dim=2))
+            return out
+
+    torch.manual_seed(0)
+    model = Pooled().eval()
+    config = MonitoringConfig.from_mapping(
+        {"layers": ["act"], "sample_rate": 1.0, "drift": {"window": 20}}
+    )
+    profile = build_profile(model, config, [torch.randn(16, 12) for _ in range(4)], "var")
+    config = resolve_layers(model, config)
+    monitor = Monitor(model, config, "var", metrics, drift=tracker_for(profile, config, "var"))
+    with torch.inference_mode():
+        for i in range(60):
+            with monitor.request(1):
+                model(torch.randn(1, 12 + i % 5))
+    monitor.flush()
+    monitor.close()
+    for layer in ("input", "act", "output"):
+        assert value(metrics, "hookwatch_captures_total", model="var", layer=layer) == 60
+    # The input's drift ended visibly (one fault); the hidden layer's and the output's go on.
+    assert value(metrics, "hookwatch_monitor_faults_total", model="var", layer="input") == 1
+    assert value(metrics, "hookwatch_monitor_faults_total", model="var", layer="act") == 0
+    assert (
+        value(
+            metrics, "hookwatch_drift_windows_total", model="var", level="output", detector="output"
+        )
+        > 0
+    )
+
+
 def test_weights_load_from_a_state_dict_or_a_checkpoint(tmp_path: Path) -> None:
     model = KeywordMLP()
     torch.save({"epoch": 3, "model_state_dict": model.state_dict()}, tmp_path / "ckpt.pt")

@@ -196,3 +196,17 @@ def test_raw_copies_reduce_alike_as_arrays_tensors_or_both() -> None:
         count, sums = tallies([(("act", None, None, held(a, i, how)),) for i, a in enumerate(acts)])
         assert count == want_count, how
         np.testing.assert_allclose(sums, want_sums, rtol=2e-3, atol=2e-3, err_msg=how)
+
+
+def test_raw_copies_of_different_sample_shapes_in_one_drain_are_grouped() -> None:
+    rng = np.random.default_rng(6)
+    acts = [rng.normal(size=(1 + i % 2, 4 + 2 * (i % 3))).astype(np.float32) for i in range(12)]
+    tallies = []
+    for held in (list(acts), [torch.from_numpy(a) for a in acts]):
+        processor = CaptureProcessor("m", max_features=8)
+        processor.process([(("act", None, None, h),) for h in held])
+        tally = processor.take().layers["act"]
+        tallies.append((tally.captures, tally.sums))
+    rows = reduce_rows(np.concatenate([a.reshape(len(a), -1)[:, :4] for a in acts]))
+    assert tallies[0][0] == tallies[1][0] == len(rows) == 18
+    np.testing.assert_allclose(tallies[0][1], tallies[1][1], rtol=1e-6)

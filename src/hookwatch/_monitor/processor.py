@@ -231,10 +231,22 @@ class CaptureProcessor:
         """
         width = self.widths.get(layer, self._max_features)
         raws = [c[RAW] for c in items]
+        if all(type(t) is np.ndarray for t in raws):
+            # The usual drain on the host: every item a raw copy of one sample shape, so one
+            # batch in item order, with no grouping step per item. numpy checks the shapes
+            # (a per-item check in Python cost more than the concatenation); mixed dtypes
+            # are promoted to a common one, which the statistics do not mind.
+            arrays = cast("list[np.ndarray[Any, Any]]", raws)
+            try:
+                x = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+            except ValueError:
+                pass  # sample shapes differ: grouped below
+            else:
+                rows, feats = self._reduce_array(layer, x, width)
+                return rows, feats, [a.shape[0] for a in arrays]
         # (`None in raws` would compare arrays with ==.)
-        if all(t is not None for t in raws):
-            # The usual drain: every item a raw copy of one kind, sample shape and dtype, so
-            # one batch in item order, with no grouping step per item.
+        elif all(t is not None for t in raws):
+            # Device copies of one sample shape and dtype: one batch, one move to the host.
             held = cast("list[Held]", raws)
             kind, shape, dtype = type(held[0]), held[0].shape[1:], held[0].dtype
             if all(type(t) is kind and t.shape[1:] == shape and t.dtype == dtype for t in held):
@@ -264,8 +276,15 @@ class CaptureProcessor:
         sizes = [len(s) if s is not None else 0 for s in stats]
         have = [f for f in features if f is not None]
         # Features line up with the statistics only when every item has both (always, unless
-        # a hook handed over statistics alone).
-        joined = np.concatenate(have) if have and len(have) == len(kept) else None
+        # a hook handed over statistics alone) and of one width: a flat layer narrower than
+        # max_features whose width follows the request (a variable-length input without an
+        # attention mask) has no fixed features to test; its statistics still count.
+        widths = {f.shape[1] for f in have}
+        joined = None
+        if len(widths) > 1:
+            self._no_fixed_width(layer, widths)
+        elif have and len(have) == len(kept):
+            joined = np.concatenate(have)
         return np.concatenate(kept) if len(kept) > 1 else kept[0], joined, sizes
 
     def _reduce_batch(
@@ -274,15 +293,21 @@ class CaptureProcessor:
         """Statistics and features of raw copies of one kind, sample shape and dtype, stacked."""
         first = held[0]
         if isinstance(first, np.ndarray):
-            x = first if len(held) == 1 else np.concatenate(held)
-            if x.dtype == np.float16:
-                x = x.astype(np.float32)
-        else:
-            tensors = cast("list[torch.Tensor]", list(held))
-            batch = tensors[0] if len(tensors) == 1 else torch.cat(tensors)
-            if batch.is_floating_point() and batch.dtype not in (torch.float32, torch.float64):
-                batch = batch.float()  # half precision has no numpy twin on every build
-            x = batch.cpu().numpy()
+            return self._reduce_array(
+                layer, first if len(held) == 1 else np.concatenate(held), width
+            )
+        tensors = cast("list[torch.Tensor]", list(held))
+        batch = tensors[0] if len(tensors) == 1 else torch.cat(tensors)
+        if batch.is_floating_point() and batch.dtype not in (torch.float32, torch.float64):
+            batch = batch.float()  # half precision has no numpy twin on every build
+        return self._reduce_array(layer, batch.cpu().numpy(), width)
+
+    @staticmethod
+    def _reduce_array(
+        layer: str, x: np.ndarray[Any, Any], width: int
+    ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        if x.dtype == np.float16:
+            x = x.astype(np.float32)
         return reduce_rows(x), feature_rows(x, width, flatten=layer == INPUT_LAYER)
 
     def _process_layer(
@@ -355,6 +380,14 @@ class CaptureProcessor:
             axis=1,
         ).astype(np.float64)
         return sums, counts
+
+    def _no_fixed_width(self, layer: str, widths: set[int]) -> None:
+        """A layer's features changed width between samples: its drift tests end, visibly."""
+        if self.drift is None or layer in self._drift_off:
+            return
+        self._drift_off.add(layer)
+        error = ValueError(f"expected one feature width per sample, got {sorted(widths)}")
+        self._fault("drift tests", layer, error, "drift for that layer is off, statistics continue")
 
     def _update_drift(self, layer: str, features: np.ndarray[Any, Any]) -> None:
         """Feed the layer's features to its drift windows; a failure ends drift for that layer."""
