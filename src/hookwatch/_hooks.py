@@ -78,7 +78,10 @@ def hold(tensor: torch.Tensor, owned: bool = False, host: bool = True) -> Held:
         and type(tensor) is torch.Tensor
         and not torch.compiler.is_compiling()
     ):
-        return (tensor.detach() if tensor.requires_grad else tensor).numpy().copy()
+        try:
+            return (tensor.detach() if tensor.requires_grad else tensor).numpy().copy()
+        except (RuntimeError, TypeError):
+            pass  # a view numpy cannot take (a negative or conjugate bit): a tensor copy
     if owned:
         return tensor
     return (tensor.detach() if tensor.requires_grad else tensor).clone()

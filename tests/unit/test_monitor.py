@@ -254,6 +254,18 @@ def test_a_waiting_record_holds_nothing_the_garbage_collector_tracks(
     assert not tracked and not any(gc.is_tracked(record) for record in kept)
 
 
+def test_what_numpy_cannot_take_is_held_as_a_tensor_copy() -> None:
+    from hookwatch._hooks import hold
+
+    x = torch.randn(2, 3)
+    for tensor in (x.to(torch.bfloat16), torch._neg_view(x)):
+        held = hold(tensor)
+        assert isinstance(held, torch.Tensor)
+        assert held.untyped_storage().data_ptr() != tensor.untyped_storage().data_ptr()
+        assert torch.equal(held, tensor)
+    assert isinstance(hold(x.t()), np.ndarray) and np.array_equal(hold(x.t()), x.t().numpy())
+
+
 def test_a_forward_that_raises_hands_off_nothing(metrics: MetricSet) -> None:
     class Breaks(nn.Module):
         def __init__(self) -> None:
