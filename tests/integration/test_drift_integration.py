@@ -121,7 +121,7 @@ def test_drifted_traffic_raises_the_drift_metrics(
 CLEAN_REQUESTS = 16_000
 
 
-def test_clean_held_out_traffic_through_the_live_stack_alarms_on_at_most_one_percent(
+def test_clean_held_out_traffic_through_the_live_stack_stays_near_the_calibrated_rate(
     make_stack: Callable[..., Stack],
 ) -> None:
     """The shipped demo .mar, as `make run` serves it (2 workers, its profile and config),
@@ -160,7 +160,12 @@ def test_clean_held_out_traffic_through_the_live_stack_alarms_on_at_most_one_per
     rounds = windows["input"]
     assert rounds >= 200, rounds
     alarms = {d: total(samples, "hookwatch_drift_alarms_total", detector=d) for d in detectors}
-    # Summed over detectors, the alarms bound the rounds on which any detector alarmed: the
-    # share the thresholds are calibrated for (1 %).
-    assert sum(alarms.values()) <= 0.01 * rounds, (alarms, rounds)
+    # Summed over detectors, the alarms bound the rounds on which any detector alarmed. The
+    # thresholds are calibrated for 1 % of clean windows on average over references
+    # (docs/drift.md; the shipped window of 100 measured 1.4 % in docs/eval-drift.md), and
+    # overlapping windows alarm in runs of up to four verdicts, so one run's ~290 rounds cannot
+    # tell 1 % from 1.5 % (a bound of 1 % failed one fresh-clone CI run in several, 5 alarms
+    # in 289 rounds). 3 % still fails a live path whose features have left the profile's
+    # scale, which alarms on most rounds; the rate itself is measured by `make eval-drift`.
+    assert sum(alarms.values()) <= 0.03 * rounds, (alarms, rounds)
     assert total(samples, "hookwatch_drift_sequential_alarms_total") == 0
