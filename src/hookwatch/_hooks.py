@@ -320,6 +320,10 @@ class LayerHook:
         self._flatten = on_input
         self._handle: RemovableHandle | None = None
         self.state = HookState.ATTACHED
+        #: Which dimension of this layer's activations holds the batch's rows: 1 for a
+        #: sequence-first layer (``nn.LSTM``, ``nn.GRU``, ``nn.MultiheadAttention`` and
+        #: ``nn.Transformer*`` without ``batch_first``: ``[T, B, ...]``). Learnt from shapes.
+        self.batch_dim = 0
 
     def register(self) -> None:
         """Put the hook on its module (no-op when it is on already, faulted, removed or the
@@ -369,12 +373,27 @@ class LayerHook:
                 )
             gate = self._gate
             owned = False
-            if gate.rows is not None and tensor.dim() and tensor.shape[0] == gate.batch:
+            shape = tensor.shape
+            batch = gate.batch
+            if len(shape) > 1 and batch:
+                # Which of the first two dimensions is the batch's: when exactly one has its
+                # size, that one (a sequence-first layer's [T, B, ...] is read through a
+                # transposed view); when both or neither, the layer's last decision stands
+                # (the first until one is made), so a sequence as long as the batch does not
+                # flip it. Inline: this runs in every sampled hook call.
+                first = shape[0] == batch
+                if first is not (shape[1] == batch):
+                    self.batch_dim = 0 if first else 1
+                if self.batch_dim:
+                    tensor = tensor.transpose(0, 1)
+                    shape = tensor.shape
+            if gate.rows is not None and shape and shape[0] == batch:
                 # Only the sampled requests' rows; index_select copies them (owned storage).
                 picked = gate.rows
                 if picked.device != tensor.device:
                     picked = picked.to(tensor.device)
                 tensor = tensor.detach().index_select(0, picked)
+                shape = tensor.shape
                 owned = True
             mask = gate.mask
             if mask is not None and self._is_tokens(tensor, mask):
@@ -385,10 +404,10 @@ class LayerHook:
                     )
                 )
                 return
-            rows = len(tensor.shape) and tensor.shape[0]
+            rows = len(shape) and shape[0]
             # From sizes alone: indexing a sample would be one more torch call per hook.
             per_sample = tensor.numel() // rows if rows else tensor.numel()
-            if tensor.dim() and per_sample <= self._copy_limit:
+            if shape and per_sample <= self._copy_limit:
                 # The copy is taken now, before any later in-place operation can change it.
                 capture = Capture(self.name, None, None, hold(tensor, owned, self._host))
             else:

@@ -34,6 +34,12 @@ NAN_COLUMN = STATISTICS.index("nan_count")
 INF_COLUMN = STATISTICS.index("inf_count")
 
 
+def _real(x: torch.Tensor) -> torch.Tensor:
+    # A complex activation (a spectral layer's) is read as its magnitude: casting it to a real
+    # dtype would keep the real part alone, and warn.
+    return x.abs() if x.is_complex() else x
+
+
 def reduce_activation(activation: torch.Tensor) -> torch.Tensor:
     """Reduce a batch-first activation ``[B, ...]`` to a new float32 ``[B, len(STATISTICS)]``.
 
@@ -41,7 +47,7 @@ def reduce_activation(activation: torch.Tensor) -> torch.Tensor:
     moves data to the host: on a GPU the reduction stays queued on the device's stream and the
     background thread pays for the copy.
     """
-    x = activation.detach()
+    x = _real(activation.detach())
     if x.dim() == 0:
         x = x.reshape(1, 1)
     x = x.reshape(x.shape[0], -1)
@@ -82,7 +88,7 @@ def feature_summary(
     projects, the hook passes the projection's input width here, and the capture thread reduces
     those features to the principal components.
     """
-    x = activation.detach()
+    x = _real(activation.detach())
     if x.dim() == 0:
         x = x.reshape(1, 1)
     if x.dim() == 1:
@@ -210,9 +216,14 @@ def _packed_token_summary(
     return stats, per_unit[:, :max_features] / count[:, None]
 
 
+def _real_rows(activation: NDArray[Any]) -> NDArray[Any]:
+    x = np.asarray(activation)
+    return np.abs(x) if x.dtype.kind == "c" else x  # as :func:`_real`
+
+
 def reduce_rows(activation: NDArray[Any]) -> NDArray[np.float32]:
     """:func:`reduce_activation` for a host array ``[B, ...]``: a new float32 ``[B, 7]``."""
-    x = np.asarray(activation)
+    x = _real_rows(activation)
     if x.ndim == 0:
         x = x.reshape(1, 1)
     x = x.reshape(x.shape[0], -1)
@@ -244,7 +255,7 @@ def feature_rows(
     activation: NDArray[Any], max_features: int, flatten: bool = False
 ) -> NDArray[np.float32]:
     """:func:`feature_summary` for a host array: float32 ``[B, F]``, ``F <= max_features``."""
-    x = np.asarray(activation)
+    x = _real_rows(activation)
     if x.ndim == 0:
         x = x.reshape(1, 1)
     if x.ndim == 1:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from prometheus_client import CollectorRegistry
 from torch import nn
 
 from hookwatch import _catalogue as cat
@@ -27,7 +28,11 @@ from hookwatch._service import InputPipeline, ModelService
 
 
 def value(metrics: MetricSet, name: str, **labels: str) -> float:
-    return metrics.sample_values().get((name, tuple(sorted(labels.items()))), float("nan"))
+    return value_of(metrics.sample_values(), name, **labels)
+
+
+def value_of(samples: dict[Any, float], name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), float("nan"))
 
 
 class KeywordMLP(nn.Module):
@@ -334,6 +339,87 @@ def test_an_input_whose_length_varies_keeps_its_statistics_and_ends_only_its_dri
         )
         > 0
     )
+
+
+class Recurrent(nn.Module):
+    """An LSTM classifier over ``[B, T, F]`` inputs, sequence-first inside by default (as
+    ``nn.LSTM``, ``nn.GRU`` and ``nn.Transformer*`` are unless built with ``batch_first``)."""
+
+    def __init__(self, batch_first: bool) -> None:
+        super().__init__()
+        self.batch_first = batch_first
+        self.rnn = nn.LSTM(6, 8, batch_first=batch_first)
+        self.act = nn.Tanh()
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden, _ = self.rnn(x if self.batch_first else x.transpose(0, 1))
+        hidden = self.act(hidden)
+        last = hidden[:, -1] if self.batch_first else hidden[-1]
+        out: torch.Tensor = self.head(last)
+        return out
+
+
+def test_sequence_first_layers_are_watched_per_request_like_their_batch_first_twins() -> None:
+    """A layer whose activations are ``[T, B, H]`` is read with the batch's rows first: each
+    request is one sample of it, as with the same weights built ``batch_first``, and a batch
+    whose requests were sampled apart captures only the sampled requests' rows."""
+    torch.manual_seed(0)
+    seq_first = Recurrent(batch_first=False).eval()
+    twin = Recurrent(batch_first=True).eval()
+    twin.load_state_dict(seq_first.state_dict())
+    reference = [torch.randn(16, 5, 6) for _ in range(4)]
+    config = {"layers": ["rnn", "act"], "sample_rate": 1.0, "drift": {"window": 20}}
+    profiles = [build_profile(m, config, reference, "rnn") for m in (seq_first, twin)]
+    for layer, ref in profiles[1].references.items():
+        # The reference binned per request in both: the same detectors, the same edges.
+        np.testing.assert_allclose(profiles[0].references[layer].edges, ref.edges, rtol=1e-5)
+    inputs = [torch.randn(3, 5, 6) for _ in range(20)] + [torch.randn(5, 5, 6) for _ in range(5)]
+    sets = []
+    for model, profile in zip((seq_first, twin), profiles, strict=True):
+        metrics = MetricSet(CollectorRegistry())
+        resolved = resolve_layers(model, MonitoringConfig.from_mapping(config))
+        monitor = Monitor(
+            model, resolved, "rnn", metrics, drift=tracker_for(profile, resolved, "rnn")
+        )
+        with torch.inference_mode():
+            for x in inputs:  # the last five as long as their batch: [5, 5, 8] either way
+                with monitor.request(len(x)):
+                    model(x)
+        monitor.flush()
+        monitor.close()
+        sets.append(metrics.sample_values())
+    ours, theirs = sets
+    for layer in ("rnn", "act"):
+        assert value_of(ours, "hookwatch_captures_total", model="rnn", layer=layer) == 85
+    watched = {k: v for k, v in theirs.items() if k[0].startswith("hookwatch_activation_")}
+    assert watched and all(
+        ours[k] == pytest.approx(v, rel=1e-4, abs=1e-6) for k, v in watched.items()
+    )
+    for key, count in theirs.items():
+        if key[0] == "hookwatch_drift_windows_total":
+            assert ours[key] == count
+
+
+def test_a_sequence_first_layer_sampled_apart_keeps_only_the_sampled_rows(
+    metrics: MetricSet,
+) -> None:
+    torch.manual_seed(1)
+    model = Recurrent(batch_first=False).eval()
+    config = resolve_layers(
+        model,
+        MonitoringConfig.from_mapping({"layers": ["act"], "sample_rate": 0.5, "seed": 3}),
+    )
+    monitor = Monitor(model, config, "rnn", metrics)
+    with torch.inference_mode():
+        for _ in range(40):
+            with monitor.request(4):
+                model(torch.randn(4, 7, 6))
+    monitor.flush()
+    monitor.close()
+    sampled = value(metrics, "hookwatch_requests_sampled_total", model="rnn")
+    assert 0 < sampled < 160
+    assert value(metrics, "hookwatch_captures_total", model="rnn", layer="act") == sampled
 
 
 def test_weights_load_from_a_state_dict_or_a_checkpoint(tmp_path: Path) -> None:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -113,3 +115,20 @@ def test_numpy_forms_count_nonfinite_values_and_take_integers() -> None:
     features = feature_rows(x, 4)
     x[:] = 5.0  # the features own their storage
     assert features[0, 0] == 0.0
+
+
+def test_complex_activations_are_read_as_their_magnitude() -> None:
+    """A spectral layer's complex output: both forms reduce its magnitude, with no warning
+    (a cast to float would keep the real part alone)."""
+    generator = torch.Generator().manual_seed(2)
+    x = torch.complex(torch.randn(3, 4, 5, generator=generator), torch.randn(3, 4, 5))
+    magnitude = x.abs()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for reduced, want in (
+            (reduce_activation(x), reduce_activation(magnitude)),
+            (feature_summary(x, 8), feature_summary(magnitude, 8)),
+            (torch.from_numpy(reduce_rows(x.numpy())), reduce_activation(magnitude)),
+            (torch.from_numpy(feature_rows(x.numpy(), 8)), feature_summary(magnitude, 8)),
+        ):
+            torch.testing.assert_close(reduced, want, rtol=1e-5, atol=1e-6)

@@ -157,7 +157,9 @@ def capture_features(
         mask=config.mask,
     ):
         for batch in batches:
-            gate.set(True)
+            # The batch's rows, as serving's gate has them: the hooks learn from them which
+            # dimension of a layer is the batch's (a sequence-first layer's is the second).
+            gate.set(True, None, _rows(batch))
             try:
                 with torch.inference_mode():
                     if isinstance(batch, Mapping):
@@ -170,6 +172,15 @@ def capture_features(
                 layer, error = collector.faults[0]
                 raise RuntimeError(f"capturing layer {layer!r} failed: {error!r}")
             yield collector.commit()
+
+
+def _rows(batch: torch.Tensor | Mapping[str, Any]) -> int:
+    """The batch's size: its first dimension, or a keyword argument's (0: not known)."""
+    values = batch.values() if isinstance(batch, Mapping) else (batch,)
+    for value in values:
+        if isinstance(value, torch.Tensor) and value.dim():
+            return int(value.shape[0])
+    return 0
 
 
 def build_profile(
