@@ -401,6 +401,15 @@ def test_sequence_first_layers_are_watched_per_request_like_their_batch_first_tw
             assert ours[key] == count
 
 
+def test_hookwatch_layers_shows_sequence_first_layers_batch_first() -> None:
+    from hookwatch.tools.own_model import discover_layers, example_input
+
+    rows = {r.name: r for r in discover_layers(Recurrent(batch_first=False), example_input((5, 6)))}
+    # The dry run's batch of 2 is the second dimension of [5, 2, 8] and of h_n [1, 2, 8].
+    assert rows["rnn"].shapes == ((2, 5, 8), (2, 1, 8), (2, 1, 8))
+    assert rows["act"].shapes == ((2, 5, 8),) and rows["act"].features == 5
+
+
 def test_a_sequence_first_layer_sampled_apart_keeps_only_the_sampled_rows(
     metrics: MetricSet,
 ) -> None:

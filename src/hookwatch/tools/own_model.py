@@ -207,12 +207,17 @@ class LayerInfo:
     calls: int = 1
 
 
-def _shapes(value: Any) -> tuple[tuple[int, ...], ...]:
+def _shapes(value: Any, batch: int = 0) -> tuple[tuple[int, ...], ...]:
+    """The shapes of the tensors in ``value``, batch-first: a sequence-first ``[T, B, ...]``
+    (the second dimension alone has the batch's size) is shown as the hooks read it."""
     if isinstance(value, torch.Tensor):
-        return (tuple(value.shape),)
+        shape = tuple(value.shape)
+        if len(shape) > 1 and batch and shape[0] != batch and shape[1] == batch:
+            shape = (shape[1], shape[0], *shape[2:])
+        return (shape,)
     items: Any = value.values() if isinstance(value, Mapping) else value
     if isinstance(items, list | tuple) or isinstance(value, Mapping):
-        return tuple(s for item in items for s in _shapes(item))
+        return tuple(s for item in items for s in _shapes(item, batch))
     return ()
 
 
@@ -235,16 +240,17 @@ def discover_layers(
     outputs: dict[str, tuple[tuple[int, ...], ...]] = {}
     calls: dict[str, int] = {}
     handles = []
+    first = x if isinstance(x, torch.Tensor) else next(iter(x.values()))
+    batch = int(first.shape[0]) if first.dim() else 0
     try:
         for name, module in root.named_modules():
             if name and not isinstance(module, torch.jit.ScriptModule):
 
                 def hook(_m: nn.Module, _a: Any, out: Any, name: str = name) -> None:
-                    outputs[name] = _shapes(out)  # the last call is what a hook watches
+                    outputs[name] = _shapes(out, batch)  # the last call is what a hook watches
                     calls[name] = calls.get(name, 0) + 1
 
                 handles.append(module.register_forward_hook(hook))
-        first = x if isinstance(x, torch.Tensor) else next(iter(x.values()))
         try:
             if isinstance(x, dict):
                 with torch.inference_mode():
@@ -285,7 +291,7 @@ def discover_layers(
                 calls.get(name, 0),
             )
         )
-    out_shapes = _shapes(result)
+    out_shapes = _shapes(result, batch)
     rows.append(
         LayerInfo(
             OUTPUT_LAYER,
