@@ -9,6 +9,7 @@ from typing import Any
 from torch import nn
 
 from hookwatch._config import MonitoringConfig, as_monitoring_config
+from hookwatch._hooks import resolve_layers
 from hookwatch._metrics import MetricSet
 from hookwatch._monitor import Monitor
 from hookwatch._profile import DriftProfile, tracker_for
@@ -33,7 +34,8 @@ def watch(
     ``metrics`` or, by default, to the process-wide set that :func:`serve_metrics` serves.
     Run each forward pass inside ``with monitor.request(batch_size):``.
     """
-    parsed = as_monitoring_config(config)
+    # Patterns and types resolved first: the profile is matched to the layers they name.
+    parsed = resolve_layers(model, as_monitoring_config(config), name)
     tracker = None
     if profile is not None and parsed.enabled and parsed.drift.enabled:
         loaded = profile if isinstance(profile, DriftProfile) else DriftProfile.load(profile)

@@ -11,9 +11,10 @@ import pytest
 import torch
 from torch import nn
 
+import hookwatch
 from hookwatch._config import MonitoringConfig
 from hookwatch._drift import derive
-from hookwatch._errors import ProfileError
+from hookwatch._errors import ConfigError, ProfileError
 from hookwatch._metrics import MetricSet
 from hookwatch._monitor import Monitor
 from hookwatch._profile import (
@@ -342,3 +343,79 @@ def test_a_profile_that_would_bin_its_reference_differently_once_stored_is_refus
     tampered = dataclasses.replace(profile, references={**profile.references, "act1": moved})
     with pytest.raises(ProfileError, match=r"detector 'act1': expected the stored profile"):
         verify_stored(tampered, rows, pick)
+
+
+class Branching(nn.Module):
+    """A module on a conditional path: ``wide`` runs only on batches whose mean is positive."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.narrow = nn.Linear(4, 3)
+        self.wide = nn.Linear(4, 3)
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.act(self.wide(x) if x.mean() > 0 else self.narrow(x))
+        return out
+
+
+def test_reference_data_that_skips_a_layer_or_has_empty_batches(
+    metrics: MetricSet, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An empty batch adds nothing; a layer that did not run on every batch has rows that are
+    not every sample's (and slots never written): its drift is left out, visibly, while its
+    statistics and every other detector are built; serving watches it all."""
+    torch.manual_seed(0)
+    model = Branching().eval()
+    batches = [torch.randn(16, 4) + (0.5 if i % 3 else -0.5) for i in range(12)]
+    batches.insert(3, torch.randn(0, 4))
+    config = {"layers": ["narrow", "wide", "act"], "sample_rate": 1.0, "drift": {"window": 20}}
+    with caplog.at_level(logging.WARNING, logger="hookwatch"):
+        profile = build_profile(model, config, batches, "branch")
+    assert {"narrow", "wide"} <= set(profile.left_out)
+    assert "conditional path" in profile.left_out["wide"]
+    assert "act" in profile.references and "output" in profile.references
+    assert {"narrow", "wide"} <= set(profile.statistics)
+    assert sum("conditional path" in r.message for r in caplog.records) == 2
+    monitor = hookwatch.watch(model, config, "branch", profile=profile, metrics=metrics)
+    with monitor, torch.inference_mode():
+        for x in batches * 3:
+            with monitor.request(len(x)):
+                model(x)
+    values = metrics.sample_values()
+
+    def series(name: str, **labels: str) -> float:
+        return values[(name, tuple(sorted({"model": "branch", **labels}.items())))]
+
+    assert series("hookwatch_captures_total", layer="wide") > 0
+    assert series("hookwatch_monitor_faults_total", layer="wide") == 0
+    assert series("hookwatch_drift_detector_usable", level="activation", detector="wide") == 0
+    assert series("hookwatch_drift_windows_total", level="activation", detector="act") > 0
+    with pytest.raises(ProfileError, match="at least 2 reference samples, got 0"):
+        build_profile(model, config, [torch.randn(0, 4)], "branch")
+
+
+def test_watch_resolves_patterns_before_matching_the_profile(metrics: MetricSet) -> None:
+    model = _model()
+    config = {"layers": ["act*"], "sample_rate": 1.0, "drift": {"window": 20}}
+    profile = build_profile(model, config, [torch.rand(32, 1, 8, 8) for _ in range(3)], "p")
+    assert profile.layers == ("input", "act1", "act2", "act3", "output")
+    with hookwatch.watch(model, config, "p", profile=profile, metrics=metrics) as monitor:
+        assert monitor.config.layers == ("act1", "act2", "act3")
+
+
+def test_a_logits_head_on_an_output_of_one_value_is_a_config_error() -> None:
+    class ClassIds(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x).argmax(dim=1)
+
+    with pytest.raises(ConfigError, match=r"at least 2 classes for head 'logits', got 1"):
+        build_profile(ClassIds(), {"layers": ["fc"]}, [torch.randn(16, 4)] * 2, "ids")
+    profile = build_profile(
+        ClassIds(), {"layers": ["fc"], "output": {"head": "values"}}, [torch.randn(16, 4)] * 4, "i"
+    )
+    assert "fc" in profile.references

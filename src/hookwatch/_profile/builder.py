@@ -21,7 +21,7 @@ from torch import nn
 
 from hookwatch._config import MonitoringConfig, as_monitoring_config
 from hookwatch._drift import BinnedReference, DegenerateReference, Projection, derive
-from hookwatch._errors import ProfileError
+from hookwatch._errors import ConfigError, ProfileError
 from hookwatch._hooks import Capture, Gate, HookSet, as_array, resolve_layers
 from hookwatch._names import OUTPUT_LAYER, STATISTICS, level_of, unit_layers
 from hookwatch._profile.format import DriftProfile
@@ -95,15 +95,24 @@ class _Reservoir:
         self.size = size
         self.rows: dict[str, NDArray[np.float32]] = {}
         self.seen = 0
+        #: Layers missing from some batch with rows (a module on a conditional path): their
+        #: rows are not aligned with the others', and some slots were never written.
+        self.partial: set[str] = set()
         self._rng = np.random.default_rng(seed)
 
     def add(self, batch: Mapping[str, NDArray[np.float32]]) -> None:
+        sizes = {len(x) for x in batch.values()}
+        if not sizes or sizes == {0}:
+            return  # an empty reference batch: nothing to add
         n = len(next(iter(batch.values())))
         for layer, x in batch.items():
             if len(x) != n:
                 raise ValueError(f"expected {n} rows for layer {layer!r}, got {len(x)}")
             if layer not in self.rows:
+                if self.seen:
+                    self.partial.add(layer)  # did not run on an earlier batch
                 self.rows[layer] = np.empty((self.size, x.shape[1]), dtype=np.float32)
+        self.partial.update(layer for layer in self.rows if layer not in batch)
         for i in range(n):
             t = self.seen + i
             slot = t if t < self.size else int(self._rng.integers(0, t + 1))
@@ -228,7 +237,28 @@ def build_profile(
     projections: dict[str, Projection] = {}
     left_out: dict[str, str] = {}
     head = config.output.head
+    logits = sample.get(OUTPUT_LAYER)
+    if head == "logits" and logits is not None and logits.shape[1] < 2:
+        raise ConfigError(
+            "monitoring.output.head: expected the model's output to be logits [batch, classes] "
+            f"with at least 2 classes for head 'logits', got {logits.shape[1]} value per "
+            "sample; set output.head to 'values' (regression, or class ids) or 'none'"
+        )
     for layer in config.watched:
+        if layer in reservoir.partial or layer not in sample:
+            # Its rows are not every reference sample's: bins and a calibration built from
+            # them would describe other data than the detector would be tested on.
+            left_out[layer] = (
+                "the layer did not run on every reference batch (a module on a conditional "
+                "path); its statistics are watched, its drift is not"
+            )
+            log.warning(
+                "hookwatch: drift detector %r of model %r is left out: %s",
+                layer,
+                model_name,
+                left_out[layer],
+            )
+            continue
         values: NDArray[Any] = sample[layer]
         # Logits stay per class: their softmax and the predictions need every logit.
         projectable = layer != OUTPUT_LAYER or head in ("values", "embedding")
@@ -310,10 +340,10 @@ def build_profile(
         units={
             layer: UnitReference.fit(layer, sample[layer], config.max_units)
             for layer in unit_layers(config.watched)
-            if config.max_units
+            if config.max_units and layer in sample and layer not in reservoir.partial
         },
     )
-    verify_stored(profile, sample, pick)
+    verify_stored(profile, {k: v for k, v in sample.items() if k not in reservoir.partial}, pick)
     return profile
 
 
@@ -331,6 +361,8 @@ def verify_stored(
     with tempfile.TemporaryDirectory() as tmp:
         stored = DriftProfile.load(profile.save(Path(tmp) / "profile.npz"))
     for layer in profile.layers:
+        if layer not in rows:
+            continue  # left out: it did not run on every reference batch
         values: NDArray[Any] = rows[layer]
         projection = stored.projections.get(layer)
         if projection is not None:
