@@ -375,12 +375,13 @@ class LayerHook:
             owned = False
             shape = tensor.shape
             batch = gate.batch
-            if len(shape) > 1 and batch:
+            if len(shape) > 2 and batch:
                 # Which of the first two dimensions is the batch's: when exactly one has its
-                # size, that one (a sequence-first layer's [T, B, ...] is read through a
+                # size, that one (a sequence-first layer's [T, B, H] is read through a
                 # transposed view); when both or neither, the layer's last decision stands
                 # (the first until one is made), so a sequence as long as the batch does not
-                # flip it. Inline: this runs in every sampled hook call.
+                # flip it. Two-dimensional activations are left as they are: [N, 4] boxes of
+                # a batch of 4 are not sequence-first. Inline: this runs in every sampled call.
                 first = shape[0] == batch
                 if first is not (shape[1] == batch):
                     self.batch_dim = 0 if first else 1

@@ -208,11 +208,11 @@ class LayerInfo:
 
 
 def _shapes(value: Any, batch: int = 0) -> tuple[tuple[int, ...], ...]:
-    """The shapes of the tensors in ``value``, batch-first: a sequence-first ``[T, B, ...]``
+    """The shapes of the tensors in ``value``, batch-first: a sequence-first ``[T, B, H]``
     (the second dimension alone has the batch's size) is shown as the hooks read it."""
     if isinstance(value, torch.Tensor):
         shape = tuple(value.shape)
-        if len(shape) > 1 and batch and shape[0] != batch and shape[1] == batch:
+        if len(shape) > 2 and batch and shape[0] != batch and shape[1] == batch:
             shape = (shape[1], shape[0], *shape[2:])
         return (shape,)
     items: Any = value.values() if isinstance(value, Mapping) else value
