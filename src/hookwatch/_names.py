@@ -47,6 +47,7 @@ REJECT_REASONS: tuple[str, ...] = (
     "out_of_range",  # outside the input's range, or beyond float32
     "wrong_type",  # fractional values for an integer input
     "preprocess",  # the model's own preprocess function refused the payload
+    "model_refused",  # decoded, but the model's forward raised on it alone (422)
     "unreadable",  # decoding failed in a way hookwatch does not name (logged)
     "other",  # turned away by serving code that named no reason (Monitor.reject)
 )

@@ -15,7 +15,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -326,6 +326,23 @@ def batch_inputs(pipeline: Pipeline, items: Sequence[Any]) -> ModelInputs:
     return pipeline.batch(items)
 
 
+def _out_of_resources(error: BaseException) -> bool:
+    # The server's fault, not the request's: TorchServe answers MemoryError with a 507.
+    return isinstance(error, MemoryError | torch.OutOfMemoryError)
+
+
+def _refused(error: BaseException) -> BadInputError:
+    """A 422 for a request the model's forward raised on alone: what it said, first line."""
+    text = str(error).strip()
+    said = f"{type(error).__name__}: {text.splitlines()[0][:200]}" if text else type(error).__name__
+    return BadInputError(
+        "an input the model's forward accepts",
+        f"one it refused ({said})",
+        status=422,
+        reason="model_refused",
+    )
+
+
 def call_model(pipeline: Pipeline, model: nn.Module, inputs: ModelInputs) -> Any:
     """The forward pass: keyword arguments as they are, a tensor as the input spec says."""
     if isinstance(inputs, dict):
@@ -355,12 +372,15 @@ class DecodedBatch:
     listed: frozenset[int] = frozenset()
     #: ``time.perf_counter()`` when the batch was received: its answers' duration starts here.
     received: float = 0.0
+    #: The decoded items, in ``positions`` order: a batch whose forward raised runs them alone.
+    items: list[Any] = field(default_factory=list)
 
 
 @dataclass
 class BatchResult:
     size: int
-    outputs: torch.Tensor | None
+    #: The forward's output rows: a tensor, or a list of rows where requests ran alone.
+    outputs: torch.Tensor | list[torch.Tensor] | None
     positions: list[int]
     errors: dict[int, BadInputError]
     sizes: list[int] | None = None
@@ -461,30 +481,86 @@ class ModelService:
         if isinstance(self.pipeline, TextPipeline):
             sizes = [item.rows for item in items]
             listed = frozenset(p for p, item in zip(positions, items, strict=True) if item.listed)
-        return DecodedBatch(len(bodies), inputs, positions, errors, sizes, listed, received)
+        return DecodedBatch(len(bodies), inputs, positions, errors, sizes, listed, received, items)
 
     def infer(self, batch: DecodedBatch) -> BatchResult:
-        outputs = None
+        outputs: torch.Tensor | list[torch.Tensor] | None = None
         if batch.inputs is not None:
             scope = (
                 self.monitor.request(len(batch.positions), batch.sizes, received=True)
                 if self.monitor is not None
                 else contextlib.nullcontext()
             )
-            with torch.inference_mode(), scope:
-                raw = call_model(self.pipeline, self.model, batch.inputs)
-            outputs = select_tensor(raw, self.output.select)
-            if outputs is None:
-                raise TypeError(
-                    f"expected the model's output to hold a tensor (monitoring.output.select="
-                    f"{self.output.select!r}), got {type(raw).__name__}"
-                )
+            try:
+                with torch.inference_mode(), scope:
+                    raw = call_model(self.pipeline, self.model, batch.inputs)
+            except Exception as error:
+                if _out_of_resources(error) or not batch.items:
+                    raise
+                return self._alone(batch, error)
+            outputs = self._output_tensor(raw)
         return BatchResult(
             batch.size,
             outputs,
             batch.positions,
             batch.errors,
             batch.sizes,
+            batch.listed,
+            batch.received,
+        )
+
+    def _output_tensor(self, raw: Any) -> torch.Tensor:
+        outputs = select_tensor(raw, self.output.select)
+        if outputs is None:
+            raise TypeError(
+                f"expected the model's output to hold a tensor (monitoring.output.select="
+                f"{self.output.select!r}), got {type(raw).__name__}"
+            )
+        return outputs
+
+    def _alone(self, batch: DecodedBatch, error: Exception) -> BatchResult:
+        """A batch whose forward raised: each request runs alone, unmonitored (its capture
+        was dropped with the forward). A request the model refuses alone gets a 422 with the
+        model's error; the others are answered as if the batch had run."""
+        errors = dict(batch.errors)
+        rows: list[torch.Tensor] = []
+        positions: list[int] = []
+        sizes: list[int] = []
+        each = batch.sizes or [1] * len(batch.positions)
+        for index, item, size in zip(batch.positions, batch.items, each, strict=True):
+            try:
+                inputs = to_device(batch_inputs(self.pipeline, [item]), self.device)
+                with torch.inference_mode():
+                    out = self._output_tensor(call_model(self.pipeline, self.model, inputs))
+                if out.dim() == 0 or out.shape[0] != size:
+                    raise TypeError(f"expected {size} output rows, got shape {list(out.shape)}")
+            except Exception as alone:
+                if _out_of_resources(alone):
+                    raise
+                errors[index] = _refused(alone)
+                continue
+            rows.extend(out)
+            positions.append(index)
+            sizes.append(size)
+        refused = len(errors) - len(batch.errors)
+        if refused:
+            first = next(e for i, e in errors.items() if i not in batch.errors)
+            self._log.warning(
+                f"forward:{type(error).__name__}",
+                "hookwatch: the model's forward raised on %d of %d requests run alone (%s); "
+                "answered 422",
+                refused,
+                len(batch.positions),
+                first.got,
+            )
+            if self.monitor is not None:
+                self.monitor.reject(refused, "model_refused", received=True)
+        return BatchResult(
+            batch.size,
+            rows,
+            positions,
+            errors,
+            sizes if batch.sizes else None,
             batch.listed,
             batch.received,
         )
@@ -517,7 +593,11 @@ class ModelService:
         for index, error in result.errors.items():
             answers[index] = error.as_dict()
         if result.outputs is not None:
-            outputs = result.outputs.detach().cpu()
+            outputs: torch.Tensor | list[torch.Tensor] = (
+                [row.detach().cpu() for row in result.outputs]
+                if isinstance(result.outputs, list)
+                else result.outputs.detach().cpu()
+            )
             sizes = result.sizes or [1] * len(result.positions)
             row = 0
             for index, size in zip(result.positions, sizes, strict=True):

@@ -14,6 +14,7 @@ Nothing else in hookwatch imports TorchServe: replacing it means another adapter
 
 from __future__ import annotations
 
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -90,7 +91,7 @@ class HookwatchHandler(BaseHandler):  # type: ignore[misc]
     def postprocess(self, data: BatchResult) -> list[Any]:
         # Per-item status codes: one bad request in a batch gets its 4xx, the rest are served.
         for index, error in data.errors.items():
-            self.context.set_response_status(error.status, "Bad Request", index)
+            self.context.set_response_status(error.status, HTTPStatus(error.status).phrase, index)
         return self.service.encode(data)
 
 

@@ -483,3 +483,55 @@ def test_a_layer_constant_on_the_reference_is_left_out_visibly(
     usable = cat.DRIFT_DETECTOR_USABLE.name
     assert value(metrics, usable, model="dead", level="activation", detector="act") == 0
     assert value(metrics, usable, model="dead", level="input", detector="input") == 1
+
+
+class Lookup(nn.Module):
+    """Token ids into an embedding of 10: an id past it makes the forward raise."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+        self.act = nn.Tanh()
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if (ids == 7).all(dim=1).any():
+            raise MemoryError("stands in for running out of memory")
+        out: torch.Tensor = self.head(self.act(self.embed(ids)).mean(dim=1))
+        return out
+
+
+def test_a_request_the_model_refuses_gets_a_422_and_its_batch_is_served(
+    metrics: MetricSet,
+) -> None:
+    """The forward raises on a batch: each request runs alone, the one it refuses gets a 422
+    with the model's error, the others the answers they get in a batch without it."""
+    torch.manual_seed(0)
+    model = Lookup().eval()
+    handler = HandlerConfig.from_mapping(
+        {
+            "input": {"shape": [3], "dtype": "int64"},
+            "monitoring": {"layers": ["act"], "sample_rate": 1.0},
+        }
+    )
+    config = resolve_layers(model, handler.monitoring)
+    monitor = Monitor(model, config, "ids", metrics)
+    service = ModelService(model, handler.input, monitor, output=config.output)
+    good, other = {"data": [1, 2, 3]}, {"data": [4, 5, 6]}
+    alone = service.handle([good, other])
+    answers = service.handle([good, {"data": [1, 99, 2]}, other, {"data": [1.5, 2, 3]}])
+    assert answers[0] == alone[0] and answers[2] == alone[1]
+    assert answers[1]["code"] == 422 and answers[1]["got"].startswith("one it refused (IndexError")
+    assert answers[3]["code"] == 400  # decoding's own refusal is untouched
+    assert service.handle([{"data": [0, 10, 0]}])[0]["code"] == 422
+    with pytest.raises(MemoryError):  # the server's fault: TorchServe answers it 507
+        service.handle([good, {"data": [7, 7, 7]}])
+    monitor.flush()
+    monitor.close()
+    assert (
+        value(metrics, "hookwatch_requests_rejected_total", model="ids", reason="model_refused")
+        == 2
+    )
+    assert value(metrics, "hookwatch_requests_total", model="ids") == 9
+    # The batches that raised handed no capture off; the two that ran did.
+    assert value(metrics, "hookwatch_captures_total", model="ids", layer="act") == 2

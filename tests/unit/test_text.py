@@ -143,6 +143,47 @@ def test_a_batch_of_texts_is_answered_per_request_and_padding_changes_no_answer(
         assert total("hookwatch_monitor_faults_total", layer=layer) == 0, layer
 
 
+class ShortOnly(TinyEncoder):
+    """Refuses a batch holding a text of more than 8 tokens, as a model with a short
+    position table would."""
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> dict[str, torch.Tensor]:
+        if attention_mask is not None and int(attention_mask.sum(dim=1).max()) > 8:
+            raise RuntimeError("expected at most 8 tokens per text")
+        return super().forward(input_ids, attention_mask)
+
+
+def test_a_text_request_the_model_refuses_gets_a_422_and_the_rest_of_its_batch_is_served(
+    tokenizer_dir: Path, metrics: MetricSet
+) -> None:
+    handler = HandlerConfig.from_mapping(
+        {
+            "input": {"text": {"tokenizer": "tokenizer"}},
+            "monitoring": {
+                "layers": ["encoder.layer.*.output"],
+                "sample_rate": 1.0,
+                "output": {"head": "embedding", "select": "pooler_output"},
+            },
+        }
+    )
+    service = ModelService.from_handler_config(
+        ShortOnly().eval(), handler, "short", metrics, model_dir=str(tokenizer_dir.parent)
+    )
+    short = words(3, seed=5, low=2, high=4)
+    long = " ".join(words(1, seed=6, low=12, high=14))
+    answers = service.handle([short[0], [short[1], long], short[2]])
+    alone = [service.handle([t])[0]["embedding"] for t in short]
+    service.close()
+    # The request holding the long text is refused whole; the texts around it are answered.
+    assert answers[1]["code"] == 422 and "at most 8 tokens" in answers[1]["got"]
+    for answer, want in zip((answers[0], answers[2]), (alone[0], alone[2]), strict=True):
+        torch.testing.assert_close(torch.tensor(answer["embedding"]), torch.tensor(want))
+    key = ("hookwatch_requests_rejected_total", (("model", "short"), ("reason", "model_refused")))
+    assert metrics.sample_values()[key] == 1
+
+
 TEXT_MODEL = '''
 import torch
 from torch import nn
