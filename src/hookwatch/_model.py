@@ -124,7 +124,7 @@ def _import_file(path: Path) -> Any:
 def load_state(path: Path) -> dict[str, torch.Tensor]:
     """A state_dict from ``path``, on the CPU: a plain state_dict, or a checkpoint holding one
     under ``state_dict``, ``model_state_dict`` or ``model`` (a ``module.`` prefix from
-    DataParallel is dropped). Loaded with ``weights_only``: no code runs from the file."""
+    DataParallel and an ``_orig_mod.`` prefix from ``torch.compile`` are dropped). Loaded with ``weights_only``: no code runs from the file."""
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
@@ -146,8 +146,10 @@ def load_state(path: Path) -> dict[str, torch.Tensor]:
             f"{type(state).__name__}"
         )
     tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
-    if tensors and all(k.startswith("module.") for k in tensors):
-        tensors = {k.removeprefix("module."): v for k, v in tensors.items()}
+    # DataParallel's wrapper, torch.compile's, or one inside the other.
+    for prefix in ("module.", "_orig_mod.", "module."):
+        if tensors and all(k.startswith(prefix) for k in tensors):
+            tensors = {k.removeprefix(prefix): v for k, v in tensors.items()}
     return tensors
 
 

@@ -435,7 +435,9 @@ def test_weights_load_from_a_state_dict_or_a_checkpoint(tmp_path: Path) -> None:
     model = KeywordMLP()
     torch.save({"epoch": 3, "model_state_dict": model.state_dict()}, tmp_path / "ckpt.pt")
     torch.save({f"module.{k}": v for k, v in model.state_dict().items()}, tmp_path / "dp.pt")
-    for name in ("ckpt.pt", "dp.pt"):
+    compiled = torch.compile(model)  # its state_dict's keys start with _orig_mod.
+    torch.save({"state_dict": compiled.state_dict()}, tmp_path / "compiled.pt")
+    for name in ("ckpt.pt", "dp.pt", "compiled.pt"):
         state = load_state(tmp_path / name)
         assert state.keys() == model.state_dict().keys()
     torch.save([1, 2, 3], tmp_path / "list.pt")
