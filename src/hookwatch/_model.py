@@ -124,7 +124,8 @@ def _import_file(path: Path) -> Any:
 def load_state(path: Path) -> dict[str, torch.Tensor]:
     """A state_dict from ``path``, on the CPU: a plain state_dict, or a checkpoint holding one
     under ``state_dict``, ``model_state_dict`` or ``model`` (a ``module.`` prefix from
-    DataParallel and an ``_orig_mod.`` prefix from ``torch.compile`` are dropped). Loaded with ``weights_only``: no code runs from the file."""
+    DataParallel and an ``_orig_mod.`` prefix from ``torch.compile`` are dropped). Loaded
+    with ``weights_only``: no code runs from the file."""
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
