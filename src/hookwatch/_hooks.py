@@ -528,7 +528,8 @@ def select_tensor(value: Any, select: int | str | None = None) -> torch.Tensor |
 
     ``select`` picks a tuple/list item by index, or a dict item (a HuggingFace ``ModelOutput``
     is a dict) or attribute by name; without it, the value itself if it is a tensor, else its
-    first tensor item. None when there is no such tensor.
+    first tensor (nested items and dataclass fields included, a few levels down). None when
+    there is no such tensor.
     """
     if select is not None:
         try:
@@ -538,13 +539,35 @@ def select_tensor(value: Any, select: int | str | None = None) -> torch.Tensor |
                 value = getattr(value, select)
         except (IndexError, KeyError, AttributeError, TypeError):
             return None
+    return _first_tensor(value, 3)
+
+
+def _first_tensor(value: Any, depth: int) -> torch.Tensor | None:
+    """``value`` if a tensor, else its first tensor item, else the first tensor found in its
+    items (tuples, lists, mappings, dataclass fields), at most ``depth`` levels down: an
+    LSTM's ``(out, (h, c))`` gives ``out``, a block's ``((hidden, weights), cache)``
+    ``hidden``."""
     if isinstance(value, torch.Tensor):
         return value
-    items = value.values() if isinstance(value, Mapping) else value
-    if isinstance(items, list | tuple) or isinstance(value, Mapping):
-        for item in items:
-            if isinstance(item, torch.Tensor):
-                return item
+    if depth == 0:
+        return None
+    items: Any
+    if isinstance(value, Mapping):
+        items = value.values()
+    elif isinstance(value, list | tuple):
+        items = value
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = (getattr(value, f.name) for f in dataclasses.fields(value))
+    else:
+        return None
+    items = list(items)
+    for item in items:
+        if isinstance(item, torch.Tensor):
+            return item
+    for item in items:
+        found = _first_tensor(item, depth - 1)
+        if found is not None:
+            return found
     return None
 
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import gc
 import threading
 import weakref
@@ -9,7 +10,7 @@ import torch
 from torch import nn
 
 from hookwatch._errors import ConfigError
-from hookwatch._hooks import Capture, Gate, HookSet, HookState
+from hookwatch._hooks import Capture, Gate, HookSet, HookState, select_tensor
 
 
 class Net(nn.Module):
@@ -123,6 +124,23 @@ def test_tuple_outputs_use_the_first_tensor() -> None:
     gate.set(True)
     net(torch.ones(1, 3))
     assert sink.captures[0].stats[0, 0].item() == 2.0
+
+
+def test_nested_and_dataclass_outputs_use_their_first_tensor() -> None:
+    @dataclasses.dataclass
+    class Out:
+        note: str
+        hidden: torch.Tensor
+
+    nested = ((torch.full((2, 3), 5.0), None), ("cache", 1))
+    assert select_tensor(nested) is nested[0][0]
+    flat_first = ((torch.zeros(2),), torch.ones(2))
+    assert select_tensor(flat_first) is flat_first[1]  # a tensor item before nested ones
+    out = Out("x", torch.ones(2, 2))
+    assert select_tensor(out) is out.hidden
+    assert select_tensor({"a": [out]}) is out.hidden
+    assert select_tensor(((((torch.ones(1),),),),)) is None  # deeper than it looks
+    assert select_tensor(("text", 3, None)) is None
 
 
 def test_the_gate_is_per_thread() -> None:
