@@ -331,13 +331,17 @@ def _out_of_resources(error: BaseException) -> bool:
     return isinstance(error, MemoryError | torch.OutOfMemoryError)
 
 
-def _refused(error: BaseException) -> BadInputError:
-    """A 422 for a request the model's forward raised on alone: what it said, first line."""
+def _said(error: BaseException) -> str:
+    """An exception's type and the first line of its message, short."""
     text = str(error).strip()
-    said = f"{type(error).__name__}: {text.splitlines()[0][:200]}" if text else type(error).__name__
+    return f"{type(error).__name__}: {text.splitlines()[0][:200]}" if text else type(error).__name__
+
+
+def _refused(error: BaseException) -> BadInputError:
+    """A 422 for a request the model's forward raised on alone, with what it said."""
     return BadInputError(
         "an input the model's forward accepts",
-        f"one it refused ({said})",
+        f"one it refused ({_said(error)})",
         status=422,
         reason="model_refused",
     )
@@ -544,14 +548,13 @@ class ModelService:
             sizes.append(size)
         refused = len(errors) - len(batch.errors)
         if refused:
-            first = next(e for i, e in errors.items() if i not in batch.errors)
             self._log.warning(
                 f"forward:{type(error).__name__}",
-                "hookwatch: the model's forward raised on %d of %d requests run alone (%s); "
-                "answered 422",
+                "hookwatch: the model's forward raised on a batch (%s); run alone, %d of its "
+                "%d requests were refused and answered 422",
+                _said(error),
                 refused,
                 len(batch.positions),
-                first.got,
             )
             if self.monitor is not None:
                 self.monitor.reject(refused, "model_refused", received=True)
