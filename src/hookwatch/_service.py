@@ -532,6 +532,9 @@ class ModelService:
         sizes: list[int] = []
         each = batch.sizes or [1] * len(batch.positions)
         for index, item, size in zip(batch.positions, batch.items, each, strict=True):
+            if len(batch.items) == 1:
+                errors[index] = _refused(error)  # it ran alone already
+                break
             try:
                 inputs = to_device(batch_inputs(self.pipeline, [item]), self.device)
                 with torch.inference_mode():
