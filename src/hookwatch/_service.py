@@ -326,6 +326,17 @@ def batch_inputs(pipeline: Pipeline, items: Sequence[Any]) -> ModelInputs:
     return pipeline.batch(items)
 
 
+def _all_finite(x: torch.Tensor) -> bool:
+    return not x.is_floating_point() or bool(torch.isfinite(x).all())
+
+
+def _nulls(value: Any) -> Any:
+    """``value`` (nested lists of numbers) with NaN and Infinity as None: JSON has neither."""
+    if isinstance(value, list):
+        return [_nulls(v) for v in value]
+    return value if not isinstance(value, float) or math.isfinite(value) else None
+
+
 def _out_of_resources(error: BaseException) -> bool:
     # The server's fault, not the request's: TorchServe answers MemoryError with a 507.
     return isinstance(error, MemoryError | torch.OutOfMemoryError)
@@ -593,6 +604,18 @@ class ModelService:
             return {"embedding": values}
         return {"output": row.tolist()}
 
+    def _non_finite_answer(self, row: torch.Tensor) -> dict[str, Any]:
+        """An output row holding NaN or Infinity, in valid JSON: no class (a softmax of it
+        has none), null where a value is not a number. The output's non-finite counts show
+        in ``hookwatch_activation_nonfinite_total{layer="output"}``."""
+        head = self.output.head
+        if head == "logits":
+            if row.numel() <= FULL_PROBABILITIES:
+                return {"class": None, "probabilities": [None] * row.numel()}
+            return {"class": None, "top": []}
+        values = _nulls(row.float().reshape(-1).tolist() if head != "none" else row.tolist())
+        return {{"values": "values", "embedding": "embedding"}.get(head, "output"): values}
+
     def encode(self, result: BatchResult) -> list[Any]:
         """One answer per request: an object, or a list of them for a request that sent a list."""
         answers: list[Any] = [{} for _ in range(result.size)]
@@ -605,9 +628,16 @@ class ModelService:
                 else result.outputs.detach().cpu()
             )
             sizes = result.sizes or [1] * len(result.positions)
+            # One check per batch: only a batch with a NaN or an Infinity takes the slow path.
+            finite = isinstance(outputs, torch.Tensor) and _all_finite(outputs)
             row = 0
             for index, size in zip(result.positions, sizes, strict=True):
-                rows = [self._answer(outputs[r]) for r in range(row, row + size)]
+                rows = [
+                    self._answer(outputs[r])
+                    if finite or _all_finite(outputs[r])
+                    else self._non_finite_answer(outputs[r])
+                    for r in range(row, row + size)
+                ]
                 answers[index] = rows if index in result.listed else rows[0]
                 row += size
         if self.monitor is not None and result.received:

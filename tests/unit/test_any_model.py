@@ -537,3 +537,40 @@ def test_a_request_the_model_refuses_gets_a_422_and_its_batch_is_served(
     assert value(metrics, "hookwatch_requests_total", model="ids") == 9
     # The batches that raised handed no capture off; the two that ran did.
     assert value(metrics, "hookwatch_captures_total", model="ids", layer="act") == 2
+
+
+@pytest.mark.parametrize("head", ["logits", "values", "embedding", "none"])
+def test_an_output_with_nan_or_infinity_is_answered_in_valid_json(
+    metrics: MetricSet, head: str
+) -> None:
+    """JSON has no NaN or Infinity (a strict client's parser refuses them): such values are
+    null, and a logits row with one has no class (its softmax has none)."""
+
+    class Divides(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(2, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.fc(x) / (x[:, :1] - 1.0)  # x[0] == 1: Inf or NaN
+            return out
+
+    torch.manual_seed(0)
+    model = Divides().eval()
+    handler = HandlerConfig.from_mapping(
+        {"input": {"shape": [2]}, "monitoring": {"layers": ["fc"], "output": {"head": head}}}
+    )
+    config = resolve_layers(model, handler.monitoring)
+    monitor = Monitor(model, config, "div", metrics)
+    service = ModelService(model, handler.input, monitor, output=config.output)
+    answers = service.handle([{"data": [1.0, 0.0]}, {"data": [0.5, 0.5]}])
+    alone = service.handle([{"data": [0.5, 0.5]}])
+    service.close()
+    json.dumps(answers, allow_nan=False)  # raises on a NaN or an Infinity
+    assert answers[1] == alone[0]  # the finite row is answered as it is alone
+    key = {"logits": "probabilities", "values": "values", "embedding": "embedding"}.get(
+        head, "output"
+    )
+    assert answers[0][key] == [None, None, None]
+    if head == "logits":
+        assert answers[0]["class"] is None and isinstance(answers[1]["class"], int)
