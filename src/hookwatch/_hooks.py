@@ -373,6 +373,10 @@ class LayerHook:
                 )
             gate = self._gate
             owned = False
+            if tensor.is_quantized:
+                # A statically quantized model's (quint8, qint8): its real values, a new tensor.
+                tensor = tensor.dequantize()
+                owned = True
             shape = tensor.shape
             batch = gate.batch
             if len(shape) > 2 and batch:

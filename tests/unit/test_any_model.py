@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -574,3 +575,43 @@ def test_an_output_with_nan_or_infinity_is_answered_in_valid_json(
     assert answers[0][key] == [None, None, None]
     if head == "logits":
         assert answers[0]["class"] is None and isinstance(answers[1]["class"], int)
+
+
+def test_a_statically_quantized_model_is_watched_on_its_real_values(metrics: MetricSet) -> None:
+    """quint8 activations (eager-mode static quantization) are dequantized in the hook:
+    before, every layer faulted in the capture thread ("unsupported ScalarType QUInt8")."""
+
+    class Quantized(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.quant = torch.ao.quantization.QuantStub()
+            self.fc = nn.Linear(8, 4)
+            self.act = nn.ReLU()
+            self.dequant = torch.ao.quantization.DeQuantStub()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.dequant(self.act(self.fc(self.quant(x))))
+            return out
+
+    torch.manual_seed(0)
+    model = Quantized().eval()
+    model.qconfig = torch.ao.quantization.get_default_qconfig("fbgemm")  # type: ignore[assignment]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # eager-mode quantization's deprecation notices
+        torch.ao.quantization.prepare(model, inplace=True)
+        model(torch.randn(64, 8))
+        torch.ao.quantization.convert(model, inplace=True)
+    x = torch.randn(4, 8)
+    config = MonitoringConfig.from_mapping({"layers": ["act"], "sample_rate": 1.0})
+    monitor = Monitor(model, resolve_layers(model, config), "q", metrics)
+    with torch.inference_mode(), monitor.request(4):
+        out = model(x)
+    monitor.flush()
+    monitor.close()
+    for layer in ("act", "output"):
+        assert value(metrics, "hookwatch_monitor_faults_total", model="q", layer=layer) == 0
+        assert value(metrics, "hookwatch_captures_total", model="q", layer=layer) == 4
+    mean = value(
+        metrics, "hookwatch_activation_statistic_sum", model="q", layer="act", statistic="mean"
+    )
+    assert mean == pytest.approx(float(out.mean(dim=1).sum()), rel=1e-5)
