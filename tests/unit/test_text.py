@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch import nn
 
 from hookwatch._config import HandlerConfig, TextSpec
 from hookwatch._errors import BadInputError, ConfigError
@@ -99,10 +100,10 @@ def test_text_config_is_validated_with_what_was_expected(tokenizer_dir: Path) ->
     assert handler.monitoring.mask == "attention_mask"  # text models pass their mask
 
 
-def test_a_batch_of_texts_is_answered_per_request_and_padding_changes_no_answer(
-    tokenizer_dir: Path, metrics: MetricSet
-) -> None:
-    model = TinyEncoder().eval()
+def text_service(
+    model: nn.Module, name: str, tokenizer_dir: Path, metrics: MetricSet
+) -> ModelService:
+    """A text model served with every request sampled and its blocks watched."""
     handler = HandlerConfig.from_mapping(
         {
             "input": {"text": {"tokenizer": "tokenizer"}},
@@ -113,9 +114,15 @@ def test_a_batch_of_texts_is_answered_per_request_and_padding_changes_no_answer(
             },
         }
     )
-    service = ModelService.from_handler_config(
-        model, handler, "tiny", metrics, model_dir=str(tokenizer_dir.parent)
+    return ModelService.from_handler_config(
+        model, handler, name, metrics, model_dir=str(tokenizer_dir.parent)
     )
+
+
+def test_a_batch_of_texts_is_answered_per_request_and_padding_changes_no_answer(
+    tokenizer_dir: Path, metrics: MetricSet
+) -> None:
+    service = text_service(TinyEncoder().eval(), "tiny", tokenizer_dir, metrics)
     texts = words(5, seed=2)
     bodies: list[Any] = [texts[0], [texts[1], texts[2]], {"bad": 1}, texts[3].encode(), texts[4]]
     answers = service.handle(bodies)
@@ -158,19 +165,7 @@ class ShortOnly(TinyEncoder):
 def test_a_text_request_the_model_refuses_gets_a_422_and_the_rest_of_its_batch_is_served(
     tokenizer_dir: Path, metrics: MetricSet
 ) -> None:
-    handler = HandlerConfig.from_mapping(
-        {
-            "input": {"text": {"tokenizer": "tokenizer"}},
-            "monitoring": {
-                "layers": ["encoder.layer.*.output"],
-                "sample_rate": 1.0,
-                "output": {"head": "embedding", "select": "pooler_output"},
-            },
-        }
-    )
-    service = ModelService.from_handler_config(
-        ShortOnly().eval(), handler, "short", metrics, model_dir=str(tokenizer_dir.parent)
-    )
+    service = text_service(ShortOnly().eval(), "short", tokenizer_dir, metrics)
     short = words(3, seed=5, low=2, high=4)
     long = " ".join(words(1, seed=6, low=12, high=14))
     answers = service.handle([short[0], [short[1], long], short[2]])
