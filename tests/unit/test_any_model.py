@@ -3,6 +3,7 @@ TorchScript and torch.compile, wide and saturated outputs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import warnings
@@ -409,6 +410,22 @@ def test_hookwatch_layers_shows_sequence_first_layers_batch_first() -> None:
     # The dry run's batch of 2 is the second dimension of [5, 2, 8] and of h_n [1, 2, 8].
     assert rows["rnn"].shapes == ((2, 5, 8), (2, 1, 8), (2, 1, 8))
     assert rows["act"].shapes == ((2, 5, 8),) and rows["act"].features == 5
+
+    @dataclasses.dataclass
+    class Out:
+        hidden: torch.Tensor
+        note: str = "kept"
+
+    class Wrapped(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(6, 4)
+
+        def forward(self, x: torch.Tensor) -> Out:
+            return Out(self.fc(x))
+
+    rows = {r.name: r for r in discover_layers(Wrapped(), example_input((6,)))}
+    assert rows["output"].shapes == ((2, 4),)
 
 
 def test_a_sequence_first_layer_sampled_apart_keeps_only_the_sampled_rows(

@@ -216,6 +216,8 @@ def _shapes(value: Any, batch: int = 0) -> tuple[tuple[int, ...], ...]:
             shape = (shape[1], shape[0], *shape[2:])
         return (shape,)
     items: Any = value.values() if isinstance(value, Mapping) else value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = [getattr(value, f.name) for f in dataclasses.fields(value)]
     if isinstance(items, list | tuple) or isinstance(value, Mapping):
         return tuple(s for item in items for s in _shapes(item, batch))
     return ()
