@@ -155,3 +155,89 @@ def test_an_archive_from_hookwatch_archive_is_built_by_the_handler(tmp_path: Pat
         assert monitor.config.layers == ("body.1", "body.3")  # layer_types: [GELU]
     finally:
         handler.service.close()
+
+
+def test_an_archive_carries_the_modules_and_packages_its_model_file_imports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model file that imports a sibling module and a sibling package: archiving without
+    them is refused (a worker would fail to import them), with them the handler builds it
+    from the extracted archive alone."""
+    import sys
+    import zipfile
+
+    import numpy as np
+
+    from hookwatch.tools.own_model import ModelRef, archive_model
+
+    source = tmp_path / "project"
+    (source / "nets").mkdir(parents=True)
+    (source / "nets" / "__init__.py").write_text("from nets.parts import Block\n")
+    (source / "nets" / "parts.py").write_text(
+        "from torch import nn\n\n"
+        "class Block(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc = nn.Linear(6, 6)\n"
+        "        self.act = nn.ReLU()\n\n"
+        "    def forward(self, x):\n"
+        "        return self.act(self.fc(x))\n"
+    )
+    (source / "heads.py").write_text("from torch import nn\n\nHead = lambda: nn.Linear(6, 3)\n")
+    (source / "split_model.py").write_text(
+        "from torch import nn\nfrom heads import Head\nfrom nets import Block\n\n"
+        "class Split(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.block = Block()\n"
+        "        self.head = Head()\n\n"
+        "    def forward(self, x):\n"
+        "        return self.head(self.block(x))\n"
+    )
+    config = tmp_path / "model-config.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {"handler": {"input": {"shape": [6]}, "monitoring": {"layers": ["block.act"]}}}
+        )
+    )
+    reference = tmp_path / "ref.npy"
+    np.save(reference, np.random.default_rng(0).normal(size=(64, 6)).astype(np.float32))
+    ref = ModelRef.parse(f"{source / 'split_model.py'}:Split")
+
+    def archive(extra: list[Path]) -> Path:
+        return archive_model(
+            ref,
+            "split",
+            config,
+            reference,
+            tmp_path / "store",
+            tmp_path / "build",
+            extra_files=extra,
+            say=lambda *_: None,
+        )
+
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the model's directory goes first
+    with pytest.raises(ConfigError, match=r"got none for heads\.py, nets .*--extra-files"):
+        archive([])
+    mar = archive([source / "heads.py", source / "nets"])
+    for name in ("heads", "nets", "nets.parts"):
+        monkeypatch.delitem(sys.modules, name)  # a worker has only the archive
+    model_dir = tmp_path / "extracted"
+    with zipfile.ZipFile(mar) as archived:
+        archived.extractall(model_dir)
+    assert (model_dir / "heads.py").is_file() and (model_dir / "nets" / "parts.py").is_file()
+    sys.path.remove(str(source))
+    context = FakeContext(
+        model_dir,
+        yaml.safe_load(config.read_text()),
+        model_name="split",
+        serialized_file="weights.pt",
+    )
+    handler = load_handler("hookwatch_handler")()
+    handler.initialize(context)
+    try:
+        out = handler.handle([{"body": {"data": [0.5] * 6}}], context)
+        assert set(out[0]) == {"class", "probabilities"}
+        assert sys.modules["nets"].__file__ == str(model_dir / "nets" / "__init__.py")
+    finally:
+        handler.service.close()

@@ -866,7 +866,9 @@ def build_parser() -> argparse.ArgumentParser:
     archive.add_argument("--out", type=Path, default=Path("model_store"))
     archive.add_argument("--build", type=Path, default=None, help="work directory")
     archive.add_argument(
-        "--extra-files", default="", help="comma-separated files the model file imports"
+        "--extra-files",
+        default="",
+        help="comma-separated files and package directories the model file imports",
     )
     archive.set_defaults(func=_archive)
 

@@ -13,6 +13,7 @@ import dataclasses
 import fnmatch
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -138,6 +139,31 @@ def load_user_model(
         kind = "class" if isinstance(target, type) else "factory"
         spec = ModelSpec(kind, spec.file, spec.name, spec.args, spec.weights)
     return model, spec
+
+
+def undeclared_imports(model_file: Path, extra_files: Sequence[Path]) -> list[Path]:
+    """Modules imported from the model file's own directory (a sibling ``blocks.py``, a
+    package ``layers/``) that ``extra_files`` does not carry into the archive."""
+    home = model_file.resolve().parent
+    carried = {Path(f).resolve() for f in extra_files}
+    found: list[Path] = []
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        # Absolute and real: some of torch's namespaces carry a bare "_ops.py".
+        if not isinstance(path, str) or not os.path.isabs(path) or not os.path.isfile(path):
+            continue
+        file = Path(path).resolve()
+        # A sibling module, or a package directly inside the directory: deeper files (a
+        # src/ layout, a virtual environment) are not what the model file imports by name.
+        if file.parent == home and file.suffix == ".py":
+            source = file
+        elif file.name == "__init__.py" and file.parent.parent == home:
+            source = file.parent
+        else:
+            continue
+        if source != model_file.resolve() and source not in carried and source not in found:
+            found.append(source)
+    return sorted(found)
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
@@ -537,6 +563,16 @@ def archive_model(
     model_config: ModelConfig = read_model_config(config_path)
     handler: HandlerConfig = model_config.handler
     model, spec = load_user_model(ref, args, weights)
+    if not ref.scripted:
+        undeclared = undeclared_imports(Path(spec.file), extra_files)
+        if undeclared:
+            # It imports here from the model's directory; a worker has only the archive.
+            names = ",".join(str(p) for p in undeclared)
+            raise ConfigError(
+                f"--extra-files: expected every file {Path(spec.file).name} imports from its "
+                f"directory, got none for {', '.join(p.name for p in undeclared)} (a worker "
+                f"would fail to import it); add --extra-files {names}"
+            )
     config = resolve_layers(model, handler.monitoring, name)
     shutil.rmtree(build, ignore_errors=True)
     build.mkdir(parents=True)
@@ -609,10 +645,23 @@ def archive_model(
         files.append(build / MODEL_SPEC_FILE)
     handler_file = build / "hookwatch_handler.py"
     handler_file.write_text(HANDLER_SOURCE)
+    packages = build / "packages"
     for extra in extra_files:
+        if extra.is_dir():
+            # A package the model imports: the archiver copies a directory's contents into
+            # the model directory, so it is staged inside one of its own, under its name.
+            shutil.copytree(
+                extra, packages / extra.name, ignore=shutil.ignore_patterns("__pycache__")
+            )
+            continue
         if not extra.is_file():
-            raise ConfigError(f"--extra-files: expected a file at {extra}, got no such file")
+            raise ConfigError(
+                f"--extra-files: expected a file or a package directory at {extra}, got no "
+                "such file"
+            )
         files.append(extra)
+    if packages.is_dir():
+        files.append(packages)
     out.mkdir(parents=True, exist_ok=True)
     command = [
         _archiver(),
