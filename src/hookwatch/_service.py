@@ -347,8 +347,9 @@ def _nulls(value: Any) -> Any:
 
 
 def _out_of_resources(error: BaseException) -> bool:
-    # The server's fault, not the request's: TorchServe answers MemoryError with a 507.
-    return isinstance(error, MemoryError | torch.OutOfMemoryError)
+    # The server's fault, not the request's: TorchServe answers these with a 507 (a CUDA
+    # error, a device-side assert included, leaves the device unusable for every request).
+    return isinstance(error, MemoryError | torch.OutOfMemoryError) or "CUDA" in str(error)
 
 
 def _said(error: BaseException) -> str:
