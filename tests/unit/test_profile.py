@@ -419,3 +419,10 @@ def test_a_logits_head_on_an_output_of_one_value_is_a_config_error() -> None:
         ClassIds(), {"layers": ["fc"], "output": {"head": "values"}}, [torch.randn(16, 4)] * 4, "i"
     )
     assert "fc" in profile.references
+
+
+def test_profiling_gives_every_module_its_own_mode_back() -> None:
+    model = _model().train()
+    model.act2.eval()  # a part the user froze
+    build_profile(model, _config(), [torch.rand(16, 1, 8, 8) for _ in range(2)], "modes")
+    assert model.training and model.act1.training and not model.act2.training

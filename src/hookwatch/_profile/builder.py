@@ -6,6 +6,7 @@ forgets everything else, so any amount of reference data fits in bounded memory.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import tempfile
@@ -155,7 +156,28 @@ def capture_features(
     config = resolve_layers(model, config)
     gate = Gate()
     hooks = HookSet(gate, collector, config.max_features)
+    # Profiled in eval mode, as served; each module's own mode is given back afterwards (a
+    # model profiled between training steps keeps training, frozen parts stay frozen).
+    modes = [(module, module.training) for module in model.modules()]
     model.eval()
+    with contextlib.ExitStack() as restore:
+        restore.callback(_set_modes, modes)
+        yield from _captured(model, config, batches, collector, gate, hooks)
+
+
+def _set_modes(modes: list[tuple[nn.Module, bool]]) -> None:
+    for module, mode in modes:
+        module.training = mode  # this module only: each has its own entry
+
+
+def _captured(
+    model: nn.Module,
+    config: MonitoringConfig,
+    batches: Iterable[torch.Tensor | Mapping[str, Any]],
+    collector: _Collector,
+    gate: Gate,
+    hooks: HookSet,
+) -> Iterable[dict[str, NDArray[np.float32]]]:
     with hooks.attach(
         model,
         config.layers,
