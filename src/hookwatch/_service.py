@@ -552,24 +552,25 @@ class ModelService:
         positions: list[int] = []
         sizes: list[int] = []
         each = batch.sizes or [1] * len(batch.positions)
-        for index, item, size in zip(batch.positions, batch.items, each, strict=True):
-            if len(batch.items) == 1:
-                errors[index] = _refused(error)  # it ran alone already
-                break
-            try:
-                inputs = to_device(batch_inputs(self.pipeline, [item]), self.device)
-                with torch.inference_mode():
-                    out = self._output_tensor(call_model(self.pipeline, self.model, inputs))
-                if out.dim() == 0 or out.shape[0] != size:
-                    raise TypeError(f"expected {size} output rows, got shape {list(out.shape)}")
-            except Exception as alone:
-                if _out_of_resources(alone):
-                    raise
-                errors[index] = _refused(alone)
-                continue
-            rows.extend(out)
-            positions.append(index)
-            sizes.append(size)
+        if len(batch.items) == 1:
+            errors[batch.positions[0]] = _refused(error)  # a batch of one ran alone already
+        else:
+            for index, item, size in zip(batch.positions, batch.items, each, strict=True):
+                try:
+                    inputs = to_device(batch_inputs(self.pipeline, [item]), self.device)
+                    with torch.inference_mode():
+                        raw = call_model(self.pipeline, self.model, inputs)
+                    out = self._output_tensor(raw)
+                    if out.dim() == 0 or out.shape[0] != size:
+                        raise TypeError(f"expected {size} output rows, got shape {list(out.shape)}")
+                except Exception as failed:
+                    if _out_of_resources(failed):
+                        raise
+                    errors[index] = _refused(failed)
+                    continue
+                rows.extend(out)
+                positions.append(index)
+                sizes.append(size)
         refused = len(errors) - len(batch.errors)
         if refused:
             self._log.warning(

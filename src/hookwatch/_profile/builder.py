@@ -249,7 +249,8 @@ def build_profile(
             iterator = tqdm(batches, total=total, unit="batch", desc="profile")
     for features in capture_features(model, config, iterator, collector):
         reservoir.add(features)
-    sample = reservoir.take()
+    # Only layers that ran on every reference batch: the others' rows are not aligned.
+    sample = {k: v for k, v in reservoir.take().items() if k not in reservoir.partial}
     references: dict[str, BinnedReference] = {}
     codes_rng = np.random.default_rng(seed + 1)
     n = min(reservoir.seen, max_reference)
@@ -267,7 +268,7 @@ def build_profile(
             "sample; set output.head to 'values' (regression, or class ids) or 'none'"
         )
     for layer in config.watched:
-        if layer in reservoir.partial or layer not in sample:
+        if layer not in sample:
             # Its rows are not every reference sample's: bins and a calibration built from
             # them would describe other data than the detector would be tested on.
             left_out[layer] = (
@@ -362,10 +363,10 @@ def build_profile(
         units={
             layer: UnitReference.fit(layer, sample[layer], config.max_units)
             for layer in unit_layers(config.watched)
-            if config.max_units and layer in sample and layer not in reservoir.partial
+            if config.max_units and layer in sample
         },
     )
-    verify_stored(profile, {k: v for k, v in sample.items() if k not in reservoir.partial}, pick)
+    verify_stored(profile, sample, pick)
     return profile
 
 
