@@ -144,7 +144,8 @@ def load_user_model(
 def undeclared_imports(model_file: Path, extra_files: Sequence[Path]) -> list[Path]:
     """Modules imported from the model file's own directory (a sibling ``blocks.py``, a
     package ``layers/``) that ``extra_files`` does not carry into the archive."""
-    home = model_file.resolve().parent
+    own = model_file.resolve()
+    home = own.parent
     carried = {Path(f).resolve() for f in extra_files}
     found: list[Path] = []
     for module in list(sys.modules.values()):
@@ -161,7 +162,7 @@ def undeclared_imports(model_file: Path, extra_files: Sequence[Path]) -> list[Pa
             source = file.parent
         else:
             continue
-        if source != model_file.resolve() and source not in carried and source not in found:
+        if source != own and source not in carried and source not in found:
             found.append(source)
     return sorted(found)
 
