@@ -392,3 +392,26 @@ def test_sequential_alarms_and_evidence_are_exported(
     assert len(logged) == 1, logged
     assert "anytime-valid" in logged[0] and "model 'm'" in logged[0]
     assert tracker.take_alarms() == []
+
+
+def test_a_request_count_that_is_not_a_whole_number_is_refused_before_counting(
+    metrics: MetricSet,
+) -> None:
+    """A float, a string or a negative count would have counted requests that never came
+    (requests_total 1.5 after request(-1) and request(2.5)); an integer of numpy or torch is
+    a count like any other."""
+    net = Net()
+    config = MonitoringConfig.from_mapping({"layers": ["act"], "sample_rate": 1.0})
+    monitor = Monitor(net, config, "m", metrics)
+    for bad, error in ((-1, ValueError), (2.5, TypeError), ("3", TypeError), (None, TypeError)):
+        with pytest.raises(error, match="batch_size: expected a whole number of requests"):
+            monitor.request(bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="count: expected a whole number"):
+        monitor.reject(-2)
+    with torch.inference_mode(), monitor.request(np.int64(2)):  # type: ignore[arg-type]
+        net(torch.randn(2, 4))
+    monitor.reject(torch.tensor(1))  # type: ignore[arg-type]
+    monitor.flush()
+    monitor.close()
+    assert value(metrics, "hookwatch_requests_total", model="m") == 3
+    assert value(metrics, "hookwatch_captures_total", model="m", layer="act") == 2

@@ -10,6 +10,7 @@ under one uncontended lock; the publisher reads a copy of them. No Prometheus he
 from __future__ import annotations
 
 import logging
+import operator
 import random
 import threading
 import time
@@ -17,6 +18,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import Any
 
 import torch
 
@@ -101,6 +103,20 @@ class RequestScope:
             # A forward that raised hands off nothing: half a record would skew the per-layer
             # counts against each other.
             self._gate._end_record(keep=exc_type is None)
+
+
+def _count(value: Any, name: str) -> int:
+    """A request count as an int (a numpy or torch integer converts): a float, a string or a
+    negative number would count requests that never came."""
+    try:
+        count = operator.index(value)
+    except TypeError:
+        raise TypeError(
+            f"{name}: expected a whole number of requests, got {type(value).__name__} {value!r}"
+        ) from None
+    if count < 0:
+        raise ValueError(f"{name}: expected a whole number of requests >= 0, got {count}")
+    return count
 
 
 class RequestGate:
@@ -207,11 +223,16 @@ class RequestGate:
         is sampled on its own draw, so a batch of TorchServe's dynamic batching is sampled as
         its requests would be one at a time; when only some are, the hooks capture their rows.
         """
+        if sizes is not None:
+            count = len(sizes)
+        elif type(batch_size) is int and batch_size >= 0:
+            count = batch_size  # the common case, without a call on every request
+        else:
+            count = _count(batch_size, "batch_size")
         self.active_at = time.monotonic()
         rate = self.sample_rate
         if (rate >= 1.0) is not self._pinned:
             self._pin(rate >= 1.0)
-        count = len(sizes) if sizes is not None else batch_size
         rows: torch.Tensor | None = None
         if rate <= 0.0 or count == 0:
             picked = 0
@@ -244,6 +265,7 @@ class RequestGate:
         (and as requests, unless ``received`` says :meth:`receive` already did)."""
         if reason not in REJECT_REASONS:
             raise ValueError(f"expected a reason in {REJECT_REASONS}, got {reason!r}")
+        count = _count(count, "count")
         with self._lock:
             if not received:
                 self._requests += count
