@@ -404,7 +404,7 @@ def test_sequence_first_layers_are_watched_per_request_like_their_batch_first_tw
 
 
 def test_hookwatch_layers_shows_sequence_first_layers_batch_first() -> None:
-    from hookwatch.tools.own_model import discover_layers, example_input
+    from hookwatch.tools.own_model import discover_layers, example_input, guess_head
 
     rows = {r.name: r for r in discover_layers(Recurrent(batch_first=False), example_input((5, 6)))}
     # The dry run's batch of 2 is the second dimension of [5, 2, 8] and of h_n [1, 2, 8].
@@ -426,6 +426,9 @@ def test_hookwatch_layers_shows_sequence_first_layers_batch_first() -> None:
 
     rows = {r.name: r for r in discover_layers(Wrapped(), example_input((6,)))}
     assert rows["output"].shapes == ((2, 4),)
+    assert guess_head(list(rows.values())) == "logits"
+    squeezed = nn.Sequential(nn.Linear(6, 1), nn.Flatten(0))  # a regression output [B]
+    assert guess_head(discover_layers(squeezed, example_input((6,)))) == "values"
 
 
 def test_a_sequence_first_layer_sampled_apart_keeps_only_the_sampled_rows(

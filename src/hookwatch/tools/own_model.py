@@ -411,7 +411,8 @@ def guess_head(rows: Sequence[LayerInfo]) -> str:
     shape = shapes[0]
     if len(shape) == 2:
         return "logits" if shape[1] > 1 else "values"
-    return "embedding"
+    # [B]: one value per sample (a squeezed regression output, class ids): not logits.
+    return "values" if len(shape) == 1 else "embedding"
 
 
 def init_config(
