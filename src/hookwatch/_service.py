@@ -624,8 +624,7 @@ class ModelService:
             if row.numel() <= FULL_PROBABILITIES:
                 return {"class": None, "probabilities": [None] * row.numel()}
             return {"class": None, "top": []}
-        values = _nulls(row.float().reshape(-1).tolist() if head != "none" else row.tolist())
-        return {{"values": "values", "embedding": "embedding"}.get(head, "output"): values}
+        return {key: _nulls(values) for key, values in self._answer(row).items()}
 
     def encode(self, result: BatchResult) -> list[Any]:
         """One answer per request: an object, or a list of them for a request that sent a list."""
