@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # Extra options for `make run`, e.g. RUN_ARGS="--workers 4 --no-report" (see `hookwatch run -h`).
 RUN_ARGS ?=
 
-.PHONY: help deps venv mar run run-text stop test check lint format unit integration clean eval-drift eval-drift-text rules docs bench-scrape bench-drain bench-profile bench bench-quick dashboards-check soak
+.PHONY: help deps venv mar run run-text stop test check lint format unit integration clean eval-drift eval-drift-text rules monitoring docs bench-scrape bench-drain bench-profile bench bench-quick dashboards-check soak
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -100,8 +100,8 @@ $(SCHEMA_CHECK)/node_modules/.installed: $(SCHEMA_CHECK)/package.json $(SCHEMA_C
 	cd $(SCHEMA_CHECK) && npm ci --no-audit --no-fund --ignore-scripts
 	@touch $@
 
-dashboards-check: deps $(SCHEMA_CHECK)/node_modules/.installed ## tsc: type-check monitoring/grafana/dashboards/*.json against Grafana's Dashboard type
-	cd $(SCHEMA_CHECK) && node check.mjs
+dashboards-check: deps $(SCHEMA_CHECK)/node_modules/.installed ## tsc: type-check the package's dashboards (src/hookwatch/_assets/grafana/dashboards/*.json) against Grafana's Dashboard type
+	cd $(SCHEMA_CHECK) && node check.mjs ../../../src/hookwatch/_assets/grafana/dashboards
 
 bench: $(MAR) $(TEXT_MAR) ## overhead bench, drift on, full (~16-35 min digits+ResNet-18, then ~8 MiniLM): writes docs/bench/results.md, results-minilm.md and README's verdicts (QUICK=1: bench-quick)
 	$(BIN)/hookwatch bench $(if $(QUICK),--quick,)
@@ -109,6 +109,15 @@ bench: $(MAR) $(TEXT_MAR) ## overhead bench, drift on, full (~16-35 min digits+R
 
 bench-quick: $(MAR) ## overhead bench, quick CI mode (~2 min): writes build/bench-quick/results-quick.md
 	$(BIN)/hookwatch bench --quick
+
+# monitoring/ (what docker-compose mounts) is the export of the package's assets
+# (src/hookwatch/_assets) with docker-compose's service names; tests/unit/test_export.py reads
+# these options and fails when monitoring/ differs. prometheus/tests and grafana/schema-check
+# are the repository's own and stay.
+MONITORING_EXPORT := --exporter-target hookwatch-exporter:9101 --torchserve-target torchserve:8082 --datasource-url http://prometheus:9090 --scrape-interval 5s
+monitoring: $(BIN)/.installed ## regenerate monitoring/ from src/hookwatch/_assets (hookwatch export-monitoring with docker-compose's targets)
+	rm -rf monitoring/prometheus/rules monitoring/prometheus/prometheus.yml monitoring/prometheus/scrape-configs.yml monitoring/grafana/dashboards monitoring/grafana/provisioning
+	$(BIN)/hookwatch export-monitoring monitoring --force $(MONITORING_EXPORT)
 
 rules: deps ## promtool: check and unit-test the alerting rules in monitoring/prometheus/
 	promtool check config monitoring/prometheus/prometheus.yml

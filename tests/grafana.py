@@ -1,4 +1,4 @@
-"""The Grafana dashboards in monitoring/grafana/dashboards, read as the tests need them.
+"""The Grafana dashboards shipped in the package (hookwatch/_assets), read as the tests need them.
 
 Shared by the unit tests (metric names, conventions, the schema check) and the integration test
 that runs every panel's query against a real Prometheus.
@@ -17,8 +17,10 @@ from hookwatch.tools import dashboards
 from hookwatch.tools.dashboards import label_values, panels, variables
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The repository's monitoring/grafana: the export docker-compose mounts, and the schema check.
 GRAFANA = ROOT / "monitoring" / "grafana"
-DASHBOARDS = ROOT / dashboards.DASHBOARDS
+#: The package's dashboards (monitoring/grafana/dashboards is their export).
+DASHBOARDS = dashboards.DASHBOARDS
 SCHEMA_CHECK = GRAFANA / "schema-check"
 
 #: TorchServe's own metrics (its metrics endpoint, `metrics_mode=prometheus`) that dashboards

@@ -16,13 +16,16 @@ import pytest
 import yaml
 
 from hookwatch._catalogue import exposed_names
+from hookwatch.tools import assets
 from tests import grafana
 from tests.conftest import require_binary
 from tests.grafana import PROMETHEUS_SERIES, TORCHSERVE_METRICS, series_names
 
 ROOT = Path(__file__).resolve().parents[2]
+#: The repository's promtool tests; they load ../rules, monitoring/'s export of the package's
+#: rules (tests/unit/test_export.py keeps it equal), and _mutated_suite the package's own.
 PROM = ROOT / "monitoring" / "prometheus"
-RULE_FILES = sorted((PROM / "rules").glob("*.yml"))
+RULE_FILES = sorted(assets.RULES.glob("*.yml"))
 TEST_FILES = sorted((PROM / "tests").glob("*.yml"))
 RUNBOOK = ROOT / "docs" / "runbook.md"
 RUNBOOK_URL = "https://github.com/hookwatch/hookwatch/blob/main/docs/runbook.md"
@@ -75,7 +78,7 @@ def _promtool(*args: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProces
 
 
 def test_there_are_rule_and_test_files() -> None:
-    assert RULE_FILES, "expected rule files in monitoring/prometheus/rules"
+    assert RULE_FILES, f"expected rule files in {assets.RULES}"
     assert TEST_FILES, "expected promtool tests in monitoring/prometheus/tests"
 
 
@@ -85,7 +88,7 @@ def test_promtool_check_rules() -> None:
 
 
 def test_promtool_check_config_loads_the_rule_files() -> None:
-    result = _promtool("check", "config", PROM / "prometheus.yml")
+    result = _promtool("check", "config", assets.PROMETHEUS_CONFIG)
     assert result.returncode == 0, result.stdout + result.stderr
     for path in RULE_FILES:
         assert path.name in result.stdout, f"prometheus.yml does not load {path.name}"
@@ -173,7 +176,7 @@ def test_series_names_reads_metric_names_only() -> None:
 
 def test_every_metric_in_rules_and_dashboards_is_catalogued() -> None:
     recorded = {r["record"] for r in rules() if "record" in r}
-    exprs = [(str(path.relative_to(ROOT)), r["expr"]) for path in RULE_FILES for r in _rules(path)]
+    exprs = [(f"rules/{path.name}", r["expr"]) for path in RULE_FILES for r in _rules(path)]
     exprs += list(_dashboard_exprs())
     assert unknown_series(exprs, recorded) == []
     used = {name for _, expr in exprs for name in series_names(str(expr))}

@@ -108,7 +108,7 @@ def _final_report(stack: Any, out: Path, minutes: float) -> None:
         written = write_report(
             f"http://127.0.0.1:{stack.ports.prometheus}",
             out,
-            stack.root / DASHBOARDS,
+            DASHBOARDS,
             model=stack.model_name,
             minutes=minutes,
         )
@@ -356,7 +356,7 @@ def _report(args: argparse.Namespace) -> int:
     written = write_report(
         args.prometheus,
         args.out,
-        args.dashboards or args.root / DASHBOARDS,
+        args.dashboards or DASHBOARDS,
         model=args.model,
         since=_moment("--since", args.since),
         until=_moment("--until", args.until),
@@ -700,6 +700,81 @@ def _profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def export_monitoring_parser(sub: Any) -> None:
+    from hookwatch.tools.export import DEFAULT_EXPORTER_JOB, DEFAULT_TORCHSERVE_JOB
+
+    cmd = sub.add_parser(
+        "export-monitoring",
+        help="write the alerting rules, a scrape config, dashboards and Grafana provisioning "
+        "for your own Prometheus and Grafana (docs/deploy.md)",
+    )
+    cmd.add_argument("dir", type=Path, help="an empty or missing directory (--force: any)")
+    cmd.add_argument(
+        "--exporter-target",
+        action="append",
+        default=None,
+        metavar="HOST:PORT",
+        help="the hookwatch exporter (repeat for replicas; default 127.0.0.1:9101)",
+    )
+    cmd.add_argument(
+        "--torchserve-target",
+        action="append",
+        default=None,
+        metavar="HOST:PORT",
+        help="TorchServe's metrics address (repeat for replicas; default 127.0.0.1:8082)",
+    )
+    cmd.add_argument(
+        "--exporter-job",
+        default=DEFAULT_EXPORTER_JOB,
+        help="job name of the exporter's scrape job; the rules and dashboards follow it",
+    )
+    cmd.add_argument(
+        "--torchserve-job",
+        default=DEFAULT_TORCHSERVE_JOB,
+        help="job name of TorchServe's scrape job; the rules and dashboards follow it",
+    )
+    cmd.add_argument(
+        "--namespace",
+        default=None,
+        help="a `namespace` target label on both jobs, as kube-prometheus puts on its targets",
+    )
+    cmd.add_argument(
+        "--datasource-url",
+        default="http://127.0.0.1:9090",
+        help="the Prometheus Grafana's datasource queries (default http://127.0.0.1:9090)",
+    )
+    cmd.add_argument(
+        "--scrape-interval",
+        default="15s",
+        help="prometheus.yml's scrape and evaluation interval and Grafana's timeInterval",
+    )
+    cmd.add_argument(
+        "--force", action="store_true", help="write into a non-empty directory (replaces files)"
+    )
+    cmd.set_defaults(func=_export_monitoring)
+
+
+def _export_monitoring(args: argparse.Namespace) -> int:
+    from hookwatch.tools.export import ExportOptions, export
+
+    options = ExportOptions(
+        exporter_targets=tuple(args.exporter_target or ("127.0.0.1:9101",)),
+        torchserve_targets=tuple(args.torchserve_target or ("127.0.0.1:8082",)),
+        exporter_job=args.exporter_job,
+        torchserve_job=args.torchserve_job,
+        namespace=args.namespace,
+        datasource_url=args.datasource_url,
+        scrape_interval=args.scrape_interval,
+    )
+    written = export(args.dir, options, force=args.force)
+    print(f"wrote {len(written)} files into {args.dir}/:")
+    print(f"  {args.dir}/prometheus/scrape-configs.yml  paste under scrape_configs:")
+    print(f"  {args.dir}/prometheus/rules/              load with rule_files:")
+    print(f"  {args.dir}/prometheus/prometheus.yml      a complete config using both")
+    print(f"  {args.dir}/grafana/dashboards/ and grafana/provisioning/  for Grafana")
+    return 0
+
+
 def _units(args: argparse.Namespace) -> int:
     from hookwatch.tools import units
 
@@ -933,9 +1008,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--dashboards",
         type=Path,
         default=None,
-        help="Grafana dashboards whose panels it draws (default: monitoring/grafana/dashboards)",
+        help="Grafana dashboards whose panels it draws (default: the package's)",
     )
     report.set_defaults(func=_report)
+
+    export_monitoring_parser(sub)
 
     soak = sub.add_parser(
         "soak",

@@ -1,4 +1,4 @@
-"""The Grafana dashboards in ``monitoring/grafana/dashboards``, read as plain JSON.
+"""The Grafana dashboards shipped in the package (``hookwatch/_assets``), read as plain JSON.
 
 One reader for everything that takes the dashboards' queries: ``hookwatch report`` draws their
 panels with matplotlib, and the tests check and run them. Standard library only.
@@ -12,8 +12,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-#: Where the dashboards live, relative to the repository root.
-DASHBOARDS = Path("monitoring") / "grafana" / "dashboards"
+from hookwatch.tools import assets
+
+#: Where the dashboards live: the package's copy (the repository's monitoring/ is its export).
+DASHBOARDS = assets.DASHBOARDS
 
 
 def load(directory: Path) -> dict[str, dict[str, Any]]:

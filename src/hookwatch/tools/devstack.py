@@ -34,6 +34,7 @@ from typing import Any
 
 import yaml
 
+from hookwatch.tools.assets import PROMETHEUS, PROMETHEUS_CONFIG
 MODEL_NAME = "digits"
 
 #: Where ``Ports.free`` looks: above the registered services people run on a workstation,
@@ -214,8 +215,8 @@ class Stack:
     workers: int = 2
     model_store: Path | None = None
     scrape_interval: str = "5s"
-    #: None: the rule files monitoring/prometheus/prometheus.yml names, resolved against its
-    #: directory (the repository's alerting rules). A sequence replaces them (empty: no rules).
+    #: None: the rule files the package's prometheus.yml names, resolved against its directory
+    #: (hookwatch's alerting and recording rules). A sequence replaces them (empty: no rules).
     rule_files: Sequence[Path] | None = None
     models: str = "digits.mar"
     #: The model the readiness checks and ``infer`` address.
@@ -429,13 +430,12 @@ class Stack:
         )
 
     def render_prometheus_config(self) -> Path:
-        config_dir = self.root / "monitoring/prometheus"
-        source = yaml.safe_load((config_dir / "prometheus.yml").read_text())
+        source = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
         source["global"]["scrape_interval"] = self.scrape_interval
         source["global"]["evaluation_interval"] = self.scrape_interval
         # The rendered file lives in run_dir, so relative rule paths must be made absolute.
         rules = (
-            [config_dir / p for p in source.get("rule_files") or ()]
+            [PROMETHEUS / p for p in source.get("rule_files") or ()]
             if self.rule_files is None
             else self.rule_files
         )
