@@ -74,14 +74,14 @@ stop: ## stop everything `make run` started (by recorded pid)
 	@if [ -x $(BIN)/hookwatch ]; then $(BIN)/hookwatch stop; else echo "nothing to stop"; fi
 
 lint: $(BIN)/.installed ## ruff lint + format check
-	$(BIN)/ruff check src tests handlers
-	$(BIN)/ruff format --check src tests handlers
+	$(BIN)/ruff check src tests handlers dev
+	$(BIN)/ruff format --check src tests handlers dev
 
 format: $(BIN)/.installed ## apply ruff formatting and safe fixes
-	$(BIN)/ruff format src tests handlers
-	$(BIN)/ruff check --fix src tests handlers
+	$(BIN)/ruff format src tests handlers dev
+	$(BIN)/ruff check --fix src tests handlers dev
 
-check: lint ## lint + mypy strict on the package
+check: lint ## lint + mypy strict on the package and dev/
 	$(BIN)/mypy
 
 unit: $(BIN)/.installed ## unit tests only (no Java, no Prometheus)
@@ -104,11 +104,11 @@ dashboards-check: deps $(SCHEMA_CHECK)/node_modules/.installed ## tsc: type-chec
 	cd $(SCHEMA_CHECK) && node check.mjs ../../../src/hookwatch/_assets/grafana/dashboards
 
 bench: $(MAR) $(TEXT_MAR) ## overhead bench, drift on, full (~16-35 min digits+ResNet-18, then ~8 MiniLM): writes docs/bench/results.md, results-minilm.md and README's verdicts (QUICK=1: bench-quick)
-	$(BIN)/hookwatch bench $(if $(QUICK),--quick,)
-	$(if $(QUICK),,$(BIN)/hookwatch bench --models minilm --work build/bench-minilm --out docs/bench/results-minilm.md)
+	$(BIN)/python -m dev bench $(if $(QUICK),--quick,)
+	$(if $(QUICK),,$(BIN)/python -m dev bench --models minilm --work build/bench-minilm --out docs/bench/results-minilm.md)
 
 bench-quick: $(MAR) ## overhead bench, quick CI mode (~2 min): writes build/bench-quick/results-quick.md
-	$(BIN)/hookwatch bench --quick
+	$(BIN)/python -m dev bench --quick
 
 # monitoring/ (what docker-compose mounts) is the export of the package's assets
 # (src/hookwatch/_assets) with docker-compose's service names; tests/unit/test_export.py reads
@@ -123,23 +123,23 @@ rules: deps ## promtool: check and unit-test the alerting rules in monitoring/pr
 	promtool check config monitoring/prometheus/prometheus.yml
 	cd monitoring/prometheus/tests && promtool test rules *.yml
 
-docs: $(BIN)/.installed ## regenerate docs/metrics.md from src/hookwatch/_catalogue.py
-	$(BIN)/hookwatch catalogue > docs/metrics.md
+docs: $(BIN)/.installed ## regenerate docs/metrics.md from src/hookwatch/_catalogue.py (dev/catalogue_docs.py)
+	$(BIN)/python -m dev catalogue > docs/metrics.md
 
 SOAK_SECONDS ?= 600
 soak: deps $(MAR) ## soak, 10 min (SOAK_SECONDS): 70 % of capacity, bad requests, a worker killed; writes docs/soak/
-	$(BIN)/hookwatch soak --seconds $(SOAK_SECONDS)
+	$(BIN)/python -m dev soak --seconds $(SOAK_SECONDS)
 
 bench-drain: $(MAR) ## in-process cost of 100 % sampling with drift on: request thread, capture thread, drain wall time
-	$(BIN)/python -m hookwatch.tools.bench.drain --mar $(MAR)
+	$(BIN)/python -m dev.bench.drain --mar $(MAR)
 
 PROFILE_MODEL ?= digits
 PROFILE_BATCH ?= 1
 bench-profile: $(MAR) ## py-spy on served TorchServe workers under load, per variant and thread (PROFILE_MODEL, PROFILE_BATCH): writes docs/bench/profile-<model>-b<batch>.md
-	$(BIN)/python -m hookwatch.tools.bench.profile --model $(PROFILE_MODEL) --batch $(PROFILE_BATCH) --out docs/bench/profile-$(PROFILE_MODEL)-b$(PROFILE_BATCH).md
+	$(BIN)/python -m dev.bench.profile --model $(PROFILE_MODEL) --batch $(PROFILE_BATCH) --out docs/bench/profile-$(PROFILE_MODEL)-b$(PROFILE_BATCH).md
 
 bench-scrape: $(MAR) ## exporter scrape time after 100 worker restarts: writes docs/bench/scrape.md
-	$(BIN)/python -m hookwatch.tools.bench.scrape --out docs/bench/scrape.md
+	$(BIN)/python -m dev.bench.scrape --out docs/bench/scrape.md
 
 # Benchmark-only environment: alibi-detect 0.13 pins numpy<2 (BSL 1.1 licence, never a runtime
 # dependency). torch is not installed again: a .pth file lends it the one from .venv.
@@ -153,12 +153,12 @@ $(EVAL_VENV)/.installed: $(BIN)/.installed
 	@touch $@
 
 eval-drift: $(BIN)/.installed $(EVAL_VENV)/.installed ## drift detection vs alibi-detect, 5 draws, images then text: writes docs/eval-drift.md and .json (~30 min)
-	$(BIN)/python -m hookwatch.tools.evaluation.run --out docs/eval-drift.md
+	$(BIN)/python -m dev.evaluation.run --out docs/eval-drift.md
 	$(MAKE) eval-drift-text
 
 eval-drift-text: $(BIN)/.installed $(EVAL_VENV)/.installed ## only the text section of eval-drift (MiniLM on fortunes), into the committed docs/eval-drift.json and .md (~10 min)
 	@test -f /usr/share/games/fortunes/computers || $(MAKE) deps
-	$(BIN)/python -m hookwatch.tools.evaluation.text --results docs/eval-drift.json --out docs/eval-drift.md
+	$(BIN)/python -m dev.evaluation.text --results docs/eval-drift.json --out docs/eval-drift.md
 
 clean: stop ## remove build outputs (keeps .venv)
 	rm -rf build .run model_store/*.mar .pytest_cache .mypy_cache .ruff_cache

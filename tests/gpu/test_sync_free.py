@@ -13,11 +13,11 @@ import pytest
 import torch
 from prometheus_client import CollectorRegistry
 
+from dev.bench.resnet import ResNet18
 from hookwatch._config import MonitoringConfig
 from hookwatch._hooks import HookState
 from hookwatch._metrics import MetricSet
 from hookwatch._monitor import Monitor
-from hookwatch.tools.bench.resnet import ResNet18
 from hookwatch.tools.demo.digits_cnn import DigitsCNN
 
 pytestmark = pytest.mark.gpu

@@ -1,4 +1,5 @@
-"""``hookwatch bench --quick`` end to end: real TorchServe, every variant, a well-formed table.
+"""``python -m dev bench --quick`` (``make bench-quick``) end to end: real TorchServe, every
+variant, a well-formed table.
 
 Only the shape of the result is checked, never a timing: the numbers belong to the table.
 """
@@ -22,10 +23,11 @@ def test_quick_bench_writes_a_table_with_every_variant(tmp_path: Path) -> None:
     require(MAR.exists(), f"{MAR} (make mar builds it)")
     require_binary("java")
     out = tmp_path / "results.md"
-    cmd = [sys.executable, "-m", "hookwatch.tools.cli", "bench", "--quick", "--root", str(ROOT)]
+    cmd = [sys.executable, "-m", "dev", "bench", "--quick", "--root", str(ROOT)]
     cmd += ["--out", str(out), "--work", str(tmp_path / "work")]
     done = subprocess.run(
         cmd,
+        cwd=ROOT,  # dev/ is a folder of the repository, not installed
         capture_output=True,
         text=True,
         timeout=900,

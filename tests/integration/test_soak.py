@@ -1,6 +1,6 @@
 """The soak's 1-minute form (``make soak`` runs 10 minutes and commits docs/soak/): the stack
 at 70 % of its measured capacity with 5 % bad requests and a worker killed halfway; every
-check of :func:`hookwatch.tools.soak.report.check` holds."""
+check of :func:`dev.soak.report.check` holds."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from dev.soak import report, runner
 from hookwatch.tools.devstack import Ports
-from hookwatch.tools.soak import report, runner
 from tests.conftest import MAR, require, require_binary
 
 pytestmark = pytest.mark.integration

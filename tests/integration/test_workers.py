@@ -20,10 +20,10 @@ import yaml
 from prometheus_client.mmap_dict import MmapedDict
 
 import hookwatch._metrics as metrics_module
+from dev.bench import scrape as scrape_bench
+from dev.bench.scrape import compare
 from hookwatch._catalogue import CATALOGUE, SERIES_PER_MODEL_TARGET, series_per_model
 from hookwatch._metrics import ARCHIVE_MANIFEST, compact_dead_workers, exporter_registry, render
-from hookwatch.tools.bench import scrape as scrape_bench
-from hookwatch.tools.bench.scrape import compare
 from hookwatch.tools.cli import DEMO_MODEL_CONFIG, demo_fleet_bins, demo_watched_layers
 from hookwatch.tools.demo.data import load_split
 from hookwatch.tools.devstack import Stack, http_get
@@ -232,7 +232,7 @@ def dead_workers(tmp_path_factory: pytest.TempPathFactory) -> Path:
             *(
                 sys.executable,
                 "-m",
-                "hookwatch.tools.bench.scrape",
+                "dev.bench.scrape",
                 "simulate",
                 "--dir",
                 str(directory),
@@ -242,6 +242,7 @@ def dead_workers(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ],
         input=b"",
         env=env,
+        cwd=ROOT,
         check=True,
         capture_output=True,
         timeout=300,

@@ -14,11 +14,16 @@ import numpy as np
 import pytest
 import torch
 
+from dev.bench import resnet
+from dev.bench.micro import HookCost, RssTrace, ScrapeTime
+from dev.bench.naive import NaiveCapture
+from dev.bench.report import render
+from dev.bench.runner import BenchResult, GroupResult, Settings
+from dev.bench.variants import variant_config
 from hookwatch._config import HandlerConfig, InputSpec, MonitoringConfig
 from hookwatch._errors import BadInputError, ConfigError
 from hookwatch._metrics import MetricSet
 from hookwatch._service import ModelService, decode_payload
-from hookwatch.tools.bench import resnet
 from hookwatch.tools.bench.loadgen import (
     MachineTimes,
     Segment,
@@ -27,12 +32,7 @@ from hookwatch.tools.bench.loadgen import (
     cycle_rate,
     open_loop,
 )
-from hookwatch.tools.bench.micro import HookCost, RssTrace, ScrapeTime
-from hookwatch.tools.bench.naive import NaiveCapture
-from hookwatch.tools.bench.report import render
-from hookwatch.tools.bench.runner import BenchResult, GroupResult, Settings
 from hookwatch.tools.bench.stats import VARIANTS, Spread, ratios, round_order, verdicts
-from hookwatch.tools.bench.variants import variant_config
 from hookwatch.tools.demo.digits_cnn import DigitsCNN
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -349,8 +349,8 @@ def test_naive_capture_takes_keyword_forwards_and_layer_patterns(metrics: Metric
 def test_the_text_model_variants_carry_the_archive_directory_and_profile(tmp_path: Path) -> None:
     import json
 
+    from dev.bench.variants import MODELS, build_group
     from hookwatch._model import MODEL_SPEC_FILE
-    from hookwatch.tools.bench.variants import MODELS, build_group
     from tests.conftest import require
 
     require((ROOT / "model_store" / "minilm.mar").is_file(), "model_store/minilm.mar (make mar)")
@@ -368,7 +368,7 @@ def test_the_text_model_variants_carry_the_archive_directory_and_profile(tmp_pat
 
 
 def test_segments_are_long_enough_for_a_p99_and_a_cycle_rate() -> None:
-    from hookwatch.tools.bench.runner import segment_seconds
+    from dev.bench.runner import segment_seconds
 
     full = Settings.full()
     # Fast model: the least length rules. ResNet-18 at batch 8 (~8 requests/s, 16 clients):
@@ -384,8 +384,8 @@ def test_segments_are_long_enough_for_a_p99_and_a_cycle_rate() -> None:
 def test_the_bench_stops_when_a_monitored_worker_has_no_drift_profile() -> None:
     from types import SimpleNamespace
 
-    from hookwatch.tools.bench.runner import check_drift_loaded
-    from hookwatch.tools.bench.variants import Group
+    from dev.bench.runner import check_drift_loaded
+    from dev.bench.variants import Group
 
     names = {v: f"m-{v}" for v in VARIANTS}
     exposition = {"text": ""}

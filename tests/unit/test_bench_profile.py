@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 
-from hookwatch.tools.bench.profile import Profile, parse_raw, report, thread_cpu
+from dev.bench.profile import Profile, parse_raw, report, thread_cpu
 
 RAW = """\
 MainThread (0x1);<module> (ts/model_service_worker.py:250);handle (ts/service.py:120);\

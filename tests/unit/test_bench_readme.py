@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from hookwatch.tools.bench.loadgen import Segment
-from hookwatch.tools.bench.report import (
+from dev.bench.report import (
     README_RESULTS,
     readme_block,
     render,
     render_summary,
     rewrite_readme,
 )
-from hookwatch.tools.bench.runner import BenchResult, read_result
+from dev.bench.runner import BenchResult, read_result
+from hookwatch.tools.bench.loadgen import Segment
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = Path(__file__).with_name("data") / "bench-results.json"
@@ -26,7 +26,7 @@ FIXTURE = Path(__file__).with_name("data") / "bench-results.json"
 def test_readme_block_is_rendered_from_the_committed_results(source: str) -> None:
     block = readme_block((ROOT / "README.md").read_text(), source)
     assert block == render_summary(read_result(ROOT / source), source), (
-        f"README.md's bench block for {source} is stale: run `hookwatch bench --render`"
+        f"README.md's bench block for {source} is stale: run `python -m dev bench --render`"
     )
 
 
@@ -98,5 +98,5 @@ def test_the_readme_block_is_replaced_in_place(tmp_path: Path) -> None:
 def test_committed_tables_are_rendered_from_their_results(source: str) -> None:
     table = (ROOT / source).with_suffix(".md").read_text()
     assert table == render(read_result(ROOT / source)), (
-        f"{source.removesuffix('.json')}.md is stale: run `hookwatch bench --render`"
+        f"{source.removesuffix('.json')}.md is stale: run `python -m dev bench --render`"
     )

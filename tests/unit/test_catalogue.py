@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from dev.catalogue_docs import markdown
+from dev.cli import main
 from hookwatch import _catalogue as catalogue
 from hookwatch._catalogue import (
     CATALOGUE,
@@ -15,13 +17,11 @@ from hookwatch._catalogue import (
     GaugeSpec,
 )
 from hookwatch._metrics import MetricSet
-from hookwatch.tools.catalogue_docs import markdown
 from hookwatch.tools.cli import (
     DEMO_CLASSES,
     DEMO_MODEL_CONFIG,
     demo_fleet_bins,
     demo_watched_layers,
-    main,
 )
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 from scipy.stats import ks_2samp
 
-from hookwatch.tools.evaluation import baselines
-from hookwatch.tools.evaluation.protocol import JUDGEMENTS, Windows
-from hookwatch.tools.evaluation.significance import compare, interval, sign_flip_p
+from dev.evaluation import baselines
+from dev.evaluation.protocol import JUDGEMENTS, Windows
+from dev.evaluation.significance import compare, interval, sign_flip_p
 
 
 def test_the_harness_finds_the_repository_it_evaluates() -> None:
-    from hookwatch.tools.evaluation import run
+    from dev.evaluation import run
 
     assert (run.ROOT / "models" / "digits" / "model-config.yaml").is_file()
     assert (run.ROOT / "docs" / "eval-drift.md").is_file()
@@ -113,7 +113,7 @@ def test_the_readme_quotes_the_committed_drift_table() -> None:
     import json
     import re
 
-    from hookwatch.tools.evaluation import report, run
+    from dev.evaluation import report, run
 
     results = json.loads((run.ROOT / "docs" / "eval-drift.json").read_text())
     readme = (run.ROOT / "README.md").read_text()

@@ -2,7 +2,8 @@
 
 Dependencies point one way (adapters → monitor → hooks, stats, drift, capture, metrics); one
 module imports prometheus-client, one imports TorchServe, and the runtime never imports the
-tools.
+tools. The repository's harnesses (bench, soak, drift evaluation, docs generators) live in
+``dev/``, outside the installed package, and the package never imports them.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def imports(path: Path) -> set[str]:
 
 
 MODULES = {module_name(p): imports(p) for p in PACKAGE.rglob("*.py")}
+DEV = PACKAGE.parents[1] / "dev"
 RUNTIME = {name for name in MODULES if not name.startswith("hookwatch.tools")}
 
 
@@ -129,3 +131,58 @@ def test_dependencies_point_one_way() -> None:
             if top in (layer, "hookwatch._names") or imported.startswith(layer + "."):
                 continue
             assert top in may_import[layer], f"{name} imports {imported}"
+
+
+#: The repository's harnesses, moved to dev/: none of them may come back into the package.
+HARNESSES = (
+    "hookwatch.tools.bench.runner",
+    "hookwatch.tools.bench.report",
+    "hookwatch.tools.bench.variants",
+    "hookwatch.tools.bench.micro",
+    "hookwatch.tools.bench.naive",
+    "hookwatch.tools.bench.drain",
+    "hookwatch.tools.bench.profile",
+    "hookwatch.tools.bench.scrape",
+    "hookwatch.tools.bench.resnet",
+    "hookwatch.tools.evaluation",
+    "hookwatch.tools.soak",
+    "hookwatch.tools.catalogue_docs",
+)
+
+
+def test_the_package_holds_no_repository_harness() -> None:
+    for harness in HARNESSES:
+        found = {m for m in MODULES if m == harness or m.startswith(harness + ".")}
+        assert not found, f"{sorted(found)}: a repository harness belongs in dev/"
+    # They are in dev/, run by the make targets with `python -m dev ...`.
+    for path in ("bench/runner.py", "bench/report.py", "evaluation/run.py", "soak/runner.py"):
+        assert (DEV / path).is_file(), path
+    assert (DEV / "catalogue_docs.py").is_file()
+
+
+def test_the_installed_package_holds_no_harness() -> None:
+    """What pip installs: the package found where the tests import it from."""
+    import importlib.util
+
+    import hookwatch
+
+    for harness in HARNESSES:
+        parent = harness.rsplit(".", 1)[0]
+        if importlib.util.find_spec(parent) is None:
+            continue
+        assert importlib.util.find_spec(harness) is None, harness
+    installed = Path(hookwatch.__file__).resolve().parent
+    assert not (installed / "tools" / "soak").exists()
+    assert not (installed / "tools" / "evaluation").exists()
+
+
+def test_nothing_in_the_package_imports_dev() -> None:
+    for name, imported in MODULES.items():
+        assert not any(i == "dev" or i.startswith("dev.") for i in imported), name
+
+
+def test_the_harnesses_import_the_package_not_the_other_way() -> None:
+    # dev/ uses the package's load generator and statistics (shared with `hookwatch bench`).
+    uses = set().union(*(imports(p) for p in DEV.rglob("*.py")))
+    assert "hookwatch.tools.bench.loadgen" in uses
+    assert "hookwatch.tools.bench.stats" in uses

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from hookwatch.tools.soak import report
+from dev.soak import report
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "soak"
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import logging
 import os
 import signal
@@ -554,84 +553,32 @@ def demo_fleet_bins(model_config: Path) -> FleetBins:
     )
 
 
-def _catalogue(args: argparse.Namespace) -> int:
-    from hookwatch.tools.catalogue_docs import markdown
-
-    config = args.root / DEMO_MODEL_CONFIG
-    sys.stdout.write(
-        markdown(demo_watched_layers(config), DEMO_MODEL_CONFIG, demo_fleet_bins(config))
-    )
-    return 0
-
-
 def _stopped_bench(signum: int, frame: Any) -> None:
     # SIGTERM ends the bench as Ctrl-C does: unwinding, so the TorchServe it started is stopped.
     raise KeyboardInterrupt
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from hookwatch.tools.bench import report, runner
+    from hookwatch.tools.bench import ab
     from hookwatch.tools.devstack import Ports
 
-    readme = args.root / "README.md"
-    if args.render:
-        for source in report.README_RESULTS:
-            result = runner.read_result(args.root / source)
-            (args.root / source).with_suffix(".md").write_text(report.render(result))
-            report.rewrite_readme(readme, result, source)
-        print(
-            f"rendered {', '.join(report.README_RESULTS)} into their tables and {readme}'s "
-            "bench blocks"
-        )
-        return 0
-    settings = runner.Settings.quick() if args.quick else runner.Settings.full()
-    if args.models:
-        settings = dataclasses.replace(settings, models=tuple(args.models.split(",")))
-    work = args.work or args.root / "build" / ("bench-quick" if args.quick else "bench")
-    out = args.out or (
-        work / "results-quick.md" if args.quick else args.root / report.README_RESULTS[0]
-    ).with_suffix(".md")
+    settings = ab.Settings(
+        seconds=args.seconds, rounds=args.rounds, clients=args.clients, workers=args.workers
+    )
     previous = signal.signal(signal.SIGTERM, _stopped_bench)
     try:
-        result = runner.run(args.root.resolve(), settings, work.resolve(), Ports.free())
+        result = ab.bench(args.mar, args.request, settings, args.out, args.work, Ports.free())
     except KeyboardInterrupt:
-        # The runner's own cleanup (TorchServe, its workers) has run on the way out.
+        # The bench's own cleanup (TorchServe, its workers) has run on the way out.
         print("hookwatch bench: stopped; nothing written", file=sys.stderr)
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
-    report.write(result, out)
-    print(f"wrote {out} and {out.with_suffix('.json')} in {result.duration_s / 60:.1f} min")
-    for source in report.README_RESULTS:
-        if out.with_suffix(".json").resolve() == (args.root / source).resolve():
-            # The README states the committed runs' verdicts: rendered from them, never by hand.
-            report.rewrite_readme(readme, result, source)
-            print(f"rewrote the bench block of {readme} for {source}")
+    print()
+    sys.stdout.write(ab.render(result))
+    if args.out is not None:
+        print(f"wrote {args.out}")
     return 0
-
-
-def _soak(args: argparse.Namespace) -> int:
-    from hookwatch.tools.devstack import Ports
-    from hookwatch.tools.soak import report, runner
-
-    settings = (
-        runner.Settings.quick(args.seconds or 60.0)
-        if args.quick
-        else runner.Settings.full(args.seconds or 600.0)
-    )
-    work = (args.work or args.root / "build" / "soak").resolve()
-    out = args.out or (work / "report" if args.quick else args.root / "docs" / "soak")
-    if args.render:
-        problems = report.rewrite(out)
-    else:
-        result = runner.run(args.root.resolve(), settings, work, Ports.free())
-        problems = report.write(result, out)
-    print(
-        f"wrote {out}/README.md, soak.json and plots: " + ("passed" if not problems else "failed")
-    )
-    for problem in problems:
-        print(f"  {problem}")
-    return 1 if problems else 0
 
 
 def _profile(args: argparse.Namespace) -> int:
@@ -834,12 +781,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     exporter.set_defaults(func=_exporter)
 
-    catalogue = sub.add_parser(
-        "catalogue", help="print docs/metrics.md (every metric, its labels and series count)"
-    )
-    catalogue.add_argument("--root", type=Path, default=Path.cwd(), help=REPO_ROOT_HINT)
-    catalogue.set_defaults(func=_catalogue)
-
     for name, func, text in (
         ("build-demo", _build_demo, "train the demo CNN and archive it into model_store/"),
         ("run", _run, "start the native stack, send traffic, print live metrics"),
@@ -1014,41 +955,34 @@ def build_parser() -> argparse.ArgumentParser:
 
     export_monitoring_parser(sub)
 
-    soak = sub.add_parser(
-        "soak",
-        help="the stack at 70 %% of its capacity with bad requests and a worker killed: "
-        "memory, descriptors, files, series and counts over time",
+    bench = sub.add_parser(
+        "bench",
+        help="your .mar served twice on one TorchServe, plain handler against hookwatch: "
+        "interleaved rounds, the ratio table printed",
     )
-    soak.add_argument("--root", type=Path, default=Path.cwd(), help=REPO_ROOT_HINT)
-    soak.add_argument(
-        "--seconds",
-        type=float,
-        default=float(os.environ.get("SOAK_SECONDS", "0")),
-        help="soak length (default 600, --quick 60; $SOAK_SECONDS)",
-    )
-    soak.add_argument(
-        "--quick", action="store_true", help="the 1-minute form: shorter samples and windows"
-    )
-    soak.add_argument("--out", type=Path, default=None, help="report directory (default docs/soak)")
-    soak.add_argument("--work", type=Path, default=None, help="run directory (build/soak)")
-    soak.add_argument(
-        "--render",
-        action="store_true",
-        help="run nothing: redraw README.md and the plots from the report directory's soak.json",
-    )
-    soak.set_defaults(func=_soak)
-
-    bench = sub.add_parser("bench", help="measure the monitored handler against the plain one")
-    bench.add_argument("--root", type=Path, default=Path.cwd(), help=REPO_ROOT_HINT)
-    bench.add_argument("--quick", action="store_true", help="short CI run (demo model only)")
-    bench.add_argument("--models", default="", help="comma-separated subset: digits,resnet18")
-    bench.add_argument("--out", type=Path, default=None, help="markdown table to write")
-    bench.add_argument("--work", type=Path, default=None, help="build and run directory")
+    bench.add_argument("mar", type=Path, help="a .mar built by `hookwatch archive`")
     bench.add_argument(
-        "--render",
-        action="store_true",
-        help="no run: re-render docs/bench/results*.md and README.md's bench blocks from the "
-        "committed results*.json",
+        "--request",
+        type=Path,
+        default=None,
+        help="request bodies: one JSON body, or .jsonl with one body a line (default: bodies "
+        "synthesized from the archived handler.input: shape, dtype, min/max; text models "
+        "need --request)",
+    )
+    bench.add_argument(
+        "--seconds", type=float, default=10.0, help="measured seconds per variant per round"
+    )
+    bench.add_argument("--rounds", type=int, default=6, help="rounds, A B then B A, ...")
+    bench.add_argument("--clients", type=int, default=4, help="closed-loop clients")
+    bench.add_argument("--workers", type=int, default=1, help="TorchServe workers per variant")
+    bench.add_argument(
+        "--out", type=Path, default=None, help="also write the table (.md) or everything (.json)"
+    )
+    bench.add_argument(
+        "--work",
+        type=Path,
+        default=None,
+        help="TorchServe's run directory, kept (default: a temporary one, removed)",
     )
     bench.set_defaults(func=_bench)
     return parser

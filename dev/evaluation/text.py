@@ -35,6 +35,8 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
+from dev.evaluation import report
+from dev.evaluation.draws import Features, saved
 from hookwatch._config import MonitoringConfig, read_model_config
 from hookwatch._drift import DriftTracker, calibrate
 from hookwatch._hooks import resolve_layers
@@ -42,11 +44,9 @@ from hookwatch._names import OUTPUT_LAYER
 from hookwatch._profile import DriftProfile, build_profile, capture_features
 from hookwatch._service import batch_inputs, make_pipeline
 from hookwatch._text import TextPipeline
-from hookwatch.tools.evaluation import report
-from hookwatch.tools.evaluation.draws import Features, saved
 from hookwatch.tools.text.fortunes import read_category, split_texts
 
-ROOT = Path(__file__).resolve().parents[4]
+ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = "computers"
 #: Shifted scenarios: (name, category, share of it in a window; the rest held-out reference).
 SCENARIOS = (

@@ -1,4 +1,4 @@
-"""docs/metrics.md, generated from the catalogue (``hookwatch catalogue``, ``make docs``)."""
+"""docs/metrics.md, generated from the catalogue (``python -m dev catalogue``, ``make docs``)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def markdown(
     lines = [
         "# hookwatch metrics",
         "",
-        "<!-- Generated from src/hookwatch/_catalogue.py by `hookwatch catalogue > "
+        "<!-- Generated from src/hookwatch/_catalogue.py by `python -m dev catalogue > "
         "docs/metrics.md` (`make docs`); tests/unit/test_catalogue.py fails when it is "
         "stale. -->",
         "",

@@ -20,8 +20,6 @@ import os
 import platform
 import statistics
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from importlib import metadata
@@ -30,11 +28,12 @@ from typing import Any
 
 import psutil
 
-from hookwatch.tools.bench import micro
+from dev.bench import micro
+from dev.bench.variants import MODELS, Group, build_group
 from hookwatch.tools.bench.loadgen import CpuClock, Segment, Target, closed_loop, open_loop
+from hookwatch.tools.bench.server import BenchServer
 from hookwatch.tools.bench.stats import MONITORED, PLAIN, VARIANTS, round_order
-from hookwatch.tools.bench.variants import MODELS, Group, build_group
-from hookwatch.tools.devstack import Ports, Stack, http_get, http_post
+from hookwatch.tools.devstack import Ports, http_get
 
 
 @dataclass(frozen=True)
@@ -215,40 +214,6 @@ def _gpu() -> str:
     if not torch.cuda.is_available():
         return "none (CPU only)"
     return ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
-
-
-class BenchServer(Stack):
-    """A Stack that starts with no model loaded; the bench registers its variants itself."""
-
-    def _torchserve_ready(self) -> bool:
-        status, _ = http_get(f"http://127.0.0.1:{self.ports.management}/models")
-        return status == 200
-
-    def register(self, names: Sequence[str], timeout: float = 300.0) -> None:
-        base = f"http://127.0.0.1:{self.ports.management}/models"
-        for name in names:
-            query = urllib.parse.urlencode(
-                {"url": name, "model_name": name, "initial_workers": 1, "synchronous": "false"}
-            )
-            status, body = http_post(f"{base}?{query}", b"", content_type="text/plain")
-            if status not in (200, 202):
-                raise RuntimeError(
-                    f"register {name}: expected 200/202, got {status} {body[:300]!r}"
-                )
-        deadline = time.monotonic() + timeout
-        pending = list(names)
-        while pending:
-            pending = [n for n in pending if self.ready_workers(n) < 1]
-            if pending and time.monotonic() > deadline:
-                raise TimeoutError(f"workers of {pending} not ready after {timeout:.0f} s")
-            time.sleep(0.5)
-
-    def unregister(self, names: Sequence[str]) -> None:
-        for name in names:
-            request_url = f"http://127.0.0.1:{self.ports.management}/models/{name}"
-            request = urllib.request.Request(request_url, method="DELETE")
-            with urllib.request.urlopen(request, timeout=60) as response:
-                response.read()
 
 
 def _rss_mb(pids: Sequence[int]) -> float:

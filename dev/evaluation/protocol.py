@@ -19,10 +19,10 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from dev.evaluation.draws import Draw, Features
+from dev.evaluation.scenarios import Scenario
 from hookwatch._drift import BinnedReference, Calibration, DriftTracker, Projection, calibrate
 from hookwatch._profile import DriftProfile
-from hookwatch.tools.evaluation.draws import Draw, Features
-from hookwatch.tools.evaluation.scenarios import Scenario
 
 __all__ = [
     "FULL",

@@ -1,6 +1,6 @@
 """Micro-figures: hook cost per call, RSS over many requests, exporter scrape time.
 
-RSS runs in a child process per variant (``python -m hookwatch.tools.bench.micro rss ...``) so one
+RSS runs in a child process per variant (``python -m dev.bench.micro rss ...``) so one
 variant's allocations never count against the other.
 """
 
@@ -23,12 +23,12 @@ import psutil
 import torch
 from torch import nn
 
+from dev.bench.naive import NaiveCapture
+from dev.bench.variants import MODELS, torch_load_state
 from hookwatch._config import HandlerConfig, MonitoringConfig, read_model_config
 from hookwatch._metrics import MetricSet
 from hookwatch._monitor import Monitor
 from hookwatch._service import ModelService
-from hookwatch.tools.bench.naive import NaiveCapture
-from hookwatch.tools.bench.variants import MODELS, torch_load_state
 from hookwatch.tools.devstack import http_get
 
 
@@ -40,7 +40,7 @@ def _model(root: Path, name: str, build: Path) -> tuple[nn.Module, dict[str, Any
 
         model = DigitsCNN()
     else:
-        from hookwatch.tools.bench.resnet import ResNet18
+        from dev.bench.resnet import ResNet18
 
         model = ResNet18()
     model.load_state_dict(torch_load_state(kind.weights(root, build)))
@@ -203,13 +203,14 @@ def rss_trace(
 def rss_in_child(
     root: Path, build: Path, requests: int, monitored: bool, model_dir: Path | None = None
 ) -> RssTrace:
-    cmd = [sys.executable, "-m", "hookwatch.tools.bench.micro", "rss", "--root", str(root)]
+    cmd = [sys.executable, "-m", "dev.bench.micro", "rss", "--root", str(root)]
     cmd += ["--build", str(build), "--requests", str(requests)]
     if monitored:
         cmd.append("--monitored")
     if model_dir is not None:
         cmd += ["--model-dir", str(model_dir)]
-    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    # From the repository root: ``dev`` is a folder of it, not an installed package.
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=root)
     data = json.loads(done.stdout.strip().splitlines()[-1])
     return RssTrace(**data)
 

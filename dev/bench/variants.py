@@ -40,6 +40,9 @@ HANDLERS: Mapping[str, str] = {
     "full": "handlers/hookwatch_handler.py",
     "naive": "handlers/naive_handler.py",
 }
+#: Files of the repository a variant's model directory carries beside its handler: the naive
+#: handler imports its capture as a sibling module, since ``dev/`` is on no worker's path.
+HANDLER_FILES: Mapping[str, tuple[str, ...]] = {"naive": ("dev/bench/naive.py",)}
 
 
 @dataclass(frozen=True)
@@ -101,7 +104,7 @@ def _digits_payloads() -> tuple[list[bytes], str]:
 
 
 def _resnet_weights(root: Path, build: Path) -> Path:
-    from hookwatch.tools.bench.resnet import ResNet18
+    from dev.bench.resnet import ResNet18
 
     build.mkdir(parents=True, exist_ok=True)
     out = build / "resnet18.pt"
@@ -121,10 +124,10 @@ def _resnet_extra(root: Path, build: Path) -> Path:
     """A drift profile for the random-weight ResNet-18, built as ``hookwatch profile`` builds
     one: reference inputs through the serving input pipeline and the serving hooks. Built once
     per work directory (a minute or so on one thread), as its weights are."""
+    from dev.bench.resnet import ResNet18
     from hookwatch._config import read_model_config
     from hookwatch._profile import build_profile
     from hookwatch._service import InputPipeline
-    from hookwatch.tools.bench.resnet import ResNet18
     from hookwatch.tools.own_model import forward_batches
 
     out = build / "resnet18-extra"
@@ -220,7 +223,7 @@ MODELS: Mapping[str, ModelKind] = {
     "resnet18": ModelKind(
         "resnet18",
         "ResNet-18-class CNN, 3x224x224 input, float32 body (random weights)",
-        "hookwatch.tools.bench.resnet",
+        "dev.bench.resnet",
         "models/resnet18/model-config.yaml",
         _resnet_weights,
         _resnet_payloads,
@@ -300,7 +303,7 @@ def build_group(root: Path, store: Path, build: Path, model: str, batch: int) ->
                 "no-archive",
                 "--force",
                 "--extra-files",
-                str(extra),
+                ",".join([str(extra), *(str(root / f) for f in HANDLER_FILES.get(variant, ()))]),
             ],
             check=True,
         )

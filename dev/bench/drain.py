@@ -12,7 +12,7 @@ loaded through :meth:`ModelService.from_handler_config` as a TorchServe worker l
   release it), p50/p99/max;
 * the processor alone on recorded captures, per sample against the size of a drain.
 
-``python -m hookwatch.tools.bench.drain --mar model_store/digits.mar``; the script only uses
+``python -m dev.bench.drain --mar model_store/digits.mar``; the script only uses
 public entry points, so it also measures an older checkout (``PYTHONPATH=old/src python
 path/to/drain.py``) for a before/after on the same machine at the same time.
 """
@@ -35,11 +35,11 @@ from typing import Any
 
 import torch
 
+from dev.bench.variants import torch_load_state
 from hookwatch._config import HandlerConfig, read_model_config
 from hookwatch._metrics import MetricSet
 from hookwatch._monitor.processor import CaptureProcessor
 from hookwatch._service import ModelService
-from hookwatch.tools.bench.variants import torch_load_state
 
 
 def _percentile(values: Sequence[float], q: float) -> float:

@@ -9,7 +9,7 @@
    directory and the series on the exporter's scrape.
 4. Counts: hookwatch's and TorchServe's request counters over the soak against what was sent.
 
-Everything lands in one JSON document; :mod:`hookwatch.tools.soak.report` judges and renders it.
+Everything lands in one JSON document; :mod:`dev.soak.report` judges and renders it.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from dev.bench.runner import describe_machine
 from hookwatch._metrics import parse_samples
 from hookwatch.tools.bench.loadgen import Client, Schedule, Target, closed_loop
-from hookwatch.tools.bench.runner import describe_machine
 from hookwatch.tools.demo.data import load_split
 from hookwatch.tools.devstack import Ports, Stack, http_get
 

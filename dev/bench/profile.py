@@ -1,6 +1,6 @@
 """Where a served worker's CPU goes: py-spy on the TorchServe workers under closed-loop load.
 
-Builds the bench's variants of one model (:mod:`hookwatch.tools.bench.variants`: drift profile
+Builds the bench's variants of one model (:mod:`dev.bench.variants`: drift profile
 in every monitored one), starts TorchServe, and for each variant drives a closed loop while
 ``py-spy record`` samples that variant's worker (``--nonblocking``: the worker is never
 paused; ``--threads``; idle stacks left out). The report is per request, so variants compare
@@ -11,7 +11,7 @@ at their own rates:
   rest, and the frames that grew most against the plain handler;
 * the worker's OS CPU per request over the same window, for scale.
 
-``python -m hookwatch.tools.bench.profile --model digits --batch 1`` (``make bench-profile``);
+``python -m dev.bench.profile --model digits --batch 1`` (``make bench-profile``);
 ``--out`` writes the report as markdown. The figures are samples, not times: at ``--rate``
 samples per second of a thread's activity, 1 sample is 1/rate seconds on CPU.
 """
@@ -31,10 +31,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dev.bench.runner import Settings, _cpu_clock, check_drift_loaded
+from dev.bench.variants import MODELS, build_group
 from hookwatch.tools.bench.loadgen import Segment, Target, closed_loop
-from hookwatch.tools.bench.runner import BenchServer, Settings, _cpu_clock, check_drift_loaded
+from hookwatch.tools.bench.server import BenchServer
 from hookwatch.tools.bench.stats import PLAIN, VARIANTS
-from hookwatch.tools.bench.variants import MODELS, build_group
 from hookwatch.tools.devstack import Ports
 
 #: Frames of hookwatch's own runtime (not its tools): what monitoring adds to a request.
@@ -272,7 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
     if spy is None:
         print(
-            "hookwatch bench profile: expected py-spy (pip install py-spy), found none",
+            "bench profile: expected py-spy (pip install py-spy), found none",
             file=sys.stderr,
         )
         return 2
@@ -280,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         print(
-            f"hookwatch bench profile: expected variants from {VARIANTS}, got {unknown}",
+            f"bench profile: expected variants from {VARIANTS}, got {unknown}",
             file=sys.stderr,
         )
         return 2

@@ -199,13 +199,14 @@ def run(
             directory.mkdir()
             proc = subprocess.Popen(
                 [
-                    *(sys.executable, "-m", "hookwatch.tools.bench.scrape", "simulate"),
+                    *(sys.executable, "-m", "dev.bench.scrape", "simulate"),
                     *("--dir", str(directory), "--config", str(config)),
                     *("--dead", str(n_dead), "--live", str(live), "--requests", str(requests)),
                 ],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 env={k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"},
+                cwd=root,  # ``dev`` is a folder of the repository, not installed
             )
             simulators.append(proc)
             assert proc.stdout is not None
@@ -276,8 +277,7 @@ def _report(
     lines = [
         "# Exporter scrape time after worker restarts",
         "",
-        "<!-- Written by `make bench-scrape` (python -m hookwatch.tools.bench.scrape); "
-        "do not edit. -->",
+        "<!-- Written by `make bench-scrape` (python -m dev.bench.scrape); do not edit. -->",
         "",
         f"Each simulated worker is a real process running the demo CNN under a hookwatch Monitor "
         f"with the demo's monitoring section ({requests} requests, all sampled), so its files "
@@ -316,9 +316,7 @@ def _report(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m hookwatch.tools.bench.scrape", description=__doc__
-    )
+    parser = argparse.ArgumentParser(prog="python -m dev.bench.scrape", description=__doc__)
     sub = parser.add_subparsers(dest="command")
     sim = sub.add_parser("simulate", help="internal: write simulated workers' files")
     sim.add_argument("--dir", type=Path, required=True)

@@ -26,10 +26,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from hookwatch._config import DriftConfig, read_model_config
-from hookwatch.tools.evaluation import report
-from hookwatch.tools.evaluation.draws import Draw, make_draw, with_budget
-from hookwatch.tools.evaluation.protocol import (
+from dev.evaluation import report
+from dev.evaluation.draws import Draw, make_draw, with_budget
+from dev.evaluation.protocol import (
     FULL,
     JUDGEMENTS,
     Windows,
@@ -40,17 +39,18 @@ from hookwatch.tools.evaluation.protocol import (
     stream_verdicts,
     variants,
 )
-from hookwatch.tools.evaluation.significance import compare, interval
-from hookwatch.tools.evaluation.timeline import (
+from dev.evaluation.significance import compare, interval
+from dev.evaluation.timeline import (
     clean_run,
     delays,
     null_reference,
     online_streams,
     tracker,
 )
+from hookwatch._config import DriftConfig, read_model_config
 
-#: The repository this harness evaluates: src/hookwatch/tools/evaluation/run.py is 4 levels in.
-ROOT = Path(__file__).resolve().parents[4]
+#: The repository this harness evaluates: dev/evaluation/run.py is 2 levels in.
+ROOT = Path(__file__).resolve().parents[2]
 PENULTIMATE = "act3"
 #: Baseline methods: (key in the baseline output, table name).
 ENSEMBLES = (("ks_or", "KS-OR"), ("mmd_or", "MMD-OR"))
@@ -275,10 +275,10 @@ def _timeline(draw: Draw, args: argparse.Namespace) -> dict[str, Any]:
 def _wide(draw: Draw, windows: Mapping[int, Windows], args: argparse.Namespace) -> dict[str, Any]:
     """Input and hidden-layer detectors at a small feature budget, first features against
     principal components, through the tracker (one draw)."""
+    from dev.evaluation.draws import batches, captured, saved
     from hookwatch._profile import build_profile
     from hookwatch.tools.demo.build import reference_split
     from hookwatch.tools.demo.data import load_split
-    from hookwatch.tools.evaluation.draws import batches, captured, saved
 
     _, x_ref, _ = reference_split(load_split(seed=draw.seed), seed=draw.seed)
     out: dict[str, Any] = {"profiles": {}, "fired": {}, "clean": {}}

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from hookwatch.tools.evaluation.draws import Draw
-from hookwatch.tools.evaluation.protocol import FULL, JUDGEMENTS, Windows, variants
+from dev.evaluation.draws import Draw
+from dev.evaluation.protocol import FULL, JUDGEMENTS, Windows, variants
 
 __all__ = ["headline", "markdown", "setup", "wide_summary"]
 
@@ -472,7 +472,7 @@ def _streaming(results: Mapping[str, Any]) -> list[str]:
 
 
 def _text(results: Mapping[str, Any]) -> list[str]:
-    """The text section (``hookwatch.tools.evaluation.text``), when it has run."""
+    """The text section (``dev.evaluation.text``), when it has run."""
     text = results.get("text")
     if text is None:
         return []
@@ -526,7 +526,7 @@ def _text(results: Mapping[str, Any]) -> list[str]:
         "Scenarios: "
         + "; ".join(f"`{s['name']}`: {s['description']}" for s in text["scenarios"])
         + f". Computed in {text['seconds']:.0f} s by `python -m "
-        "hookwatch.tools.evaluation.text` (the last step of `make eval-drift`).",
+        "dev.evaluation.text` (the last step of `make eval-drift`).",
         "",
     ]
 

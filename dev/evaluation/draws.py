@@ -17,13 +17,13 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
+from dev.evaluation.scenarios import Scenario, build_scenarios
 from hookwatch._config import MonitoringConfig
 from hookwatch._drift import Projection, derive
 from hookwatch._names import OUTPUT_LAYER
 from hookwatch._profile import DriftProfile, build_profile, capture_features
 from hookwatch.tools.demo.build import reference_split, train
 from hookwatch.tools.demo.data import load_split
-from hookwatch.tools.evaluation.scenarios import Scenario, build_scenarios
 
 __all__ = ["Draw", "batches", "captured", "make_draw", "representations", "saved"]
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
+from dev.evaluation.draws import Draw, Features, batches, saved
+from dev.evaluation.protocol import sequence
 from hookwatch._config import DriftConfig
 from hookwatch._drift import Calibration, DriftTracker
 from hookwatch._profile import DriftProfile, build_profile
-from hookwatch.tools.evaluation.draws import Draw, Features, batches, saved
-from hookwatch.tools.evaluation.protocol import sequence
 
 __all__ = [
     "CleanRun",

@@ -1,0 +1,173 @@
+"""``python -m dev``: the repository's harnesses, run from its root by the ``make`` targets.
+
+``bench`` (``make bench``, ``make bench-quick``) measures the handler variants and rewrites
+docs/bench/ and README.md's bench blocks; ``soak`` (``make soak``) writes docs/soak/;
+``catalogue`` (``make docs``) prints docs/metrics.md. None of them is installed with hookwatch:
+a user measures their own model with ``hookwatch bench MAR``, which prints and writes nothing
+into the repository.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from hookwatch.tools.cli import (
+    DEMO_MODEL_CONFIG,
+    REPO_ROOT_HINT,
+    USER_ERRORS,
+    demo_fleet_bins,
+    demo_watched_layers,
+)
+
+
+def _catalogue(args: argparse.Namespace) -> int:
+    from dev.catalogue_docs import markdown
+
+    config = args.root / DEMO_MODEL_CONFIG
+    sys.stdout.write(
+        markdown(demo_watched_layers(config), DEMO_MODEL_CONFIG, demo_fleet_bins(config))
+    )
+    return 0
+
+
+def _stopped_bench(signum: int, frame: Any) -> None:
+    # SIGTERM ends the bench as Ctrl-C does: unwinding, so the TorchServe it started is stopped.
+    raise KeyboardInterrupt
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from dev.bench import report, runner
+    from hookwatch.tools.devstack import Ports
+
+    readme = args.root / "README.md"
+    if args.render:
+        for source in report.README_RESULTS:
+            result = runner.read_result(args.root / source)
+            (args.root / source).with_suffix(".md").write_text(report.render(result))
+            report.rewrite_readme(readme, result, source)
+        print(
+            f"rendered {', '.join(report.README_RESULTS)} into their tables and {readme}'s "
+            "bench blocks"
+        )
+        return 0
+    settings = runner.Settings.quick() if args.quick else runner.Settings.full()
+    if args.models:
+        settings = dataclasses.replace(settings, models=tuple(args.models.split(",")))
+    work = args.work or args.root / "build" / ("bench-quick" if args.quick else "bench")
+    out = args.out or (
+        work / "results-quick.md" if args.quick else args.root / report.README_RESULTS[0]
+    ).with_suffix(".md")
+    previous = signal.signal(signal.SIGTERM, _stopped_bench)
+    try:
+        result = runner.run(args.root.resolve(), settings, work.resolve(), Ports.free())
+    except KeyboardInterrupt:
+        # The runner's own cleanup (TorchServe, its workers) has run on the way out.
+        print("python -m dev bench: stopped; nothing written", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    report.write(result, out)
+    print(f"wrote {out} and {out.with_suffix('.json')} in {result.duration_s / 60:.1f} min")
+    for source in report.README_RESULTS:
+        if out.with_suffix(".json").resolve() == (args.root / source).resolve():
+            # The README states the committed runs' verdicts: rendered from them, never by hand.
+            report.rewrite_readme(readme, result, source)
+            print(f"rewrote the bench block of {readme} for {source}")
+    return 0
+
+
+def _soak(args: argparse.Namespace) -> int:
+    from dev.soak import report, runner
+    from hookwatch.tools.devstack import Ports
+
+    settings = (
+        runner.Settings.quick(args.seconds or 60.0)
+        if args.quick
+        else runner.Settings.full(args.seconds or 600.0)
+    )
+    work = (args.work or args.root / "build" / "soak").resolve()
+    out = args.out or (work / "report" if args.quick else args.root / "docs" / "soak")
+    if args.render:
+        problems = report.rewrite(out)
+    else:
+        result = runner.run(args.root.resolve(), settings, work, Ports.free())
+        problems = report.write(result, out)
+    print(
+        f"wrote {out}/README.md, soak.json and plots: " + ("passed" if not problems else "failed")
+    )
+    for problem in problems:
+        print(f"  {problem}")
+    return 1 if problems else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m dev", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    catalogue = sub.add_parser(
+        "catalogue", help="print docs/metrics.md (every metric, its labels and series count)"
+    )
+    catalogue.add_argument("--root", type=Path, default=Path.cwd(), help=REPO_ROOT_HINT)
+    catalogue.set_defaults(func=_catalogue)
+
+    soak = sub.add_parser(
+        "soak",
+        help="the stack at 70 %% of its capacity with bad requests and a worker killed: "
+        "memory, descriptors, files, series and counts over time",
+    )
+    soak.add_argument("--root", type=Path, default=Path.cwd(), help=REPO_ROOT_HINT)
+    soak.add_argument(
+        "--seconds",
+        type=float,
+        default=float(os.environ.get("SOAK_SECONDS", "0")),
+        help="soak length (default 600, --quick 60; $SOAK_SECONDS)",
+    )
+    soak.add_argument(
+        "--quick", action="store_true", help="the 1-minute form: shorter samples and windows"
+    )
+    soak.add_argument("--out", type=Path, default=None, help="report directory (default docs/soak)")
+    soak.add_argument("--work", type=Path, default=None, help="run directory (build/soak)")
+    soak.add_argument(
+        "--render",
+        action="store_true",
+        help="run nothing: redraw README.md and the plots from the report directory's soak.json",
+    )
+    soak.set_defaults(func=_soak)
+
+    bench = sub.add_parser(
+        "bench", help="the overhead bench: four handler variants of the repository's models"
+    )
+    bench.add_argument("--root", type=Path, default=Path.cwd(), help=REPO_ROOT_HINT)
+    bench.add_argument("--quick", action="store_true", help="short CI run (demo model only)")
+    bench.add_argument("--models", default="", help="comma-separated subset: digits,resnet18")
+    bench.add_argument("--out", type=Path, default=None, help="markdown table to write")
+    bench.add_argument("--work", type=Path, default=None, help="build and run directory")
+    bench.add_argument(
+        "--render",
+        action="store_true",
+        help="no run: re-render docs/bench/results*.md and README.md's bench blocks from the "
+        "committed results*.json",
+    )
+    bench.set_defaults(func=_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        result: int = args.func(args)
+    except USER_ERRORS as error:
+        if os.environ.get("HOOKWATCH_DEBUG"):
+            raise
+        lines = str(error).strip().splitlines() or [type(error).__name__]
+        print(f"python -m dev {args.command}: error: {lines[0]}", file=sys.stderr)
+        return 2
+    return result

@@ -1,0 +1,424 @@
+"""``hookwatch bench MAR``: a user's archive served without and with hookwatch, side by side.
+
+One TorchServe on free loopback ports serves two models from the same ``.mar``: the archive as
+``hookwatch archive`` wrote it, and a copy whose handler file is swapped for one that subclasses
+:class:`hookwatch.torchserve.UnmonitoredHandler` (same decoding, batching and answers, no
+monitor). Both are warmed up, then measured in interleaved rounds (A B, B A, ...) with a closed
+loop of clients, so the machine's slow drift cancels out; each round's hookwatch numbers are
+divided by the plain numbers of the same round. The ratio table is printed; ``--out`` writes it
+as Markdown or JSON. Nothing is written anywhere else but the work directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+import statistics
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from hookwatch._config import HandlerConfig, InputSpec
+from hookwatch._errors import ConfigError
+from hookwatch.tools.bench.loadgen import Segment, Target, closed_loop
+from hookwatch.tools.bench.stats import PLAIN, Spread, ratios
+
+MONITORED = "hookwatch"
+#: In the order even rounds run them (odd rounds reverse it).
+VARIANTS: tuple[str, str] = (PLAIN, MONITORED)
+
+#: The plain variant's handler file: the archive's model, config and request decoding, served
+#: without monitoring.
+PLAIN_HANDLER_SOURCE = '''"""Written by `hookwatch bench`: served without monitoring."""
+
+from hookwatch.torchserve import UnmonitoredHandler
+
+
+class Handler(UnmonitoredHandler):
+    """The one class TorchServe loads from this file."""
+'''
+
+#: Distinct request bodies synthesised from ``handler.input`` (cycled through by the clients).
+SYNTHETIC_BODIES = 16
+
+#: (label, stats metric, unit) of each row of the table.
+ROWS: tuple[tuple[str, str, str], ...] = (
+    ("throughput", "throughput", "req/s"),
+    ("p50 latency", "p50", "ms"),
+    ("p99 latency", "p99", "ms"),
+)
+
+
+@dataclass(frozen=True)
+class Archive:
+    """What the bench needs of a ``.mar`` built by ``hookwatch archive``."""
+
+    path: Path
+    name: str
+    #: The handler file's name inside the archive (the manifest's ``handler``).
+    handler_file: str
+    handler: HandlerConfig
+
+
+def read_archive(mar: Path) -> Archive:
+    """The archive's model name, handler file and ``handler:`` config; a one-line
+    :class:`ConfigError` for anything that is not a ``.mar`` with hookwatch's handler."""
+    if not mar.is_file():
+        raise ConfigError(f"expected a .mar file at {mar}, got no such file")
+    if mar.suffix != ".mar":
+        raise ConfigError(f"expected a .mar file (hookwatch archive writes one), got {mar.name}")
+    try:
+        with zipfile.ZipFile(mar) as archive:
+            manifest = json.loads(archive.read("MAR-INF/MANIFEST.json"))["model"]
+            names = set(archive.namelist())
+            handler_file = str(manifest.get("handler", ""))
+            source = (
+                archive.read(handler_file).decode(errors="replace") if handler_file in names else ""
+            )
+            config_file = manifest.get("configFile")
+            raw = (
+                yaml.safe_load(archive.read(config_file))
+                if config_file and config_file in names
+                else None
+            )
+    except (OSError, KeyError, TypeError, ValueError, zipfile.BadZipFile) as error:
+        raise ConfigError(
+            f"expected a TorchServe .mar at {mar}, got {type(error).__name__}: {error}"
+        ) from None
+    if "hookwatch.torchserve" not in source or "HookwatchHandler" not in source:
+        raise ConfigError(
+            f"expected a .mar built by `hookwatch archive` (a handler file subclassing "
+            f"hookwatch.torchserve.HookwatchHandler), got {mar.name} with handler "
+            f"{handler_file or 'none'!r}"
+        )
+    if not isinstance(raw, Mapping) or "handler" not in raw:
+        raise ConfigError(
+            f"expected a .mar built by `hookwatch archive` (a model-config with a handler: "
+            f"section), got {mar.name} without one"
+        )
+    return Archive(
+        mar,
+        str(manifest.get("modelName", mar.stem)),
+        handler_file,
+        HandlerConfig.from_mapping(raw["handler"]),
+    )
+
+
+def plain_archive(archive: Archive, out: Path) -> Path:
+    """A copy of the archive at ``out`` whose handler file serves without monitoring."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(archive.path) as source, zipfile.ZipFile(out, "w") as target:
+        for item in source.infolist():
+            if item.filename == archive.handler_file:
+                target.writestr(item, PLAIN_HANDLER_SOURCE)
+            else:
+                # Stored as they are (compressed bytes copied would need zipfile internals).
+                target.writestr(item, source.read(item))
+    return out
+
+
+def read_requests(path: Path) -> list[bytes]:
+    """Request bodies from ``--request``: a ``.jsonl`` file holds one JSON body a line, any
+    other file is one JSON body."""
+    if not path.is_file():
+        raise ConfigError(f"--request: expected a JSON or .jsonl file at {path}, got no such file")
+    text = path.read_text()
+    lines = (
+        [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+        if path.suffix == ".jsonl"
+        else [(1, text)]
+    )
+    bodies = []
+    for number, line in lines:
+        try:
+            json.loads(line)
+        except ValueError as error:
+            where = f"{path}:{number}" if path.suffix == ".jsonl" else str(path)
+            raise ConfigError(
+                f"--request: expected a JSON body, got {where}: {str(error).splitlines()[0]}"
+            ) from None
+        bodies.append(line.strip().encode())
+    if not bodies:
+        raise ConfigError(f"--request: expected at least one JSON body, got an empty {path}")
+    return bodies
+
+
+def synthesize(spec: InputSpec, count: int = SYNTHETIC_BODIES, seed: int = 0) -> list[bytes]:
+    """Request bodies for a tensor input: ``{field: values}`` of ``spec.shape``, drawn uniform
+    in ``[min, max]`` (integers for integer and boolean dtypes). Without a declared range the
+    values lie in [0, 1]; with one bound only, in a unit interval beside it."""
+    if spec.text is not None:
+        raise ConfigError(
+            "expected --request FILE (a JSON body, or .jsonl: one body a line) for a text "
+            "model, got none"
+        )
+    if spec.shape is None:
+        raise ConfigError(
+            f"expected --request FILE for a model whose input.preprocess ({spec.preprocess}) "
+            "reads the requests, got none"
+        )
+    low = spec.min_value
+    high = spec.max_value
+    if low is None:
+        low = high - 1.0 if high is not None else 0.0
+    if high is None:
+        high = low + 1.0
+    rng = np.random.default_rng(seed)
+    bodies = []
+    for _ in range(count):
+        values: np.ndarray[Any, Any]
+        if spec.dtype == "bool":
+            values = rng.integers(0, 2, size=spec.shape)
+        elif spec.dtype.startswith("int"):
+            values = rng.integers(math.ceil(low), math.floor(high) + 1, size=spec.shape)
+        else:
+            values = rng.uniform(low, high, size=spec.shape).round(4)
+        bodies.append(json.dumps({spec.field: values.tolist()}).encode())
+    return bodies
+
+
+def request_bodies(request: Path | None, spec: InputSpec) -> list[bytes]:
+    return read_requests(request) if request is not None else synthesize(spec)
+
+
+@dataclass(frozen=True)
+class Settings:
+    #: Measured seconds per variant per round.
+    seconds: float = 10.0
+    rounds: int = 6
+    #: Closed-loop clients, each sending its next request when the last is answered.
+    clients: int = 4
+    #: TorchServe workers per variant.
+    workers: int = 1
+    warmup_s: float = 1.0
+
+    def check(self) -> None:
+        for name, value, least in (
+            ("--seconds", self.seconds, 0.1),
+            ("--rounds", self.rounds, 1),
+            ("--clients", self.clients, 1),
+            ("--workers", self.workers, 1),
+        ):
+            if not value >= least:
+                raise ConfigError(f"{name}: expected at least {least:g}, got {value:g}")
+
+
+@dataclass
+class Result:
+    model: str
+    mar: str
+    settings: Settings
+    #: Where the bodies came from: the --request file, or "synthesized from handler.input".
+    requests: str
+    rounds: list[dict[str, Segment]] = field(default_factory=list)
+    started: str = ""
+    duration_s: float = 0.0
+
+    def summary(self) -> list[dict[str, Any]]:
+        """Per row: each variant's median over rounds and the ratio's min / median / max."""
+        rows = []
+        for label, metric, unit in ROWS:
+            spread = Spread.of(ratios(self.rounds, MONITORED, metric))
+            medians = {
+                v: statistics.median(_value(s[v], metric) for s in self.rounds) for v in VARIANTS
+            }
+            rows.append(
+                {
+                    "metric": label,
+                    "unit": unit,
+                    PLAIN: medians[PLAIN],
+                    MONITORED: medians[MONITORED],
+                    "ratio": spread.median,
+                    "ratio_min": spread.low,
+                    "ratio_max": spread.high,
+                }
+            )
+        return rows
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "model": self.model,
+                "mar": self.mar,
+                "settings": dataclasses.asdict(self.settings),
+                "requests": self.requests,
+                "started": self.started,
+                "duration_s": self.duration_s,
+                "summary": self.summary(),
+                "rounds": [{v: dataclasses.asdict(s) for v, s in r.items()} for r in self.rounds],
+            },
+            indent=1,
+        )
+
+
+def _value(segment: Segment, metric: str) -> float:
+    return {
+        "throughput": segment.throughput_rps,
+        "p50": segment.p50_ms,
+        "p99": segment.p99_ms,
+    }[metric]
+
+
+def render(result: Result) -> str:
+    """The ratio table, Markdown (readable as it is on a terminal)."""
+    s = result.settings
+    lines = [
+        f"hookwatch bench: {result.model} ({result.mar}), plain handler against hookwatch as "
+        f"archived",
+        f"{s.rounds} rounds of {s.seconds:g} s per variant, interleaved; closed loop, "
+        f"{s.clients} clients; {s.workers} worker(s) per variant; requests: {result.requests}",
+        "",
+        "| metric | plain | hookwatch | hookwatch / plain (median over rounds, min-max) |",
+        "|---|---:|---:|---:|",
+    ]
+    for row in result.summary():
+        lines.append(
+            f"| {row['metric']} ({row['unit']}) | {row[PLAIN]:.2f} | {row[MONITORED]:.2f} | "
+            f"**{row['ratio']:.3f}** ({row['ratio_min']:.3f}-{row['ratio_max']:.3f}) |"
+        )
+    errors = {v: sum(r[v].errors for r in result.rounds) for v in VARIANTS}
+    served = {v: sum(r[v].requests for r in result.rounds) for v in VARIANTS}
+    lines += [
+        "",
+        "Throughput ratio below 1 and latency ratios above 1 are what monitoring costs; each "
+        "round's hookwatch numbers are divided by the plain numbers of the same round. "
+        + ", ".join(f"{v}: {served[v]} requests, {errors[v]} errors" for v in VARIANTS)
+        + ".",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write(result: Result, out: Path) -> None:
+    """``--out``: the table as Markdown (``.md``) or everything measured as JSON (``.json``)."""
+    text = result.to_json() + "\n" if out.suffix == ".json" else render(result)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+
+
+def check_out(out: Path | None) -> None:
+    if out is not None and out.suffix not in (".md", ".json"):
+        raise ConfigError(f"--out: expected a .md or .json file, got {out.name}")
+
+
+def round_order(index: int) -> tuple[str, ...]:
+    return VARIANTS if index % 2 == 0 else tuple(reversed(VARIANTS))
+
+
+def _probe(server: Any, names: Mapping[str, str], bodies: Sequence[bytes]) -> None:
+    """Every body once to each variant: a body the model refuses fails here, in one line."""
+    from hookwatch.tools.devstack import http_post
+
+    for variant, name in names.items():
+        url = f"http://127.0.0.1:{server.ports.inference}/predictions/{name}"
+        for index, body in enumerate(bodies):
+            status, answer = http_post(url, body, timeout=60.0)
+            if status != 200:
+                detail = answer.decode(errors="replace").strip().replace("\n", " ")[:300]
+                raise ConfigError(
+                    f"expected 200 from the {variant} model for request body {index + 1}, got "
+                    f"{status}: {detail}"
+                )
+
+
+def run(
+    archive: Archive,
+    bodies: Sequence[bytes],
+    settings: Settings,
+    work: Path,
+    ports: Any,
+    requests: str,
+    say: Callable[[str], None] = print,
+) -> Result:
+    """Serve both variants on one TorchServe rooted at ``work`` and measure them."""
+    from hookwatch.tools.bench.server import BenchServer
+
+    started = time.monotonic()
+    store = work / "model-store"
+    shutil.rmtree(store, ignore_errors=True)
+    store.mkdir(parents=True)
+    names = {PLAIN: f"{archive.name}-plain", MONITORED: f"{archive.name}-hookwatch"}
+    plain_archive(archive, store / f"{names[PLAIN]}.mar")
+    (store / f"{names[MONITORED]}.mar").symlink_to(archive.path.resolve())
+    result = Result(
+        archive.name,
+        archive.path.name,
+        settings,
+        requests,
+        started=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    )
+    server = BenchServer(
+        root=work,
+        run_dir=work / "run",
+        ports=ports,
+        workers=settings.workers,
+        model_store=store,
+        models="",
+    )
+    try:
+        say(f"starting TorchServe (inference port {ports.inference}) in {work}")
+        server.start_torchserve()
+        server.register(list(names.values()), workers=settings.workers, suffix=".mar")
+        _probe(server, names, bodies)
+
+        def target(variant: str) -> Target:
+            path = f"/predictions/{names[variant]}"
+            return Target("127.0.0.1", ports.inference, path, bodies, "application/json")
+
+        for variant in VARIANTS:
+            closed_loop(target(variant), settings.clients, max(1.0, settings.seconds / 2))
+        for index in range(settings.rounds):
+            segments = {
+                variant: closed_loop(
+                    target(variant), settings.clients, settings.seconds, settings.warmup_s
+                )
+                for variant in round_order(index)
+            }
+            result.rounds.append(segments)
+            say(
+                f"round {index + 1}/{settings.rounds}: "
+                + ", ".join(
+                    f"{v} {segments[v].throughput_rps:.1f} req/s p99 {segments[v].p99_ms:.1f} ms"
+                    for v in VARIANTS
+                )
+            )
+    finally:
+        server.stop()
+    result.duration_s = time.monotonic() - started
+    return result
+
+
+def bench(
+    mar: Path,
+    request: Path | None,
+    settings: Settings,
+    out: Path | None,
+    work: Path | None,
+    ports: Any,
+    say: Callable[[str], None] = print,
+) -> Result:
+    """Everything ``hookwatch bench MAR`` does but printing the table: checks first (one line
+    each), then the run; a temporary work directory goes when the run ends."""
+    settings.check()
+    check_out(out)
+    archive = read_archive(mar)
+    bodies = request_bodies(request, archive.handler.input)
+    source = str(request) if request is not None else "synthesized from handler.input"
+    directory = Path(tempfile.mkdtemp(prefix="hookwatch-bench-")) if work is None else work
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        result = run(archive, bodies, settings, directory.resolve(), ports, source, say)
+    finally:
+        if work is None:  # a temporary one; with --work the logs stay
+            shutil.rmtree(directory, ignore_errors=True)
+    if out is not None:
+        write(result, out)
+    return result
