@@ -306,3 +306,30 @@ def test_a_pid_in_a_stale_run_file_is_never_signalled(tmp_path: Path) -> None:
     finally:
         sleeper.kill()
         sleeper.wait(10)
+
+
+class LookbackPrometheus:
+    """Range queries as Prometheus answers them: at the grid's points only, each seeing the
+    last scrape at or before it within the 5-minute lookback."""
+
+    url = "http://127.0.0.1:9"
+
+    def __init__(self, scrapes: list[float]) -> None:
+        self.scrapes = scrapes
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[Series]:
+        grid = np.arange(start, end + 1e-9, step)
+        seen = [t for t in grid if any(t - 300 <= s <= t for s in self.scrapes)]
+        return [Series({}, np.array(seen), np.ones(len(seen)))] if seen else []
+
+
+def test_a_run_stopped_seconds_after_its_first_scrape_is_reported() -> None:
+    from hookwatch.tools.report.build import sample_window
+
+    # The report is asked at 1000.0 for the last 78 s (a run of 18 s, a minute of margin);
+    # the only scrape came at 998.0, after the last point of a 5 s grid counted from 922.
+    client = LookbackPrometheus([998.0])
+    window = sample_window(client, "digits", 922.0, 1000.0, 5.0, None, None)  # type: ignore[arg-type]
+    assert window.start <= 998.0 <= window.end
+    seen = client.query_range("x", window.start, window.end, window.step)
+    assert seen and seen[0].times.size >= 1, "the drawn grid must see the run's one scrape"

@@ -58,9 +58,10 @@ def _build_demo(args: argparse.Namespace) -> int:
 def _stack(args: argparse.Namespace, **kwargs: Any) -> Any:
     from hookwatch.tools.devstack import Ports, Stack
 
+    root = getattr(args, "root", None) or Path.cwd()
     return Stack(
-        root=args.root,
-        run_dir=args.run_dir or args.root / ".run",
+        root=root,
+        run_dir=args.run_dir or root / ".run",
         ports=Ports.from_env(),
         workers=args.workers,
         **kwargs,
@@ -103,7 +104,11 @@ def _final_report(stack: Any, out: Path, minutes: float) -> None:
     print(f"writing the report into {out}/ ...", flush=True)
     try:
         from hookwatch.tools.report.build import write_report
+        from hookwatch.tools.report.prometheus import parse_duration
 
+        # The run up to its stop, however short: one more scrape of every target first (a
+        # run stopped seconds after it started may not have been scraped at all yet).
+        stack.await_scrape(time.time(), 2 * parse_duration(stack.scrape_interval) + 2)
         written = write_report(
             f"http://127.0.0.1:{stack.ports.prometheus}",
             out,
@@ -205,9 +210,11 @@ def _held(
     left = stack.clear_stale()
     if left:
         print(f"stopped what a run that is gone left running: {', '.join(left)}", flush=True)
-    busy = stack.ports.busy()
-    if busy:
-        print("cannot start:\n  " + "\n  ".join(busy), file=sys.stderr)
+    from hookwatch.tools.devstack import missing_parts
+
+    cannot = missing_parts() + stack.ports.busy()
+    if cannot:
+        print("cannot start:\n  " + "\n  ".join(cannot), file=sys.stderr)
         return 1
     name = stack.model_name
     traffic = None
@@ -289,19 +296,16 @@ def _run(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     stopping = _on_stop_signals()
-    from hookwatch.tools.own_model import mar_model_name
+    from hookwatch.tools.own_model import hookwatch_mar_name
 
     mar: Path = args.mar
     if not mar.is_file():
         raise ConfigError(f"expected a .mar file at {mar}, got no such file")
     if mar.suffix != ".mar":
         raise ConfigError(f"expected a .mar file (hookwatch archive writes one), got {mar.name}")
-    stack = _stack(
-        args,
-        model_store=mar.resolve().parent,
-        models=mar.name,
-        model_name=mar_model_name(mar),
-    )
+    # Everything the stack needs is written into the run directory (the model store links
+    # the archive there): serving needs no checkout and nothing of the current folder.
+    stack = _stack(args, mar_files=[mar], models=mar.name, model_name=hookwatch_mar_name(mar))
     print(
         "serving; live values from Prometheus every 5 s (Ctrl-C, SIGTERM or `hookwatch stop` "
         "ends it)",
@@ -345,7 +349,8 @@ def _drift_after(parser: argparse.ArgumentParser, shifted: str) -> None:
 def _report_dir(args: argparse.Namespace) -> Path | None:
     if args.no_report:
         return None
-    return Path(args.report) if args.report is not None else Path(args.root) / "build" / "report"
+    root = getattr(args, "root", None) or Path.cwd()
+    return Path(args.report) if args.report is not None else Path(root) / "build" / "report"
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -751,13 +756,16 @@ def run_dir_option(cmd: argparse.ArgumentParser) -> None:
         "--run-dir",
         type=Path,
         default=Path(env) if env else None,
-        help="where the stack's pids, logs and data go (default: $HOOKWATCH_RUN_DIR, else "
-        "ROOT/.run); one run at a time per directory",
+        help="where the stack's config, pids, logs and data go (default: $HOOKWATCH_RUN_DIR, "
+        "else .run in the current directory); one run at a time per directory",
     )
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from hookwatch import __version__
+
     parser = argparse.ArgumentParser(prog="hookwatch", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"hookwatch {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     exporter = sub.add_parser("exporter", help="serve merged multiprocess metrics over HTTP")
@@ -893,7 +901,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("mar", type=Path)
     serve.add_argument("--workers", type=int, default=1)
-    serve.add_argument("--root", type=Path, default=Path.cwd(), help=REPO_ROOT_HINT)
     run_dir_option(serve)
     serve.add_argument(
         "--seconds",

@@ -34,7 +34,8 @@ from typing import Any
 
 import yaml
 
-from hookwatch.tools.assets import PROMETHEUS, PROMETHEUS_CONFIG
+from hookwatch.tools.assets import PROMETHEUS, PROMETHEUS_CONFIG, TORCHSERVE_CONFIG
+
 MODEL_NAME = "digits"
 
 #: Where ``Ports.free`` looks: above the registered services people run on a workstation,
@@ -198,11 +199,40 @@ def _wait(
     raise TimeoutError(f"{what} was not ready after {timeout:.0f} s\n{tail}")
 
 
-def require_binary(name: str, hint: str) -> str:
+#: The programs a stack runs that ``pip install 'hookwatch[torchserve]'`` does not bring, and
+#: what to install for each (Debian and Ubuntu package names).
+SYSTEM_PARTS: Mapping[str, str] = {
+    "java": "a Java runtime for TorchServe's frontend (apt-get install openjdk-17-jre-headless)",
+    "prometheus": "Prometheus (apt-get install prometheus, or its release binary on PATH)",
+}
+
+
+def require_binary(name: str, hint: str | None = None) -> str:
+    """The path of program ``name``; a missing one raises, naming what to install."""
     path = shutil.which(name)
     if path is None:
-        raise FileNotFoundError(f"expected {name!r} on PATH ({hint}), found none")
+        raise FileNotFoundError(
+            f"expected {name!r} on PATH, found none: install {hint or SYSTEM_PARTS[name]}"
+        )
     return path
+
+
+def torchserve_binary() -> str | None:
+    """TorchServe's launcher: the one beside this Python first (a venv need not be active)."""
+    return shutil.which("torchserve", path=str(Path(sys.executable).parent)) or shutil.which(
+        "torchserve"
+    )
+
+
+def missing_parts() -> list[str]:
+    """One line per program a stack needs and this machine lacks, naming what to install."""
+    lines = []
+    if torchserve_binary() is None:
+        lines.append("expected 'torchserve', found none: pip install 'hookwatch[torchserve]'")
+    for name, what in SYSTEM_PARTS.items():
+        if shutil.which(name) is None:
+            lines.append(f"expected {name!r} on PATH, found none: install {what}")
+    return lines
 
 
 @dataclass
@@ -213,7 +243,12 @@ class Stack:
     run_dir: Path
     ports: Ports = field(default_factory=Ports)
     workers: int = 2
+    #: TorchServe's model store; None: ``root/model_store``, or the run directory's own store
+    #: when ``mar_files`` is set.
     model_store: Path | None = None
+    #: ``.mar`` files from anywhere, linked into ``run_dir/model-store`` at start: a run needs
+    #: nothing of the folder it was started in.
+    mar_files: Sequence[Path] = ()
     scrape_interval: str = "5s"
     #: None: the rule files the package's prometheus.yml names, resolved against its directory
     #: (hookwatch's alerting and recording rules). A sequence replaces them (empty: no rules).
@@ -262,6 +297,21 @@ class Stack:
     @property
     def logs(self) -> Path:
         return self.run_dir / "logs"
+
+    @property
+    def store(self) -> Path:
+        """TorchServe's model store for this stack."""
+        if self.model_store is not None:
+            return self.model_store
+        return self.run_dir / "model-store" if self.mar_files else self.root / "model_store"
+
+    def _link_mar_files(self) -> None:
+        if not self.mar_files:
+            return
+        shutil.rmtree(self.store, ignore_errors=True)
+        self.store.mkdir(parents=True)
+        for mar in self.mar_files:
+            (self.store / mar.name).symlink_to(mar.resolve())
 
     # -- processes ----------------------------------------------------------------------------
 
@@ -318,7 +368,7 @@ class Stack:
             "metrics_address": f"http://127.0.0.1:{self.ports.metrics}",
             "grpc_inference_port": str(self.ports.grpc_inference),
             "grpc_management_port": str(self.ports.grpc_management),
-            "model_store": str(self.model_store or self.root / "model_store"),
+            "model_store": str(self.store),
             "default_workers_per_model": str(self.workers),
             "load_models": self.models,
             # Model extraction and worker sockets follow java.io.tmpdir, not TMPDIR: keep them
@@ -326,7 +376,7 @@ class Stack:
             "vmargs": f"-Djava.io.tmpdir={self.run_dir / 'tmp'} -XX:+UseSerialGC -Xmx512m",
             "disable_token_authorization": "false" if self.token_auth else "true",
         }
-        for line in (self.root / "config.properties").read_text().splitlines():
+        for line in TORCHSERVE_CONFIG.read_text().splitlines():
             key = line.split("=", 1)[0].strip()
             if key in overrides and not line.lstrip().startswith("#"):
                 line = f"{key}={overrides.pop(key)}"
@@ -344,11 +394,12 @@ class Stack:
         self.multiproc_dir.mkdir(parents=True, exist_ok=self.metrics_dir is not None)
         tmp = self.run_dir / "tmp"
         tmp.mkdir(exist_ok=True)
+        self._link_mar_files()
         bindir = Path(sys.executable).parent
-        torchserve = shutil.which("torchserve", path=str(bindir)) or require_binary(
-            "torchserve", "pip install torchserve"
+        torchserve = torchserve_binary() or require_binary(
+            "torchserve", "pip install 'hookwatch[torchserve]'"
         )
-        require_binary("java", "TorchServe's frontend needs a Java runtime, e.g. openjdk-17")
+        require_binary("java")
         env = dict(os.environ)
         env.update(
             PROMETHEUS_MULTIPROC_DIR=str(self.multiproc_dir),
@@ -457,7 +508,7 @@ class Stack:
         return path
 
     def start_prometheus(self, timeout: float = 60.0) -> None:
-        binary = require_binary("prometheus", "Debian package 'prometheus'; make deps installs it")
+        binary = require_binary("prometheus")
         config = self.render_prometheus_config()
         data = self.run_dir / "prometheus-data"
         # Every start is a new run. An earlier run's series would stay visible for Prometheus'
@@ -511,8 +562,14 @@ class Stack:
     def hold(self, command: str) -> Iterator[None]:
         """Own the run directory while the block runs; :class:`AlreadyRunning` if another
         process does. The lock goes with this process, however it ends."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:
+            raise OSError(
+                f"expected a writable run directory (--run-dir or HOOKWATCH_RUN_DIR), got "
+                f"{self.run_dir}: {error.strerror or error}"
+            ) from None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -597,6 +654,21 @@ class Stack:
             raise RuntimeError(f"query {promql!r}: expected success, got {status} {body[:300]!r}")
         result: list[dict[str, Any]] = payload["data"]["result"]
         return result
+
+    def await_scrape(self, after: float, timeout: float) -> bool:
+        """Wait until Prometheus has scraped every target at or after ``after`` (Unix
+        seconds); False if it had not within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                rows = self.query("min(timestamp(up))")
+            except (OSError, RuntimeError, ValueError):
+                rows = []
+            if rows and float(rows[0]["value"][1]) >= after:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.25)
 
     def infer(self, body: Any, model: str | None = None) -> tuple[int, Any]:
         model = model or self.model_name

@@ -9,7 +9,6 @@ import time
 from collections import Counter
 from typing import Any
 
-from hookwatch.tools.demo.data import load_split
 from hookwatch.tools.devstack import Stack
 
 
@@ -80,6 +79,10 @@ class TrafficLoop(Traffic):
 
     def __init__(self, stack: Stack, rate_per_s: float = 20.0, drift_after_s: float = 0.0) -> None:
         super().__init__(stack, rate_per_s, drift_after_s)
+        # The demo's digits come from scikit-learn (the tools extra): imported here, so a
+        # serve of a user's model needs none of it.
+        from hookwatch.tools.demo.data import load_split
+
         self._split = load_split()
 
     def request(self, i: int, shifted: bool) -> tuple[Any, Any]:

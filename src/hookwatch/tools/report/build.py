@@ -140,7 +140,11 @@ def sample_window(
     """The range to draw: what was asked, cut to the model's samples where not given."""
     step = max(scrape, math.ceil((end - start) / 1000))
     expr = f"count(hookwatch_requests_total{{model={json.dumps(model)}}})"
-    times = [t for s in client.query_range(expr, start, end, step) for t in s.times]
+    # A grid with ``end`` on it: a range query answers at its grid's points only, and a run
+    # stopped seconds after its first scrape has that scrape after the last point of a grid
+    # counted from ``start``.
+    probe = end - math.ceil((end - start) / step) * step
+    times = [t for s in client.query_range(expr, probe, end, step) for t in s.times]
     if not times:
         raise ReportError(
             f"expected samples of {expr} between {time.ctime(start)} and {time.ctime(end)} "
@@ -151,6 +155,10 @@ def sample_window(
     step = max(scrape, math.ceil((last - first) / POINTS))
     # One grid for every query: the onset found on it is where the lines change.
     first = math.floor(first / step) * step
+    if until is None:
+        # Its last point at or after the last sample, which it must see; evaluated up to a
+        # step past it, Prometheus answers that sample (its lookback reaches back to it).
+        last = math.ceil(last / step) * step
     return Window(first, max(last, first + step), step, scrape)
 
 
