@@ -484,12 +484,17 @@ class Stack:
         source = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
         source["global"]["scrape_interval"] = self.scrape_interval
         source["global"]["evaluation_interval"] = self.scrape_interval
-        # The rendered file lives in run_dir, so relative rule paths must be made absolute.
-        rules = (
-            [PROMETHEUS / p for p in source.get("rule_files") or ()]
-            if self.rule_files is None
-            else self.rule_files
-        )
+        rules = self.rule_files
+        if rules is None:
+            # The package's rules, copied beside the rendered file: the run directory holds
+            # all Prometheus reads, and a package upgraded mid-run changes nothing of it.
+            copied = self.run_dir / "rules"
+            shutil.rmtree(copied, ignore_errors=True)
+            copied.mkdir(parents=True)
+            for pattern in source.get("rule_files") or ():
+                for rule_file in sorted(PROMETHEUS.glob(pattern)):
+                    shutil.copy(rule_file, copied / rule_file.name)
+            rules = [copied / "*.yml"]
         source["rule_files"] = [str(p) for p in rules]
         targets = {
             "torchserve": [f"127.0.0.1:{self.ports.metrics}"],
