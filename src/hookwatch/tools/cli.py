@@ -302,16 +302,13 @@ def _run(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     stopping = _on_stop_signals()
-    from hookwatch.tools.own_model import hookwatch_mar_name
+    from hookwatch.tools.mar import read_hookwatch_mar
 
     mar: Path = args.mar
-    if not mar.is_file():
-        raise ConfigError(f"expected a .mar file at {mar}, got no such file")
-    if mar.suffix != ".mar":
-        raise ConfigError(f"expected a .mar file (hookwatch archive writes one), got {mar.name}")
+    name = read_hookwatch_mar(mar).name
     # Everything the stack needs is written into the run directory (the model store links
     # the archive there): serving needs no checkout and nothing of the current folder.
-    stack = _stack(args, mar_files=[mar], models=mar.name, model_name=hookwatch_mar_name(mar))
+    stack = _stack(args, mar_files=[mar], models=mar.name, model_name=name)
     print(
         "serving; live values from Prometheus every 5 s (Ctrl-C, SIGTERM or `hookwatch stop` "
         "ends it)",

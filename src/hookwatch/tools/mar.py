@@ -8,16 +8,70 @@ import io
 import json
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from hookwatch._config import ModelConfig, read_model_config
-from hookwatch._errors import ProfileError
+from hookwatch._errors import ConfigError, ProfileError
 from hookwatch._model import MODEL_SPEC_FILE, ModelSpec, build_model
 
-__all__ = ["load_mar_model"]
+__all__ = ["HookwatchArchive", "load_mar_model", "read_hookwatch_mar"]
+
+
+@dataclass(frozen=True)
+class HookwatchArchive:
+    """What the commands that take a user's ``.mar`` (serve, bench) read of it."""
+
+    path: Path
+    #: The TorchServe model name (the manifest's ``modelName``).
+    name: str
+    #: The handler file's name inside the archive (the manifest's ``handler``).
+    handler_file: str
+    #: The archived model-config, parsed (None: the archive has none).
+    config: Any
+
+
+def read_hookwatch_mar(mar: Path) -> HookwatchArchive:
+    """A ``.mar`` whose handler is hookwatch's; a one-line :class:`ConfigError` for a missing
+    file, a file that is not a ``.mar``, or an archive served by another handler (it would
+    serve and show nothing)."""
+    import yaml
+
+    if not mar.is_file():
+        raise ConfigError(f"expected a .mar file at {mar}, got no such file")
+    if mar.suffix != ".mar":
+        raise ConfigError(f"expected a .mar file (hookwatch archive writes one), got {mar.name}")
+    try:
+        with zipfile.ZipFile(mar) as archive:
+            manifest = json.loads(archive.read("MAR-INF/MANIFEST.json"))["model"]
+            names = set(archive.namelist())
+            handler_file = str(manifest.get("handler", ""))
+            source = (
+                archive.read(handler_file).decode(errors="replace") if handler_file in names else ""
+            )
+            config_file = manifest.get("configFile")
+            config = (
+                yaml.safe_load(archive.read(config_file))
+                if config_file and config_file in names
+                else None
+            )
+    except (OSError, KeyError, TypeError, ValueError, zipfile.BadZipFile) as error:
+        raise ConfigError(
+            f"expected a TorchServe .mar at {mar}, got {type(error).__name__}: {error}"
+        ) from None
+    # `hookwatch archive` and the demo's handler file both subclass HookwatchHandler; a plain
+    # handler (UnmonitoredHandler, TorchServe's own) serves without monitoring.
+    if "hookwatch.torchserve" not in source or "HookwatchHandler" not in source:
+        raise ConfigError(
+            f"expected a .mar built by `hookwatch archive` (a handler file subclassing "
+            f"hookwatch.torchserve.HookwatchHandler), got {mar.name} with handler "
+            f"{handler_file or 'none'!r}"
+        )
+    return HookwatchArchive(mar, str(manifest.get("modelName", mar.stem)), handler_file, config)
 
 
 def load_mar_model(mar: Path) -> tuple[nn.Module, ModelConfig, str]:

@@ -18,7 +18,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import zipfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -723,39 +722,3 @@ def build_dir_for_preprocess(extra_files: Sequence[Path], ref: ModelRef) -> Path
     """Where a preprocess module is looked up at archive time: beside the extra files (which is
     where it lies in the model directory once archived), else beside the model file."""
     return (extra_files[0] if extra_files else ref.path).resolve().parent
-
-
-def mar_model_name(mar: Path) -> str:
-    """The model name recorded in a ``.mar``'s manifest."""
-    return str(_manifest(mar)[0]["model"]["modelName"])
-
-
-def hookwatch_mar_name(mar: Path) -> str:
-    """The model name of a ``.mar`` whose handler is hookwatch's; a ConfigError otherwise."""
-    manifest, handler_source = _manifest(mar)
-    # `hookwatch archive` and the demo's handler file both subclass a hookwatch.torchserve
-    # handler; anything else serves without hookwatch and would show nothing.
-    if "hookwatch.torchserve" not in handler_source:
-        handler = manifest["model"].get("handler", "none")
-        raise ConfigError(
-            f"expected a .mar built by `hookwatch archive` (a handler from "
-            f"hookwatch.torchserve), got {mar.name} with handler {handler!r}"
-        )
-    return str(manifest["model"]["modelName"])
-
-
-def _manifest(mar: Path) -> tuple[dict[str, Any], str]:
-    """A ``.mar``'s manifest and its handler file's source ("" for a built-in handler)."""
-    try:
-        with zipfile.ZipFile(mar) as archive:
-            manifest = json.loads(archive.read("MAR-INF/MANIFEST.json"))
-            handler = str(manifest["model"].get("handler", ""))
-            names = set(archive.namelist())
-            source = archive.read(handler).decode(errors="replace") if handler in names else ""
-    except (OSError, KeyError, TypeError, zipfile.BadZipFile, ValueError) as error:
-        raise ConfigError(
-            f"expected a TorchServe .mar at {mar}, got {type(error).__name__}: {error}"
-        ) from None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("model"), dict):
-        raise ConfigError(f"expected a TorchServe .mar at {mar}, got a manifest without 'model'")
-    return manifest, source

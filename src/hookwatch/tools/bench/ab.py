@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from hookwatch._config import HandlerConfig, InputSpec
 from hookwatch._errors import ConfigError
 from hookwatch.tools.bench.loadgen import Segment, Target, closed_loop
 from hookwatch.tools.bench.stats import PLAIN, Spread, ratios
+from hookwatch.tools.mar import read_hookwatch_mar
 
 MONITORED = "hookwatch"
 #: In the order even rounds run them (odd rounds reverse it).
@@ -72,44 +72,14 @@ class Archive:
 def read_archive(mar: Path) -> Archive:
     """The archive's model name, handler file and ``handler:`` config; a one-line
     :class:`ConfigError` for anything that is not a ``.mar`` with hookwatch's handler."""
-    if not mar.is_file():
-        raise ConfigError(f"expected a .mar file at {mar}, got no such file")
-    if mar.suffix != ".mar":
-        raise ConfigError(f"expected a .mar file (hookwatch archive writes one), got {mar.name}")
-    try:
-        with zipfile.ZipFile(mar) as archive:
-            manifest = json.loads(archive.read("MAR-INF/MANIFEST.json"))["model"]
-            names = set(archive.namelist())
-            handler_file = str(manifest.get("handler", ""))
-            source = (
-                archive.read(handler_file).decode(errors="replace") if handler_file in names else ""
-            )
-            config_file = manifest.get("configFile")
-            raw = (
-                yaml.safe_load(archive.read(config_file))
-                if config_file and config_file in names
-                else None
-            )
-    except (OSError, KeyError, TypeError, ValueError, zipfile.BadZipFile) as error:
-        raise ConfigError(
-            f"expected a TorchServe .mar at {mar}, got {type(error).__name__}: {error}"
-        ) from None
-    if "hookwatch.torchserve" not in source or "HookwatchHandler" not in source:
-        raise ConfigError(
-            f"expected a .mar built by `hookwatch archive` (a handler file subclassing "
-            f"hookwatch.torchserve.HookwatchHandler), got {mar.name} with handler "
-            f"{handler_file or 'none'!r}"
-        )
-    if not isinstance(raw, Mapping) or "handler" not in raw:
+    read = read_hookwatch_mar(mar)
+    if not isinstance(read.config, Mapping) or "handler" not in read.config:
         raise ConfigError(
             f"expected a .mar built by `hookwatch archive` (a model-config with a handler: "
             f"section), got {mar.name} without one"
         )
     return Archive(
-        mar,
-        str(manifest.get("modelName", mar.stem)),
-        handler_file,
-        HandlerConfig.from_mapping(raw["handler"]),
+        mar, read.name, read.handler_file, HandlerConfig.from_mapping(read.config["handler"])
     )
 
 
