@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 import os
 import signal
 import sys
@@ -21,9 +20,9 @@ from typing import Any
 from hookwatch.tools.cli import (
     DEMO_MODEL_CONFIG,
     REPO_ROOT_HINT,
-    USER_ERRORS,
     demo_fleet_bins,
     demo_watched_layers,
+    run_command,
 )
 
 
@@ -160,14 +159,4 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    args = build_parser().parse_args(argv)
-    try:
-        result: int = args.func(args)
-    except USER_ERRORS as error:
-        if os.environ.get("HOOKWATCH_DEBUG"):
-            raise
-        lines = str(error).strip().splitlines() or [type(error).__name__]
-        print(f"python -m dev {args.command}: error: {lines[0]}", file=sys.stderr)
-        return 2
-    return result
+    return run_command(build_parser(), argv, "python -m dev")

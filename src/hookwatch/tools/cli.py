@@ -1003,15 +1003,21 @@ USER_ERRORS = (HookwatchError, OSError, ValueError, RuntimeError)
 
 
 def main(argv: list[str] | None = None) -> int:
+    return run_command(build_parser(), argv, "hookwatch")
+
+
+def run_command(parser: argparse.ArgumentParser, argv: list[str] | None, prog: str) -> int:
+    """Parse ``argv`` and run its subcommand; a user's mistake is one line naming ``prog`` and
+    the subcommand, exit status 2 (HOOKWATCH_DEBUG=1 raises instead)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    args = build_parser().parse_args(argv)
+    args = parser.parse_args(argv)
     try:
         result: int = args.func(args)
     except USER_ERRORS as error:
         if os.environ.get("HOOKWATCH_DEBUG"):
             raise
         lines = str(error).strip().splitlines() or [type(error).__name__]
-        print(f"hookwatch {args.command}: error: {lines[0]}", file=sys.stderr)
+        print(f"{prog} {args.command}: error: {lines[0]}", file=sys.stderr)
         return 2
     return result
 
