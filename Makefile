@@ -123,8 +123,9 @@ rules: deps ## promtool: check and unit-test the alerting rules in monitoring/pr
 	promtool check config monitoring/prometheus/prometheus.yml
 	cd monitoring/prometheus/tests && promtool test rules *.yml
 
-docs: $(BIN)/.installed ## regenerate docs/metrics.md from src/hookwatch/_catalogue.py (dev/catalogue_docs.py)
+docs: $(BIN)/.installed ## regenerate docs/metrics.md from src/hookwatch/_catalogue.py (dev/catalogue_docs.py) and docs/configuration.md's option tables from src/hookwatch/_config.py (dev/config_docs.py)
 	$(BIN)/python -m dev catalogue > docs/metrics.md
+	$(BIN)/python -m dev config-docs
 
 SOAK_SECONDS ?= 600
 soak: deps $(MAR) ## soak, 10 min (SOAK_SECONDS): 70 % of capacity, bad requests, a worker killed; writes docs/soak/

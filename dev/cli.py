@@ -2,7 +2,8 @@
 
 ``bench`` (``make bench``, ``make bench-quick``) measures the handler variants and rewrites
 docs/bench/ and README.md's bench blocks; ``soak`` (``make soak``) writes docs/soak/;
-``catalogue`` (``make docs``) prints docs/metrics.md. None of them is installed with hookwatch:
+``catalogue`` (``make docs``) prints docs/metrics.md; ``config-docs`` (``make docs``) rewrites
+docs/configuration.md's option tables. None of them is installed with hookwatch:
 a user measures their own model with ``hookwatch bench MAR``, which prints and writes nothing
 into the repository.
 """
@@ -33,6 +34,23 @@ def _catalogue(args: argparse.Namespace) -> int:
     sys.stdout.write(
         markdown(demo_watched_layers(config), DEMO_MODEL_CONFIG, demo_fleet_bins(config))
     )
+    return 0
+
+
+def _config_docs(args: argparse.Namespace) -> int:
+    from dev.config_docs import render
+
+    path = args.root / "docs" / "configuration.md"
+    text = path.read_text()
+    current = render(text)
+    if args.check:
+        if current != text:
+            print(f"{path} is stale: run `make docs`", file=sys.stderr)
+            return 1
+        return 0
+    if current != text:
+        path.write_text(current)
+        print(f"rewrote the option tables of {path}")
     return 0
 
 
@@ -115,6 +133,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     catalogue.add_argument("--root", type=Path, default=Path.cwd(), help=REPO_ROOT_HINT)
     catalogue.set_defaults(func=_catalogue)
+
+    config_docs = sub.add_parser(
+        "config-docs",
+        help="rewrite docs/configuration.md's option tables from the config fields' defaults, "
+        "bounds and meanings (src/hookwatch/_config.py)",
+    )
+    config_docs.add_argument("--root", type=Path, default=Path.cwd(), help=REPO_ROOT_HINT)
+    config_docs.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 when a table is stale"
+    )
+    config_docs.set_defaults(func=_config_docs)
 
     soak = sub.add_parser(
         "soak",

@@ -7,25 +7,30 @@ when TorchServe has parsed the file already).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from hookwatch._errors import ConfigError
 from hookwatch._names import INPUT_LAYER, OUTPUT_LAYER
 
 __all__ = [
+    "OPTION",
     "DriftConfig",
     "HandlerConfig",
     "InputSpec",
     "ModelConfig",
     "MonitoringConfig",
+    "Option",
     "OutputSpec",
     "TextSpec",
     "as_monitoring_config",
+    "interval",
+    "options",
     "read_model_config",
 ]
 #: ``input.encoding`` values. "float32": a body that TorchServe did not parse as JSON (any
@@ -51,93 +56,277 @@ _FUNCTION_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 GLOB_CHARS = frozenset("*?[")
 
 
-def _expect(cond: bool, key: str, expected: str, got: object) -> None:
+#: ``field.metadata`` key under which a config field carries its :class:`Option`.
+OPTION = "option"
+
+
+@dataclass(frozen=True)
+class Option:
+    """What a config field carries beside its type and default: its bounds and its meaning.
+
+    Written once, on the field (``field(default=..., metadata={OPTION: Option(...)})``, built by
+    :func:`_option`): the constructor checks a value against it (``__post_init__``), the
+    ``from_mapping`` parsers leave an absent key to the field's default, and
+    ``dev/config_docs.py`` writes the option tables of docs/configuration.md from it.
+    """
+
+    #: What the option does: the "meaning" column of docs/configuration.md.
+    doc: str
+    #: How a value is checked: "number" / "integer" (within ``bounds``), "bool", "choice"
+    #: (one of ``choices``) or "check" (``check``, described by ``expected``).
+    kind: str
+    #: Closed bounds of a number or integer; an upper bound that is a string names another
+    #: field of the same section (``step`` is at most ``window``).
+    bounds: tuple[float, float | str] | None = None
+    #: "lo" or "hi": that end of ``bounds`` is excluded too (checked after the closed range).
+    open_end: str = ""
+    #: The values of a "choice", shown in the error message as given (a list or a tuple).
+    choices: tuple[str, ...] | list[str] | None = None
+    check: Callable[[Any], bool] | None = None
+    #: What ``check`` expects, in "expected X, got Y".
+    expected: str = ""
+    #: Further (check, expected) pairs, in order, once the value passed ``check``.
+    also: tuple[tuple[Callable[[Any], bool], str], ...] = ()
+    #: A list is kept as a tuple (the config stays hashable and frozen).
+    sequence: bool = False
+    #: The value ``from_mapping`` gives a required field whose key is absent (None: none).
+    absent: tuple[str, ...] | None = None
+    #: The "type" column where it is not derived from the above.
+    type_doc: str = ""
+    #: Appended to the derived "type" column (a constraint against another option).
+    type_note: str = ""
+
+    def validate(self, where: str, value: Any, section: object) -> Any:
+        """``value`` as the field keeps it, or a :class:`ConfigError` naming ``where``."""
+        if self.kind == "check":
+            assert self.check is not None
+            _expect(self.check(value), where, self.expected, value)
+            for check, expected in self.also:
+                _expect(check(value), where, expected, value)
+            return tuple(value) if self.sequence else value
+        if self.kind == "choice":
+            _expect(value in (self.choices or ()), where, f"one of {self.choices!r}", value)
+            return value
+        if self.kind == "bool":
+            _expect(isinstance(value, bool), where, "true or false", value)
+            return value
+        assert self.bounds is not None
+        lo, hi_bound = self.bounds
+        hi = getattr(section, hi_bound) if isinstance(hi_bound, str) else hi_bound
+        integer = self.kind == "integer"
+        _expect(
+            (isinstance(value, int) if integer else isinstance(value, int | float))
+            and not isinstance(value, bool)
+            and lo <= value <= hi,
+            where,
+            f"an integer in [{lo}, {hi}]" if integer else f"a number in [{lo}, {hi}]",
+            value,
+        )
+        kept = int(value) if integer else float(value)
+        if self.open_end:
+            inside = kept > lo if self.open_end == "lo" else kept < hi
+            _expect(inside, where, f"a number in {interval(lo, hi, self.open_end)}", kept)
+        return kept
+
+
+def interval(lo: float, hi: float | str, open_end: str = "") -> str:
+    """``[lo, hi]`` with ``open_end``'s bracket turned, numbers written short (0, 0.5, 10^6)."""
+
+    def short(bound: float | str) -> str:
+        if isinstance(bound, str):
+            return bound
+        if isinstance(bound, int) and bound >= 10**6 and str(bound).rstrip("0") == "1":
+            return f"10^{len(str(bound)) - 1}"
+        return f"{bound:g}" if isinstance(bound, float) else str(bound)
+
+    left = "(" if open_end == "lo" else "["
+    right = ")" if open_end == "hi" else "]"
+    return f"{left}{short(lo)}, {short(hi)}{right}"
+
+
+_T = TypeVar("_T")
+
+
+def _option(
+    default: _T,
+    doc: str,
+    *,
+    bounds: tuple[float, float | str] | None = None,
+    open_end: str = "",
+    choices: tuple[str, ...] | list[str] | None = None,
+    check: Callable[[Any], bool] | None = None,
+    expected: str = "",
+    also: tuple[tuple[Callable[[Any], bool], str], ...] = (),
+    type_doc: str = "",
+    type_note: str = "",
+) -> _T:
+    """A dataclass field with its default and its :class:`Option`; the kind follows from them."""
+    if check is not None:
+        kind = "check"
+    elif choices is not None:
+        kind = "choice"
+    elif isinstance(default, bool):
+        kind = "bool"
+    elif bounds is not None:
+        kind = "integer" if isinstance(default, int) else "number"
+    else:
+        raise TypeError(f"expected bounds, choices or a check for default {default!r}, got none")
+    option = Option(
+        doc=doc,
+        kind=kind,
+        bounds=bounds,
+        open_end=open_end,
+        choices=choices,
+        check=check,
+        expected=expected,
+        also=also,
+        sequence=isinstance(default, tuple) and check is not None,
+        type_doc=type_doc,
+        type_note=type_note,
+    )
+    value: _T = dataclasses.field(default=default, metadata={OPTION: option})
+    return value
+
+
+def options(cls: type) -> list[tuple[dataclasses.Field[Any], Option]]:
+    """``cls``'s fields that carry an :class:`Option`, in field order."""
+    return [(f, f.metadata[OPTION]) for f in fields(cls) if OPTION in f.metadata]
+
+
+def _validate(section: object, where: str) -> None:
+    """Check every option field of a frozen ``section`` in field order, keeping the result."""
+    for f, option in options(type(section)):
+        value = getattr(section, f.name)
+        kept = option.validate(f"{where}.{f.name}", value, section)
+        if kept is not value:
+            object.__setattr__(section, f.name, kept)
+
+
+def _given(cls: type, raw: Mapping[str, Any]) -> dict[str, Any]:
+    """``raw``'s keys, plus the ``absent`` value of a required field it leaves out.
+
+    An absent key with a default is left out: the dataclass default applies.
+    """
+    values = dict(raw)
+    for f, option in options(cls):
+        if f.name not in values and option.absent is not None:
+            values[f.name] = option.absent
+    return values
+
+
+def _expect(cond: bool, where: str, expected: str, got: object) -> None:
     if not cond:
-        where = f"monitoring.{key}" if key else "monitoring"
         raise ConfigError(f"{where}: expected {expected}, got {got!r}")
 
 
-def _number(raw: Mapping[str, Any], key: str, default: float, lo: float, hi: float) -> float:
-    value = raw.get(key, default)
-    _expect(
-        isinstance(value, int | float) and not isinstance(value, bool) and lo <= value <= hi,
-        key,
-        f"a number in [{lo}, {hi}]",
-        value,
-    )
-    return float(value)
+def _strings(value: Any) -> bool:
+    return isinstance(value, list | tuple) and all(isinstance(x, str) and x for x in value)
 
 
-def _integer(raw: Mapping[str, Any], key: str, default: int, lo: int, hi: int) -> int:
-    value = raw.get(key, default)
-    _expect(
-        isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi,
-        key,
-        f"an integer in [{lo}, {hi}]",
-        value,
-    )
-    return int(value)
+def _distinct(value: Any) -> bool:
+    return len(set(value)) == len(value)
 
 
-def _strings(raw: Mapping[str, Any], key: str, what: str) -> list[str]:
-    value = raw.get(key, [])
-    _expect(
-        isinstance(value, list | tuple) and all(isinstance(x, str) and x for x in value),
-        key,
-        f"a list of {what}",
-        value,
-    )
-    return list(value)
+def _index(value: Any) -> bool:
+    """An integer >= 0 (a position, a tuple index), never a bool."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _section(cls: type, raw: Mapping[str, Any] | None, key: str) -> Mapping[str, Any]:
+def _section(cls: type, raw: Mapping[str, Any] | None, where: str) -> Mapping[str, Any]:
     """``raw`` as a mapping whose keys are all fields of ``cls`` (a typo fails the load)."""
     if raw is None:
         raw = {}
-    _expect(isinstance(raw, Mapping), key, "a mapping", raw)
+    _expect(isinstance(raw, Mapping), where, "a mapping", raw)
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(raw) - known)
-    _expect(not unknown, key, f"only the keys {sorted(known)}", unknown)
+    _expect(not unknown, where, f"only the keys {sorted(known)}", unknown)
     return raw
 
 
 @dataclass(frozen=True)
 class DriftConfig:
-    """``monitoring.drift``: sliding-window drift tests against the model's reference profile."""
+    """``monitoring.drift``: sliding-window drift tests against the model's reference profile.
 
-    enabled: bool = True
-    #: Samples per sliding window (sampled requests, not all requests).
-    window: int = 200
-    #: A verdict every ``step`` new samples once the window is full; 0 means window // 4.
-    step: int = 0
-    #: Share of clean windows allowed to alarm, over all detectors together.
-    false_alarm_rate: float = 0.01
-    #: Profile file name inside the model directory (``make mar`` puts it into the .mar).
-    profile: str = "drift-profile.npz"
-    #: Reference-quantile bins per feature when a profile is built.
-    bins: int = 10
-    #: Resampled reference windows the thresholds are calibrated on at load.
-    calibration_windows: int = 4000
-    #: Detectors whose per-bin sample counts are exported for fleet-wide drift (PromQL over
-    #: every worker and replica). Each costs two series per bin, so the default keeps the
-    #: output-derived ones only: the demo then stays far below its series target.
-    fleet_detectors: tuple[str, ...] = FLEET_DETECTORS
-    #: How a layer with more features than ``max_features`` is reduced for drift when a profile
-    #: is built: "pca" keeps its principal components on the reference, "none" its first
-    #: ``max_features`` features. The profile records the result; serving follows the profile.
-    projection: str = "pca"
-    #: With "pca", the most features per sample captured from a wide layer and projected: it
-    #: bounds the copy a sampled forward makes and the size of the projection in the profile.
-    projection_width: int = 4096
-    #: Anytime-valid alarms (hookwatch._drift.sequential) beside the sliding windows; the
-    #: drift alert pages on them.
-    sequential: bool = True
-    #: Expected sampled requests between two false alarms of the sequential tests, all
-    #: detectors together (per worker, and so for the fleet's samples too). The default is
-    #: 30 days at 10 sampled requests per second (100 requests/s at 10 % sampling).
-    run_length: int = 25_920_000
-    #: Probability that the reference-sampling bounds the sequential tests rest on hold.
-    reference_confidence: float = 0.99
+    Validated on construction: a value out of its bounds raises :class:`ConfigError`.
+    """
+
+    enabled: bool = _option(True, "false: no drift tests even with a profile")
+    window: int = _option(200, "samples per sliding window", bounds=(2, 100_000))
+    step: int = _option(
+        0,
+        "a verdict every `step` new samples once the window is full; 0 means window / 4",
+        bounds=(0, "window"),
+    )
+    false_alarm_rate: float = _option(
+        0.01,
+        "share of clean windows allowed to alarm, over all detectors and layers together",
+        bounds=(0.0, 0.5),
+        open_end="lo",
+    )
+    profile: str = _option(
+        "drift-profile.npz",
+        "profile inside the model directory (`make mar` archives it)",
+        check=lambda v: isinstance(v, str) and bool(v) and "/" not in v,
+        expected="a file name in the model directory",
+        type_doc="file name",
+    )
+    bins: int = _option(
+        10, "reference-quantile bins per feature when a profile is built", bounds=(2, 64)
+    )
+    calibration_windows: int = _option(
+        4000,
+        "resampled reference windows the thresholds are calibrated on at load",
+        bounds=(500, 1_000_000),
+    )
+    fleet_detectors: tuple[str, ...] = _option(
+        FLEET_DETECTORS,
+        "detectors whose per-bin sample counts are exported "
+        "(`hookwatch_drift_bin_samples_total`) for the fleet-wide score in PromQL; each costs "
+        "two series per bin, a layer up to `2 x max_features x bins` "
+        "([drift.md](drift.md#fleet-wide-drift)), so the default keeps the output-derived ones; "
+        "names the profile does not have are ignored",
+        check=lambda v: _strings(v) and _distinct(v),
+        expected="a list of distinct detector names",
+        type_doc="list of detector names",
+    )
+    projection: str = _option(
+        "pca",
+        "how a layer or input with more than `max_features` features is reduced when a profile "
+        "is built: its top `max_features - 1` principal components on the reference plus the "
+        "distance from them (`pca`), or its first `max_features` features (`none`); the profile "
+        "records it and serving follows the profile ([drift.md](drift.md#wide-layers-projection))",
+        choices=PROJECTIONS,
+    )
+    projection_width: int = _option(
+        4096,
+        "the most features per sample a projected layer hands to the capture thread; bounds the "
+        "copy on a sampled forward and the projection's size in the profile",
+        bounds=(1, 65_536),
+        type_note="at least `max_features` with `pca`",
+    )
+    sequential: bool = _option(
+        True,
+        "run the anytime-valid test per detector beside the "
+        "windows: the drift page (HookwatchDrift) needs it "
+        "([drift.md](drift.md#anytime-valid-alarms))",
+    )
+    run_length: int = _option(
+        25_920_000,
+        "expected sampled requests between two false alarms of all detectors together, per "
+        "worker; the default is 30 days at 10 sampled requests/s (100 requests/s at 10 % "
+        "sampling): raise it in proportion for more traffic or more workers",
+        bounds=(100, 10**15),
+    )
+    reference_confidence: float = _option(
+        0.99,
+        "probability, over the reference draw, that the bound on the reference's sampling error "
+        "the anytime-valid test rests on holds; higher is more cautious and less sensitive",
+        bounds=(0.5, 1.0),
+        open_end="hi",
+    )
+
+    def __post_init__(self) -> None:
+        _validate(self, "monitoring.drift")
 
     @property
     def effective_step(self) -> int:
@@ -145,117 +334,183 @@ class DriftConfig:
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any] | None) -> DriftConfig:
-        raw = _section(cls, raw, "drift")
-        enabled = raw.get("enabled", True)
-        _expect(isinstance(enabled, bool), "drift.enabled", "true or false", enabled)
-        profile = raw.get("profile", cls.profile)
-        _expect(
-            isinstance(profile, str) and bool(profile) and "/" not in profile,
-            "drift.profile",
-            "a file name in the model directory",
-            profile,
-        )
-        fleet = raw.get("fleet_detectors", list(FLEET_DETECTORS))
-        _expect(
-            isinstance(fleet, list | tuple)
-            and all(isinstance(x, str) and x for x in fleet)
-            and len(set(fleet)) == len(fleet),
-            "drift.fleet_detectors",
-            "a list of distinct detector names",
-            fleet,
-        )
-        projection = raw.get("projection", cls.projection)
-        _expect(projection in PROJECTIONS, "drift.projection", f"one of {PROJECTIONS}", projection)
-        # Prefixed keys so errors name the full path, e.g. monitoring.drift.window.
-        keyed = {f"drift.{k}": v for k, v in raw.items()}
-        rate = _number(keyed, "drift.false_alarm_rate", cls.false_alarm_rate, 0.0, 0.5)
-        _expect(rate > 0.0, "drift.false_alarm_rate", "a number in (0, 0.5]", rate)
-        window = _integer(keyed, "drift.window", cls.window, 2, 100_000)
-        sequential = raw.get("sequential", True)
-        _expect(isinstance(sequential, bool), "drift.sequential", "true or false", sequential)
-        confidence = _number(
-            keyed, "drift.reference_confidence", cls.reference_confidence, 0.5, 1.0
-        )
-        _expect(confidence < 1.0, "drift.reference_confidence", "a number in [0.5, 1)", confidence)
-        return cls(
-            enabled=enabled,
-            window=window,
-            step=_integer(keyed, "drift.step", cls.step, 0, window),
-            false_alarm_rate=rate,
-            profile=profile,
-            bins=_integer(keyed, "drift.bins", cls.bins, 2, 64),
-            calibration_windows=_integer(keyed, "drift.calibration_windows", 4000, 500, 1_000_000),
-            fleet_detectors=tuple(fleet),
-            projection=projection,
-            projection_width=_integer(
-                keyed, "drift.projection_width", cls.projection_width, 1, 65_536
-            ),
-            sequential=sequential,
-            run_length=_integer(keyed, "drift.run_length", cls.run_length, 100, 10**15),
-            reference_confidence=confidence,
-        )
+        return cls(**_given(cls, _section(cls, raw, "monitoring.drift")))
 
 
 @dataclass(frozen=True)
 class OutputSpec:
     """``monitoring.output``: what the output is, and which part of it to watch and answer."""
 
-    head: str = "logits"
-    #: For a tuple/list output its index, for a dict (or a ``ModelOutput``) its key; None: the
-    #: output itself if it is a tensor, else its first tensor.
-    select: int | str | None = None
+    head: str = _option(
+        "logits",
+        "what the output is: `logits` gives the softmax, confidence, entropy and class-mix "
+        "detectors (any number of classes: the per-class detector keeps the `max_features` "
+        "classes with most reference probability, the class mix the 63 most frequent classes "
+        "plus `other`); `values` (regression) and `embedding` are one detector of their "
+        "features, projected like a layer when wider than `max_features`; `none`: statistics "
+        "only",
+        choices=list(HEADS),
+    )
+    select: int | str | None = _option(
+        None,
+        "which part of a tuple/list (index) or dict/`ModelOutput` (key) output to watch and "
+        "answer; null: the output itself if it is a tensor, else its first tensor",
+        check=lambda v: v is None or _index(v) or (isinstance(v, str) and bool(v)),
+        expected="a tuple index (integer >= 0), a dict key (string) or null",
+        type_doc="int, string or null",
+    )
+
+    def __post_init__(self) -> None:
+        _validate(self, "monitoring.output")
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any] | None) -> OutputSpec:
-        raw = _section(cls, raw, "output")
-        head = raw.get("head", cls.head)
-        _expect(head in HEADS, "output.head", f"one of {list(HEADS)}", head)
-        select = raw.get("select")
-        _expect(
-            select is None
-            or (isinstance(select, int) and not isinstance(select, bool) and select >= 0)
-            or (isinstance(select, str) and bool(select)),
-            "output.select",
-            "a tuple index (integer >= 0), a dict key (string) or null",
-            select,
-        )
-        return cls(head=head, select=select)
+        return cls(**_given(cls, _section(cls, raw, "monitoring.output")))
 
 
 @dataclass(frozen=True)
 class MonitoringConfig:
-    """Validated monitoring knobs. Build with :meth:`from_mapping`; never mutated afterwards."""
+    """Validated monitoring knobs, never mutated once built.
 
-    layers: tuple[str, ...]
-    sample_rate: float = 0.1
-    capture_input: bool = True
-    capture_output: bool = True
-    queue_size: int = 1024
-    flush_interval_s: float = 1.0
-    max_features: int = 256
-    copy_limit: int = 4096
-    enabled: bool = True
-    seed: int | None = None
+    Build with :meth:`from_mapping` (the ``monitoring:`` section) or directly; both check
+    every value against its field's bounds and raise :class:`ConfigError` "expected X, got Y".
+    """
+
+    layers: tuple[str, ...] = dataclasses.field(
+        metadata={
+            OPTION: Option(
+                doc="layers whose output is watched; a pattern (`features.*.relu`, "
+                "`blocks.?.act`) matches paths in the model's order (`*` matches dots too: in "
+                "a BERT, `encoder.layer.*.output` also matches "
+                "`encoder.layer.0.attention.output`; `encoder.layer.?.output` is the blocks' "
+                "outputs only, up to 10 layers); a tuple, list, dict (`ModelOutput`) or "
+                "dataclass output is watched at its first tensor (an item that is a tensor "
+                "first, else one nested up to three levels down: an LSTM's `(out, (h, c))` at "
+                "`out`); an entry that matches nothing fails the load with the model's paths; "
+                "`input`/`output` are reserved",
+                kind="check",
+                check=_strings,
+                expected="a list of dotted module paths or glob patterns (features.*)",
+                also=(
+                    (_distinct, "no duplicates"),
+                    (lambda v: INPUT_LAYER not in v, f"no layer named {INPUT_LAYER!r}"),
+                    (lambda v: OUTPUT_LAYER not in v, f"no layer named {OUTPUT_LAYER!r}"),
+                ),
+                sequence=True,
+                absent=(),
+                type_doc="list of dotted `named_modules()` paths or glob patterns",
+            )
+        }
+    )
+    sample_rate: float = _option(
+        0.1,
+        "share of requests captured, each on its own draw (in a batch, the sampled requests' "
+        "rows are captured; a request of several texts is captured whole)",
+        bounds=(0.0, 1.0),
+    )
+    capture_input: bool = _option(True, 'watch the model\'s input (`layer="input"`)')
+    capture_output: bool = _option(True, 'watch the model\'s output (`layer="output"`)')
+    queue_size: int = _option(
+        1024,
+        "capacity per worker of the buffer between the request thread and the capture thread, "
+        "in sampled forward passes (one record of every watched layer each); when full, a "
+        "record is dropped and its captures counted",
+        bounds=(1, 1_000_000),
+    )
+    flush_interval_s: float = _option(
+        1.0,
+        "how often the capture thread publishes what it accumulated (statistics, drift "
+        "verdicts, fleet bin counts, gauges) to the metric files: how far a scrape can lag "
+        "behind, and what a worker killed with SIGKILL loses (request counts are written as "
+        "they happen and are never lost)",
+        bounds=(0.05, 60.0),
+    )
+    max_features: int = _option(
+        256,
+        "features per layer and sample tested for drift (per-channel means for conv maps); a "
+        "wider layer is projected to this many (`drift.projection`)",
+        bounds=(1, 65_536),
+    )
+    copy_limit: int = _option(
+        4096,
+        "activations of at most this many elements per sample are handed off as an owned copy "
+        "and reduced in batches on the capture thread; larger ones are reduced in the hook (0: "
+        "always in the hook)",
+        bounds=(0, 1 << 20),
+    )
+    enabled: bool = _option(True, "false: no hooks at all, requests still counted")
+    seed: int | None = _option(
+        None,
+        "seed of the sampling draw (tests)",
+        check=lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)),
+        expected="an integer or null",
+        type_doc="int or null",
+    )
     drift: DriftConfig = DriftConfig()
-    #: Module class names whose every instance is watched too (``Conv2d``, ``ReLU``).
-    layer_types: tuple[str, ...] = ()
-    #: The most layers the patterns may resolve to: each costs series and capture work.
-    max_layers: int = 32
+    layer_types: tuple[str, ...] = _option(
+        (),
+        "also watch every module of these classes (`ReLU`, `Conv2d`), in the model's order",
+        check=_strings,
+        expected="a list of module class names (Conv2d, ReLU)",
+        type_doc="list of module class names",
+    )
+    max_layers: int = _option(
+        32,
+        "the most layers `layers` and `layer_types` may resolve to (each costs series and "
+        "capture work); more is a load error naming the patterns. The resolved list is logged "
+        "at load",
+        bounds=(1, 1024),
+    )
     output: OutputSpec = OutputSpec()
-    #: Units (channels of a conv map, units of a flat layer) per hidden layer whose activity is
-    #: counted for the dead/saturated views; 0 switches them off. Each costs two series.
-    max_units: int = 64
-    #: Predicted classes whose activation statistics are kept apart (logits head); the rest
-    #: share the ``other`` class; 0 switches per-class statistics off.
-    max_classes: int = 20
-    #: The forward's attention-mask argument (keyword name or position): hidden states
-    #: ``[B, T, H]`` and the input's token ids ``[B, T]`` are then reduced over the tokens it
-    #: marks, padding left out. None: activations are reduced by shape alone.
-    mask: str | int | None = None
-    #: When the hooks are registered: ``sampled`` only around a sampled forward (an unsampled
-    #: forward runs the model as if unwatched), ``always`` once at load (the hooks then cost
-    #: a closed-gate check on every forward; for models whose code inspects its own hooks).
-    hooks: str = "sampled"
+    max_units: int = _option(
+        64,
+        "units (channels of a conv map, units of a flat layer) per hidden layer whose activity "
+        "is counted for the never-active and saturated views (`hookwatch_unit_*`, `hookwatch "
+        "units`); each tracked unit costs two series, 0 switches the views off",
+        bounds=(0, 4096),
+    )
+    max_classes: int = _option(
+        20,
+        "predicted classes whose activation statistics (mean, zero fraction) are kept apart "
+        "(`hookwatch_class_activation_statistic`; logits head): the ones predicted most often "
+        'on the reference, the rest as `class="other"`; each costs 4 series per watched layer, '
+        "0 switches them off",
+        bounds=(0, 256),
+    )
+    mask: str | int | None = _option(
+        None,
+        "the forward's attention-mask argument (`attention_mask`, or `1` for `forward(ids, "
+        "mask)`): token activations are then reduced over the tokens it marks, padding left "
+        "out: a hidden state `[B, T, H]` gives statistics over its tokens' values and, for "
+        "drift, the mean over tokens per hidden unit (`H` features, projected when wider than "
+        "`max_features`); the input's token ids `[B, T]` give statistics over the ids and the "
+        "token count as their feature. Other shapes (a pooled `[B, H]`, attention weights "
+        "`[B, heads, T, T]`) are reduced as usual. A forward called without the mask counts "
+        "every token. Text inputs (`input.text`) default it to `attention_mask`",
+        check=lambda v: v is None or (isinstance(v, str) and v.isidentifier()) or _index(v),
+        expected="the forward's attention-mask argument: a keyword name, a position (integer "
+        ">= 0) or null",
+        type_doc="keyword name, position or null",
+    )
+    hooks: str = _option(
+        "sampled",
+        "when hookwatch's hooks are on the modules: `sampled` registers them around each "
+        "sampled forward and removes them after it (an unsampled forward runs the model as if "
+        "unwatched); `always` registers them once at load (each forward then pays PyTorch's "
+        "hook dispatch; for models whose own code inspects their hooks). A `torch.compile` "
+        "model always gets `always` "
+        "([architecture](architecture.md#hooks-only-around-sampled-forwards))",
+        choices=list(HOOK_MODES),
+    )
+
+    def __post_init__(self) -> None:
+        _validate(self, "monitoring")
+        _expect(
+            self.drift.projection == "none" or self.drift.projection_width >= self.max_features,
+            "monitoring.drift.projection_width",
+            f"at least max_features ({self.max_features}) with projection 'pca'",
+            self.drift.projection_width,
+        )
 
     @property
     def resolved(self) -> bool:
@@ -284,63 +539,13 @@ class MonitoringConfig:
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any] | None) -> MonitoringConfig:
-        raw = _section(cls, raw, "")
-        layers = _strings(raw, "layers", "dotted module paths or glob patterns (features.*)")
-        types = _strings(raw, "layer_types", "module class names (Conv2d, ReLU)")
-        _expect(len(set(layers)) == len(layers), "layers", "no duplicates", layers)
-        for reserved in (INPUT_LAYER, OUTPUT_LAYER):
-            _expect(reserved not in layers, "layers", f"no layer named {reserved!r}", layers)
-        flags: dict[str, bool] = {}
-        for key in ("capture_input", "capture_output", "enabled"):
-            value = raw.get(key, True)
-            _expect(isinstance(value, bool), key, "true or false", value)
-            flags[key] = value
-        seed = raw.get("seed")
-        _expect(
-            seed is None or (isinstance(seed, int) and not isinstance(seed, bool)),
-            "seed",
-            "an integer or null",
-            seed,
-        )
-        mask = raw.get("mask")
-        _expect(
-            mask is None
-            or (isinstance(mask, str) and mask.isidentifier())
-            or (isinstance(mask, int) and not isinstance(mask, bool) and mask >= 0),
-            "mask",
-            "the forward's attention-mask argument: a keyword name, a position (integer >= 0) "
-            "or null",
-            mask,
-        )
-        hooks = raw.get("hooks", "sampled")
-        _expect(hooks in HOOK_MODES, "hooks", f"one of {list(HOOK_MODES)}", hooks)
-        max_features = _integer(raw, "max_features", 256, 1, 65_536)
-        drift = DriftConfig.from_mapping(raw.get("drift"))
-        _expect(
-            drift.projection == "none" or drift.projection_width >= max_features,
-            "drift.projection_width",
-            f"at least max_features ({max_features}) with projection 'pca'",
-            drift.projection_width,
-        )
+        raw = _section(cls, raw, "monitoring")
         return cls(
-            layers=tuple(layers),
-            layer_types=tuple(types),
-            max_layers=_integer(raw, "max_layers", 32, 1, 1024),
-            output=OutputSpec.from_mapping(raw.get("output")),
-            sample_rate=_number(raw, "sample_rate", 0.1, 0.0, 1.0),
-            capture_input=flags["capture_input"],
-            capture_output=flags["capture_output"],
-            queue_size=_integer(raw, "queue_size", 1024, 1, 1_000_000),
-            flush_interval_s=_number(raw, "flush_interval_s", 1.0, 0.05, 60.0),
-            max_features=max_features,
-            copy_limit=_integer(raw, "copy_limit", 4096, 0, 1 << 20),
-            enabled=flags["enabled"],
-            seed=seed,
-            drift=drift,
-            max_units=_integer(raw, "max_units", 64, 0, 4096),
-            max_classes=_integer(raw, "max_classes", 20, 0, 256),
-            mask=mask,
-            hooks=hooks,
+            **{
+                **_given(cls, raw),
+                "drift": DriftConfig.from_mapping(raw.get("drift")),
+                "output": OutputSpec.from_mapping(raw.get("output")),
+            }
         )
 
 
@@ -371,53 +576,60 @@ class TextSpec:
 
     A request is a JSON string or a list of strings; each text is one row of the model's batch
     and the model is called with the tokenizer's outputs named in ``arguments``, as keywords.
+    Validated on construction, like :class:`MonitoringConfig`.
     """
 
-    #: The tokenizer's directory inside the model directory (what ``save_pretrained`` wrote).
-    tokenizer: str
-    #: Characters per text; a longer text gets a 413 before it is tokenised.
-    max_chars: int = 5000
-    #: Tokens per text, special tokens included; a longer text gets a 413 (never truncated).
-    max_tokens: int = 256
-    #: Texts per request; more get a 413.
-    max_texts: int = 16
-    #: Tokenizer outputs passed to the forward, by keyword, in this order.
-    arguments: tuple[str, ...] = ("input_ids", "attention_mask")
+    tokenizer: str = dataclasses.field(
+        metadata={
+            OPTION: Option(
+                doc="a text model: the tokenizer's directory in the model directory (a "
+                "`--model-args` directory archived with the model, under the argument's name). "
+                "With `input.text` no other `input` key is allowed",
+                kind="check",
+                check=lambda v: isinstance(v, str) and bool(v) and not Path(v).is_absolute(),
+                expected="a directory in the model directory (a relative path)",
+                type_doc="relative path",
+            )
+        }
+    )
+    max_chars: int = _option(
+        5000,
+        "characters per text; a longer text gets a 413 before it is tokenised",
+        bounds=(1, 1_000_000),
+    )
+    max_tokens: int = _option(
+        256,
+        "tokens per text, special tokens included; a longer text gets a 413 (texts are never "
+        "truncated)",
+        bounds=(1, 65_536),
+        type_note="at most the tokenizer's `model_max_length`",
+    )
+    max_texts: int = _option(
+        16, "texts per request (a JSON list); more get a 413", bounds=(1, 4096)
+    )
+    arguments: tuple[str, ...] = _option(
+        ("input_ids", "attention_mask"),
+        "what the forward is called with, by keyword, in this order; a name the tokenizer does "
+        "not produce fails the load",
+        check=lambda v: (
+            isinstance(v, list | tuple)
+            and bool(v)
+            and all(isinstance(a, str) and a.isidentifier() for a in v)
+            and _distinct(v)
+        ),
+        expected="a list of distinct tokenizer outputs passed to forward() by keyword "
+        "(input_ids, attention_mask, ...)",
+        type_doc="list of tokenizer outputs",
+    )
+
+    def __post_init__(self) -> None:
+        _validate(self, "input.text")
 
     @classmethod
     def from_mapping(cls, raw: Any) -> TextSpec:
         if not isinstance(raw, Mapping):
             raise ConfigError(f"input.text: expected a mapping with a 'tokenizer', got {raw!r}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise ConfigError(f"input.text: expected only the keys {sorted(known)}, got {unknown}")
-        tokenizer = raw.get("tokenizer")
-        if not (isinstance(tokenizer, str) and tokenizer and not Path(tokenizer).is_absolute()):
-            raise ConfigError(
-                "input.text.tokenizer: expected a directory in the model directory (a relative "
-                f"path), got {tokenizer!r}"
-            )
-        limits: dict[str, int] = {}
-        for key, hi in (("max_chars", 1_000_000), ("max_tokens", 65_536), ("max_texts", 4096)):
-            value = raw.get(key, getattr(cls, key))
-            if not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= hi):
-                raise ConfigError(
-                    f"input.text.{key}: expected an integer in [1, {hi}], got {value!r}"
-                )
-            limits[key] = value
-        arguments = raw.get("arguments", list(cls.arguments))
-        if not (
-            isinstance(arguments, list | tuple)
-            and arguments
-            and all(isinstance(a, str) and a.isidentifier() for a in arguments)
-            and len(set(arguments)) == len(arguments)
-        ):
-            raise ConfigError(
-                "input.text.arguments: expected a list of distinct tokenizer outputs passed to "
-                f"forward() by keyword (input_ids, attention_mask, ...), got {arguments!r}"
-            )
-        return cls(tokenizer=tokenizer, arguments=tuple(arguments), **limits)
+        return cls(**{**_section(cls, raw, "input.text"), "tokenizer": raw.get("tokenizer")})
 
 
 @dataclass(frozen=True)
@@ -493,20 +705,20 @@ class InputSpec:
             ):
                 raise ConfigError(f"input.{key}: expected a number or null, got {value!r}")
             bounds.append(None if value is None else float(value))
-        name = raw.get("field", "data")
+        name = raw.get("field", cls.field)
         if not isinstance(name, str) or not name:
             raise ConfigError(f"input.field: expected a non-empty string, got {name!r}")
         lo, hi = bounds
         if lo is not None and hi is not None and lo > hi:
             raise ConfigError(f"input: expected min <= max, got min={lo}, max={hi}")
-        encoding = raw.get("encoding", "json")
+        encoding = raw.get("encoding", cls.encoding)
         if encoding not in INPUT_ENCODINGS:
             raise ConfigError(
                 f"input.encoding: expected one of {list(INPUT_ENCODINGS)}, got {encoding!r}"
             )
         if encoding == "float32" and parsed_shape is None:
             raise ConfigError("input.encoding: float32 bodies need input.shape, got none")
-        dtype = raw.get("dtype", "float32")
+        dtype = raw.get("dtype", cls.dtype)
         if dtype not in INPUT_DTYPES:
             raise ConfigError(f"input.dtype: expected one of {list(INPUT_DTYPES)}, got {dtype!r}")
         mean, std = _numbers(raw, "mean"), _numbers(raw, "std")
@@ -564,7 +776,7 @@ class HandlerConfig:
             isinstance(labels, list) and all(isinstance(x, str) for x in labels)
         ):
             raise ConfigError(f"handler.labels: expected a list of strings, got {labels!r}")
-        threads = section.get("torch_threads", 1)
+        threads = section.get("torch_threads", cls.torch_threads)
         if not (isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1):
             raise ConfigError(
                 f"handler.torch_threads: expected a positive integer, got {threads!r}"

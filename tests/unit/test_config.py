@@ -1,10 +1,18 @@
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from hookwatch._config import InputSpec, MonitoringConfig, read_model_config
+from hookwatch._config import (
+    DriftConfig,
+    InputSpec,
+    MonitoringConfig,
+    OutputSpec,
+    TextSpec,
+    read_model_config,
+)
 from hookwatch._errors import ConfigError
 
 
@@ -82,3 +90,63 @@ def test_one_reader_parses_a_whole_model_config(tmp_path: Path) -> None:
         read_model_config(path)
     with pytest.raises(ConfigError, match="expected a readable model-config file"):
         read_model_config(tmp_path / "missing.yaml")
+
+
+def test_from_mapping_defaults_are_the_field_defaults() -> None:
+    parsed = MonitoringConfig.from_mapping({})
+    assert parsed == MonitoringConfig(layers=())
+    assert parsed.sample_rate == MonitoringConfig.sample_rate == 0.1
+    assert parsed.drift.window == DriftConfig.window
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (
+            lambda: MonitoringConfig(layers=(), sample_rate=2.0),
+            "monitoring.sample_rate: expected a number in [0.0, 1.0], got 2.0",
+        ),
+        (
+            lambda: MonitoringConfig(layers=("a", "a")),
+            "monitoring.layers: expected no duplicates, got ('a', 'a')",
+        ),
+        (
+            lambda: DriftConfig(window=100, step=101),
+            "monitoring.drift.step: expected an integer in [0, 100], got 101",
+        ),
+        (
+            lambda: DriftConfig(false_alarm_rate=0.0),
+            "monitoring.drift.false_alarm_rate: expected a number in (0, 0.5], got 0.0",
+        ),
+        (
+            lambda: MonitoringConfig(
+                layers=(), max_features=512, drift=DriftConfig(projection_width=256)
+            ),
+            "monitoring.drift.projection_width: expected at least max_features (512) with "
+            "projection 'pca', got 256",
+        ),
+        (
+            lambda: OutputSpec(head="scores"),
+            "monitoring.output.head: expected one of ['logits', 'values', 'embedding', 'none']",
+        ),
+        (
+            lambda: TextSpec(tokenizer="tok", max_texts=0),
+            "input.text.max_texts: expected an integer in [1, 4096], got 0",
+        ),
+    ],
+)
+def test_construction_validates_like_from_mapping(
+    build: Callable[[], object], message: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        build()
+    assert message in str(info.value)
+
+
+def test_construction_keeps_numbers_and_lists_as_from_mapping_does() -> None:
+    config = MonitoringConfig(layers=["a"], sample_rate=1, layer_types=["ReLU"])  # type: ignore[arg-type]
+    assert config.layers == ("a",) and config.layer_types == ("ReLU",)
+    assert isinstance(config.sample_rate, float) and config.sample_rate == 1.0
+    assert hash(config) == hash(
+        MonitoringConfig.from_mapping({"layers": ["a"], "sample_rate": 1, "layer_types": ["ReLU"]})
+    )
