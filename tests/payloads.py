@@ -12,7 +12,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from hookwatch._service import MAX_BODY_BYTES
+from hookwatch._body import MAX_BODY_BYTES
 
 Payload = tuple[str, bytes]
 
@@ -102,9 +102,29 @@ def _deep(levels: int, wrapped: bool) -> bytes:
 
 
 def _sized(size: int) -> bytes:
-    """A JSON body of exactly ``size`` bytes (a valid-looking object padded with spaces)."""
+    """A JSON body of exactly ``size`` bytes: a valid-looking object padded with an extra key,
+    so its size survives TorchServe parsing it (the handler sees the parsed value)."""
+    head = b'{"data":[0],"pad":"'
+    return head + b"x" * (size - len(head) - 2) + b'"}'
+
+
+def _spaced(size: int) -> bytes:
+    """A JSON body of exactly ``size`` bytes padded with spaces: parsed, nothing of the padding
+    is left to measure (TorchServe's ``max_request_size`` bounds it)."""
     head = b'{"data": [0]'
     return head + b" " * (size - len(head) - 1) + b"}"
+
+
+def oversized(content_type: str, body: bytes) -> bool:
+    """Whether the handler must answer ``body`` with a 413 (``reason="too_large"``): it is over
+    the limit as delivered, bytes and text by their length, parsed JSON as compact JSON."""
+    delivered = as_delivered(content_type, body)
+    if isinstance(delivered, str):
+        delivered = delivered.encode("utf-8", "surrogatepass")
+    if not isinstance(delivered, bytes):
+        compact = json.dumps(delivered, separators=(",", ":"), ensure_ascii=False)
+        delivered = compact.encode("utf-8", "surrogatepass")
+    return len(delivered) > MAX_BODY_BYTES
 
 
 #: Fixed edge cases every fuzz run sends: the deep nesting seen to answer 503 once, bodies at
@@ -117,6 +137,7 @@ EDGES: tuple[bytes, ...] = (
     _sized(MAX_BODY_BYTES),
     _sized(MAX_BODY_BYTES + 1),
     _sized(2 * MAX_BODY_BYTES),
+    _spaced(MAX_BODY_BYTES + 1),
     b'{"data": [' + b"9" * 5000 + b"]}",
     b'{"data": [' + b", ".join([b"1e400"] * 64) + b"]}",
     b'{"data": [' + b", ".join([b"99999999999999999999999"] * 64) + b"]}",

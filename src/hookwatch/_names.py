@@ -38,14 +38,15 @@ OTHER_CLASS = "other"
 #: Why a request was answered with a 4xx (the ``reason`` label of the reject counter): a
 #: fixed vocabulary, never text from the request.
 REJECT_REASONS: tuple[str, ...] = (
-    "too_large",  # the body exceeds the size limit (413)
+    "too_large",  # the body, or a text model's texts, tokens or characters, over a limit (413)
     "not_json",  # the body does not parse as JSON (or as the binary encoding)
+    "not_utf8",  # text that is not UTF-8: undecodable bytes or an unpaired surrogate
     "too_deep",  # nested deeper than the input's shape allows
     "missing_field",  # no input field in the JSON object
-    "wrong_shape",  # a shape, or a ragged or non-numeric array, other than the input's
+    "wrong_shape",  # a shape, or a ragged or non-numeric array, other than the input's; no text
     "not_finite",  # NaN or Infinity
     "out_of_range",  # outside the input's range, or beyond float32
-    "wrong_type",  # fractional values for an integer input
+    "wrong_type",  # fractional values for an integer input; not a string for a text input
     "preprocess",  # the model's own preprocess function refused the payload
     "model_refused",  # decoded, but the model's forward raised on it alone (422)
     "unreadable",  # decoding failed in a way hookwatch does not name (logged)

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from hookwatch._body import check_body_size
 from hookwatch._capture import RateLimitedLog
 from hookwatch._config import HandlerConfig, InputSpec, OutputSpec
 from hookwatch._errors import BadInputError, ConfigError
@@ -45,8 +46,6 @@ __all__ = [
     "load_preprocess",
     "make_pipeline",
 ]
-
-MAX_BODY_BYTES = 1 << 20
 
 log = logging.getLogger("hookwatch")
 
@@ -122,21 +121,11 @@ def _check_values(tensor: torch.Tensor, spec: InputSpec) -> torch.Tensor:
     return tensor
 
 
-def _too_large(body: bytes | bytearray | str) -> BadInputError:
-    return BadInputError(
-        f"a body of at most {MAX_BODY_BYTES} bytes",
-        f"{len(body)} bytes",
-        status=413,
-        reason="too_large",
-    )
-
-
 def _parse_json(body: Any, expected: str) -> Any:
     """A body as TorchServe hands it over, parsed: JSON sent as application/json arrives
-    parsed already, anything else as bytes (or text)."""
+    parsed already, anything else as bytes (or text). Either is held to the body limit."""
+    check_body_size(body)
     if isinstance(body, bytes | bytearray | str):
-        if len(body) > MAX_BODY_BYTES:
-            raise _too_large(body)
         try:
             return json.loads(body)
         except RecursionError:
@@ -163,8 +152,7 @@ def decode_payload(body: Any, spec: InputSpec) -> torch.Tensor:
         raise ConfigError("input: expected a shape (or a preprocess function), got neither")
     expected_body = f'a JSON object {{"{spec.field}": <{"x".join(map(str, shape))} numbers>}}'
     if spec.encoding == "float32" and isinstance(body, bytes | bytearray):
-        if len(body) > MAX_BODY_BYTES:
-            raise _too_large(body)
+        check_body_size(body)
         return _check_values(_decode_float32(body, shape), spec)
     body = _parse_json(body, expected_body)
     if not isinstance(body, dict) or spec.field not in body:

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import torch
 
+from hookwatch._body import check_body_size
 from hookwatch._config import TextSpec
 from hookwatch._errors import BadInputError, ConfigError
 
@@ -24,8 +25,6 @@ __all__ = ["TextItem", "TextPipeline", "Tokenizer", "load_tokenizer"]
 
 log = logging.getLogger("hookwatch")
 
-#: Largest request body read as text (bytes); the texts' own limits come after.
-MAX_TEXT_BODY_BYTES = 1 << 22
 _TOO_LARGE = 413
 
 
@@ -119,6 +118,7 @@ class TextPipeline:
                     f"texts of at most {self.spec.max_tokens} tokens",
                     f"{len(ids)} tokens in {_which(index, listed)}",
                     status=_TOO_LARGE,
+                    reason="too_large",
                 )
             tokens.append({name: list(encoded[name][index]) for name in self.spec.arguments})
         return TextItem(tuple(tokens), listed)
@@ -126,19 +126,16 @@ class TextPipeline:
     def _parse(self, body: Any) -> Any:
         """TorchServe hands over a JSON body (application/json) parsed, a text/* body as a
         string, anything else as bytes: a string is one text either way, bytes are one text
-        in UTF-8, a list holds several."""
+        in UTF-8, a list holds several. Each is held to the body limit first."""
+        check_body_size(body)
         if isinstance(body, bytes | bytearray):
-            if len(body) > MAX_TEXT_BODY_BYTES:
-                raise BadInputError(
-                    f"a body of at most {MAX_TEXT_BODY_BYTES} bytes",
-                    f"{len(body)} bytes",
-                    status=_TOO_LARGE,
-                )
             try:
                 return bytes(body).decode("utf-8")
             except UnicodeDecodeError as error:
                 raise BadInputError(
-                    f"{self._expected}, in UTF-8", f"bytes that are not UTF-8 ({error.reason})"
+                    f"{self._expected}, in UTF-8",
+                    f"bytes that are not UTF-8 ({error.reason})",
+                    reason="not_utf8",
                 ) from None
         return body
 
@@ -154,12 +151,17 @@ class TextPipeline:
                 if listed
                 else _kinds([payload])
             )
-            raise BadInputError(self._expected, got)
+            # No text at all is a shape the input does not take; anything else is not text.
+            empty = listed and not texts
+            raise BadInputError(
+                self._expected, got, reason="wrong_shape" if empty else "wrong_type"
+            )
         if len(texts) > spec.max_texts:
             raise BadInputError(
                 f"at most {spec.max_texts} texts per request",
                 f"{len(texts)} texts",
                 status=_TOO_LARGE,
+                reason="too_large",
             )
         for index, text in enumerate(texts):
             if len(text) > spec.max_chars:
@@ -167,9 +169,14 @@ class TextPipeline:
                     f"texts of at most {spec.max_chars} characters",
                     f"{len(text)} characters in {_which(index, listed)}",
                     status=_TOO_LARGE,
+                    reason="too_large",
                 )
             if not text.strip():
-                raise BadInputError(self._expected, f"an empty text in {_which(index, listed)}")
+                raise BadInputError(
+                    self._expected,
+                    f"an empty text in {_which(index, listed)}",
+                    reason="wrong_shape",
+                )
             try:
                 text.encode("utf-8")
             except UnicodeEncodeError:
@@ -177,6 +184,7 @@ class TextPipeline:
                 raise BadInputError(
                     f"{self._expected}, in UTF-8",
                     f"an unpaired surrogate in {_which(index, listed)}",
+                    reason="not_utf8",
                 ) from None
         return texts, listed
 

@@ -17,7 +17,7 @@ from hookwatch._names import REJECT_REASONS
 from hookwatch.tools.demo.data import load_split
 from hookwatch.tools.devstack import Stack, http_post
 from tests.integration.helpers import demo_model, eventually, scrape, total
-from tests.payloads import CONTENT_TYPES, EDGES, payloads, valid_body
+from tests.payloads import CONTENT_TYPES, EDGES, oversized, payloads, valid_body
 
 pytestmark = pytest.mark.integration
 
@@ -35,6 +35,8 @@ class Session:
         self.statuses: Counter[int] = Counter()
         self.sent = 0
         self.valid = 0
+        #: Bodies over the body limit as the handler gets them: each a 413, too_large.
+        self.too_large = 0
         model = demo_model()
         with torch.inference_mode():
             self.expected = model(torch.from_numpy(IMAGES)).argmax(dim=1).tolist()
@@ -57,6 +59,9 @@ class Session:
     def send_bad(self, content_type: str, body: bytes) -> None:
         status, answer = self.send(content_type, body)
         assert status < 500, (status, answer, body[:200])
+        big = oversized(content_type, body)
+        self.too_large += big
+        assert (status == 413) == big, (status, answer, content_type, len(body))
         if status >= 400:
             # What was expected and what came, from hookwatch (the frontend's own 413 for
             # bodies past its limit would say so too).
@@ -113,6 +118,10 @@ def test_nothing_restarted_and_every_request_counted(session: Session) -> None:
         samples = scrape(stack.ports.exporter)
         assert total(samples, "hookwatch_requests_total", model="digits") == session.sent
         assert total(samples, "hookwatch_requests_rejected_total", model="digits") == rejected
+        too_large = total(
+            samples, "hookwatch_requests_rejected_total", model="digits", reason="too_large"
+        )
+        assert too_large == session.too_large, (too_large, session.too_large)
         return samples
 
     samples = eventually(counted, timeout=30)

@@ -19,7 +19,7 @@ from hookwatch._names import REJECT_REASONS
 from hookwatch.tools.demo import digits_cnn
 from hookwatch.tools.demo.data import load_split
 from tests.fakes import FakeContext, load_handler
-from tests.payloads import EDGES, as_delivered, payloads, valid_body
+from tests.payloads import EDGES, as_delivered, oversized, payloads, valid_body
 from tests.unit.test_handler import make_config
 
 IMAGE = load_split().x_test[0].tolist()
@@ -45,6 +45,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Fake
 
 def _check(instance: Any, context: FakeContext, content_type: str, body: bytes) -> None:
     context.statuses.clear()
+    too_large = instance.service.monitor.counts().rejected_by.get("too_large", 0)
     good = {"body": as_delivered("application/json", VALID)}
     out = instance.handle([good, {"body": as_delivered(content_type, body)}, good], context)
     assert len(out) == 3
@@ -52,11 +53,16 @@ def _check(instance: Any, context: FakeContext, content_type: str, body: bytes) 
     assert "class" in out[0] and out[0] == out[2]
     answer = out[1]
     if "class" in answer:
-        assert 1 not in context.statuses
+        assert 1 not in context.statuses and not oversized(content_type, body), len(body)
         return
     status = context.statuses[1][0]
     assert status in (400, 413), (answer, context.statuses)
     assert answer["code"] == status and answer["expected"] and answer["got"], answer
+    # A body over the limit is a 413 counted as too_large, however it arrived; only that is.
+    big = oversized(content_type, body)
+    assert (status == 413) == big, (big, answer, len(body))
+    counted = instance.service.monitor.counts().rejected_by.get("too_large", 0) - too_large
+    assert counted == int(big), (counted, answer)
     # Every refusal is one hookwatch can name: "unreadable" is the safety net for a decoder gap.
     assert "unreadable" not in instance.service.monitor.counts().rejected_by, answer
 

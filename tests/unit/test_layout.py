@@ -100,7 +100,9 @@ def test_dependencies_point_one_way() -> None:
         "hookwatch._hooks": {"hookwatch._config", "hookwatch._errors", "hookwatch._stats"},
         # The exporter logs its housekeeping faults through the capture module's rate limit.
         "hookwatch._metrics": {"hookwatch._catalogue", "hookwatch._capture"},
-        "hookwatch._text": {"hookwatch._config", "hookwatch._errors"},
+        # The one body limit, for tensor and text requests alike.
+        "hookwatch._body": {"hookwatch._errors"},
+        "hookwatch._text": {"hookwatch._body", "hookwatch._config", "hookwatch._errors"},
         "hookwatch._profile": {
             "hookwatch._config",
             "hookwatch._drift",

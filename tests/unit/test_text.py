@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch import nn
 
+from hookwatch._body import MAX_BODY_BYTES
 from hookwatch._config import HandlerConfig, TextSpec
 from hookwatch._errors import BadInputError, ConfigError
 from hookwatch._metrics import MetricSet
@@ -60,24 +61,31 @@ def test_a_request_is_a_string_or_a_list_and_each_text_is_tokenised(tokenizer_di
     assert list(batch) == ["input_ids", "attention_mask"]
 
 
+#: Limits small enough to pass in a test, and a bad request for each way a text is refused:
+#: (body, status, what the answer says came, the reject counter's reason).
+LIMITS = {"max_chars": 40, "max_tokens": 8, "max_texts": 3}
+BAD_TEXTS: list[tuple[Any, int, str, str]] = [
+    ({"text": "w1"}, 400, "dict {'text': 'w1'}", "wrong_type"),
+    (17, 400, "int 17", "wrong_type"),
+    ([], 400, "an empty list", "wrong_shape"),
+    (["w1", 3], 400, "a list holding int 3", "wrong_type"),
+    (["w1", "   "], 400, "an empty text in text 1", "wrong_shape"),
+    (["w1"] * 4, 413, "4 texts", "too_large"),
+    ("w1 " * 20, 413, "60 characters in the text", "too_large"),
+    ("w1 w2 w3 w4 w5 w6 w7", 413, "9 tokens in the text", "too_large"),
+    (b"\xff\xfe w1", 400, "bytes that are not UTF-8", "not_utf8"),
+    (json.loads('"w1 \\ud800"'), 400, "an unpaired surrogate in the text", "not_utf8"),
+    (b"w1" * (MAX_BODY_BYTES // 2 + 1), 413, f"{MAX_BODY_BYTES + 2} bytes", "too_large"),
+]
+
+
 def test_bad_text_gets_a_4xx_saying_what_was_expected_and_what_came(tokenizer_dir: Path) -> None:
-    pipe = pipeline(tokenizer_dir, max_chars=40, max_tokens=8, max_texts=3)
-    cases = [
-        ({"text": "w1"}, 400, "dict {'text': 'w1'}"),
-        (17, 400, "int 17"),
-        ([], 400, "an empty list"),
-        (["w1", 3], 400, "a list holding int 3"),
-        (["w1", "   "], 400, "an empty text in text 1"),
-        (["w1"] * 4, 413, "4 texts"),
-        ("w1 " * 20, 413, "60 characters in the text"),
-        ("w1 w2 w3 w4 w5 w6 w7", 413, "9 tokens in the text"),
-        (b"\xff\xfe w1", 400, "bytes that are not UTF-8"),
-        (json.loads('"w1 \\ud800"'), 400, "an unpaired surrogate in the text"),
-    ]
-    for body, status, got in cases:
+    pipe = pipeline(tokenizer_dir, **LIMITS)
+    for body, status, got, reason in BAD_TEXTS:
         error = error_of(pipe, body)
         assert error.status == status, (body, error)
         assert got in error.got, (body, error.got)
+        assert error.reason == reason, (body, error.reason)
         assert "a JSON string or a list of 1 to 3 strings" in error.expected or "at most" in (
             error.expected
         )
@@ -101,12 +109,12 @@ def test_text_config_is_validated_with_what_was_expected(tokenizer_dir: Path) ->
 
 
 def text_service(
-    model: nn.Module, name: str, tokenizer_dir: Path, metrics: MetricSet
+    model: nn.Module, name: str, tokenizer_dir: Path, metrics: MetricSet, **limits: Any
 ) -> ModelService:
     """A text model served with every request sampled and its blocks watched."""
     handler = HandlerConfig.from_mapping(
         {
-            "input": {"text": {"tokenizer": "tokenizer"}},
+            "input": {"text": {"tokenizer": "tokenizer", **limits}},
             "monitoring": {
                 "layers": ["encoder.layer.*.output"],
                 "sample_rate": 1.0,
@@ -117,6 +125,56 @@ def text_service(
     return ModelService.from_handler_config(
         model, handler, name, metrics, model_dir=str(tokenizer_dir.parent)
     )
+
+
+def rejected(metrics: MetricSet, model: str) -> dict[str, float]:
+    """``hookwatch_requests_rejected_total`` of ``model`` by reason, the reasons counted."""
+    return {
+        dict(labels)["reason"]: value
+        for (name, labels), value in metrics.sample_values().items()
+        if name == "hookwatch_requests_rejected_total" and dict(labels)["model"] == model and value
+    }
+
+
+def test_each_refused_text_is_counted_by_its_reason(
+    tokenizer_dir: Path, metrics: MetricSet
+) -> None:
+    service = text_service(TinyEncoder().eval(), "tiny", tokenizer_dir, metrics, **LIMITS)
+    answers = service.handle([body for body, *_ in BAD_TEXTS] + ["w1 w2"])
+    assert service.monitor is not None
+    service.monitor.flush()
+    service.close()
+    for answer, (body, status, _, _) in zip(answers, BAD_TEXTS, strict=False):
+        assert answer["code"] == status, (body, answer)
+    assert "embedding" in answers[-1]  # its batch mates' refusals cost it nothing
+    counted: dict[str, float] = {}
+    for *_, reason in BAD_TEXTS:
+        counted[reason] = counted.get(reason, 0) + 1
+    assert rejected(metrics, "tiny") == counted
+    assert set(counted) == {"wrong_type", "wrong_shape", "too_large", "not_utf8"}
+
+
+def test_a_text_model_holds_the_body_limit_for_json_it_never_saw_as_bytes(
+    tokenizer_dir: Path, metrics: MetricSet
+) -> None:
+    # Texts of up to a million characters (mostly spaces: two tokens), so the body limit is
+    # what decides: two texts whose JSON list is exactly the limit, and one byte more.
+    service = text_service(
+        TinyEncoder().eval(), "long", tokenizer_dir, metrics, max_chars=1_000_000
+    )
+    half = (MAX_BODY_BYTES - len('["",""]')) // 2
+    at = ["w1" + " " * (half - 2), "w2" + " " * (MAX_BODY_BYTES - len('["",""]') - half - 2)]
+    assert len(json.dumps(at, separators=(",", ":"))) == MAX_BODY_BYTES
+    over = [at[0], at[1] + " "]
+    answers = service.handle([at, over, json.dumps(over).encode()])
+    assert service.monitor is not None
+    service.monitor.flush()
+    service.close()
+    assert isinstance(answers[0], list) and len(answers[0]) == 2, answers[0]
+    assert answers[1]["code"] == 413
+    assert answers[1]["got"] == f"more than {MAX_BODY_BYTES} bytes as compact JSON"
+    assert answers[2]["code"] == 413
+    assert rejected(metrics, "long") == {"too_large": 2}
 
 
 def test_a_batch_of_texts_is_answered_per_request_and_padding_changes_no_answer(

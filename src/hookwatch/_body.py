@@ -1,0 +1,94 @@
+"""The one limit on a request body, held for every content type however the body arrives.
+
+TorchServe hands a handler an ``application/json`` body parsed, a ``text/*`` body as a string
+and anything else as bytes. Bytes are measured by their length and a string by its UTF-8
+length; a parsed JSON value's bytes are gone, so it is measured as its compact JSON encoding
+(whitespace the client sent is not counted), by a walk that stops as soon as the value is
+known to be over the limit. Lists of numbers are bounded from their length first and only
+encoded, number by number, when the bound alone cannot decide: a request of a few thousand
+numbers costs microseconds, not an encoding.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hookwatch._errors import BadInputError
+
+__all__ = ["MAX_BODY_BYTES", "check_body_size", "over_limit"]
+
+#: Largest request body hookwatch decodes, in bytes, tensors and text alike: larger is a 413.
+MAX_BODY_BYTES = 1 << 20
+
+#: Scalars a parsed JSON list of numbers holds; each is 3 to 24 characters as JSON ("0.5",
+#: "-1.2345678901234567e-308", "true", "null").
+_NUMBERS = frozenset({float, bool, type(None)})
+#: Scalars whose JSON length is their ``repr``'s (Python ints can be 4,300 digits long).
+_SCALARS = frozenset({int, float, bool, type(None)})
+_MOST_CHARS = 24
+_FEWEST_CHARS = 3
+
+
+def _utf8_size(text: str, limit: int) -> int:
+    if len(text) > limit or text.isascii():
+        return len(text)  # past the limit already (a character is a byte or more), or exact
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _json_bounds(value: Any, limit: int, exact: bool) -> tuple[int, int]:
+    """Lower and upper bounds on ``value``'s compact JSON length, the walk stopped as soon as
+    the lower bound passes ``limit``. ``exact``: lists of numbers are encoded (bounds equal)."""
+    low = high = 0
+    stack = [value]
+    while stack and low <= limit:
+        item = stack.pop()
+        kind = type(item)
+        if kind is list:
+            size = max(len(item) + 1, 2)  # brackets and commas
+            types = set(map(type, item))
+            if not exact and _NUMBERS.issuperset(types):
+                low += size + _FEWEST_CHARS * len(item)
+                high += size + _MOST_CHARS * len(item)
+                continue
+            if _SCALARS.issuperset(types):
+                size += sum(map(len, map(repr, item)))
+            else:
+                stack.extend(item)
+        elif kind is dict:
+            size = max(2 * len(item) + 1, 2)  # braces, colons and commas
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif kind is str:
+            size = 2 + _utf8_size(item, limit)
+        else:
+            size = len(repr(item))
+        low += size
+        high += size
+    return low, high
+
+
+def over_limit(body: Any, limit: int = MAX_BODY_BYTES) -> bool:
+    """Whether ``body`` (bytes, a string or a parsed JSON value) is over ``limit`` bytes."""
+    if isinstance(body, bytes | bytearray):
+        return len(body) > limit
+    if isinstance(body, str):
+        return _utf8_size(body, limit) > limit
+    low, high = _json_bounds(body, limit, exact=False)
+    if high <= limit or low > limit:
+        return low > limit
+    return _json_bounds(body, limit, exact=True)[0] > limit
+
+
+def check_body_size(body: Any) -> None:
+    """Raise a 413 (``reason="too_large"``) for a body over :data:`MAX_BODY_BYTES`."""
+    if not over_limit(body):
+        return
+    got = (
+        f"{len(body)} bytes"
+        if isinstance(body, bytes | bytearray)
+        else f"more than {MAX_BODY_BYTES} bytes"
+        + ("" if isinstance(body, str) else " as compact JSON")
+    )
+    raise BadInputError(
+        f"a body of at most {MAX_BODY_BYTES} bytes", got, status=413, reason="too_large"
+    )

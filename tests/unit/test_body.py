@@ -1,0 +1,116 @@
+"""The body limit: one value, held for bytes, text and JSON TorchServe already parsed."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hookwatch._body import MAX_BODY_BYTES, check_body_size, over_limit
+from hookwatch._config import read_model_config
+from hookwatch._errors import BadInputError
+from hookwatch._metrics import MetricSet
+from hookwatch._service import ModelService
+from hookwatch.tools.demo.data import load_split
+from tests.unit.test_faults import demo_model
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = yaml.safe_load((ROOT / "models/digits/model-config.yaml").read_text())
+IMAGE = load_split().x_test[0].tolist()
+
+
+def compact(value: Any) -> bytes:
+    """``value`` as the smallest JSON body a client could send for it."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+# Strings without characters JSON escapes, so their encoded length is their UTF-8 length.
+_text = st.text(
+    st.characters(blacklist_categories=["Cs", "Cc"], blacklist_characters='"\\'), max_size=30
+)
+_values = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(10**30), 10**30),
+        st.floats(allow_nan=False, allow_infinity=False),
+        _text,
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=12), st.dictionaries(_text, inner, max_size=6)
+    ),
+    max_leaves=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_values)
+def test_a_parsed_value_is_measured_as_its_compact_json(value: Any) -> None:
+    # A string alone is a text/* body, measured without the quotes JSON would add.
+    size = len(compact(value)) - (2 if isinstance(value, str) else 0)
+    # Exactly at the size it is within the limit, one byte less is over it: the walk's bounds
+    # never decide wrongly, and the exact count is the encoding's.
+    assert not over_limit(value, size)
+    assert over_limit(value, size - 1)
+
+
+def test_bytes_and_text_are_measured_by_their_bytes() -> None:
+    assert not over_limit(b"x" * 10, 10) and over_limit(bytearray(11), 10)
+    assert not over_limit("é" * 5, 10) and over_limit("é" * 6, 10)
+    with pytest.raises(BadInputError) as info:
+        check_body_size(b"x" * (MAX_BODY_BYTES + 1))
+    error = info.value
+    assert (error.status, error.reason) == (413, "too_large")
+    assert error.got == f"{MAX_BODY_BYTES + 1} bytes"
+    assert error.expected == f"a body of at most {MAX_BODY_BYTES} bytes"
+
+
+def padded(size: int) -> dict[str, Any]:
+    """A valid digits request padded with an extra key to exactly ``size`` bytes of JSON."""
+    body = {"data": IMAGE, "pad": ""}
+    body["pad"] = "x" * (size - len(compact(body)))
+    assert len(compact(body)) == size
+    return body
+
+
+def rejected(metrics: MetricSet, model: str) -> dict[str, float]:
+    return {
+        dict(labels)["reason"]: value
+        for (name, labels), value in metrics.sample_values().items()
+        if name == "hookwatch_requests_rejected_total" and dict(labels)["model"] == model and value
+    }
+
+
+def test_a_tensor_model_holds_the_limit_for_every_content_type(metrics: MetricSet) -> None:
+    config = copy.deepcopy(CONFIG)
+    config["handler"]["monitoring"]["sample_rate"] = 1.0
+    handler = read_model_config(config).handler
+    service = ModelService.from_handler_config(demo_model(), handler, "digits", metrics)
+    at, over = padded(MAX_BODY_BYTES), padded(MAX_BODY_BYTES + 1)
+    bodies: list[Any] = [
+        at,  # application/json: TorchServe hands it over parsed
+        compact(at),  # any other content type: bytes
+        over,
+        compact(over),
+        compact(over).decode(),  # text/*: a string
+        padded(3 << 19),  # the 1.5 MiB body served before this was fixed
+        # Numbers only, each 18 characters: past the limit, however its shape looks.
+        {"data": [0.1234567890123456] * 60_000},
+    ]
+    answers = service.handle(bodies)
+    assert service.monitor is not None
+    service.monitor.flush()
+    service.close()
+    assert "class" in answers[0] and answers[0] == answers[1]
+    for answer in answers[2:]:
+        assert answer["code"] == 413, answer
+        assert answer["expected"] == f"a body of at most {MAX_BODY_BYTES} bytes", answer
+    assert answers[3]["got"] == f"{MAX_BODY_BYTES + 1} bytes"
+    assert answers[2]["got"] == f"more than {MAX_BODY_BYTES} bytes as compact JSON"
+    assert rejected(metrics, "digits") == {"too_large": 5}
