@@ -505,6 +505,14 @@ class MonitoringConfig:
 
     def __post_init__(self) -> None:
         _validate(self, "monitoring")
+        for name, section in (("drift", DriftConfig), ("output", OutputSpec)):
+            value = getattr(self, name)
+            _expect(
+                isinstance(value, section),
+                f"monitoring.{name}",
+                f"a {section.__name__} ({section.__name__}.from_mapping parses a mapping)",
+                value,
+            )
         _expect(
             self.drift.projection == "none" or self.drift.projection_width >= self.max_features,
             "monitoring.drift.projection_width",

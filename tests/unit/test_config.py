@@ -126,6 +126,10 @@ def test_from_mapping_defaults_are_the_field_defaults() -> None:
             "projection 'pca', got 256",
         ),
         (
+            lambda: MonitoringConfig(layers=(), drift={"window": 50}),  # type: ignore[arg-type]
+            "monitoring.drift: expected a DriftConfig (DriftConfig.from_mapping parses a mapping)",
+        ),
+        (
             lambda: OutputSpec(head="scores"),
             "monitoring.output.head: expected one of ['logits', 'values', 'embedding', 'none']",
         ),
