@@ -43,7 +43,7 @@ def _json_bounds(value: Any, limit: int, exact: bool) -> tuple[int, int]:
     while stack and low <= limit:
         item = stack.pop()
         kind = type(item)
-        if kind is list:
+        if kind is list or kind is tuple:  # a tuple: a value handed over in process
             size = max(len(item) + 1, 2)  # brackets and commas
             types = set(map(type, item))
             if not exact and _NUMBERS.issuperset(types):
