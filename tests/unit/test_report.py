@@ -6,6 +6,7 @@ The real stack and real Chromium: tests/integration/test_report.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import socket
@@ -14,14 +15,13 @@ import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 
 from hookwatch.tools import cli, dashboards
-from hookwatch.tools.devstack import Stack
+from hookwatch.tools.devstack import Ports, Stack
 from hookwatch.tools.report import onset, panels, plot
 from hookwatch.tools.report.build import ReportError, Window, Written, write_report
 from hookwatch.tools.report.prometheus import PrometheusError, Series, parse_duration
@@ -245,9 +245,8 @@ def test_durations_and_ticks() -> None:
 def test_a_report_that_fails_on_stop_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    stack = SimpleNamespace(
-        ports=SimpleNamespace(prometheus=closed_port()), root=ROOT, model_name="digits"
-    )
+    ports = dataclasses.replace(Ports.free(), prometheus=closed_port())
+    stack = Stack(root=ROOT, run_dir=tmp_path, ports=ports)
     cli._final_report(stack, tmp_path / "report", 5.0)
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1].startswith("report not written: expected Prometheus at")

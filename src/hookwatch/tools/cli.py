@@ -108,13 +108,10 @@ def _final_report(stack: Any, out: Path, minutes: float) -> None:
 
         # The run up to its stop, however short: one more scrape of every target first (a
         # run stopped seconds after it started may not have been scraped at all yet).
-        interval = parse_duration(stack.scrape_interval)
-        if not stack.await_scrape(time.time(), 2 * interval + 5):
-            print(
-                f"Prometheus scraped not every target within {2 * interval + 5:g} s of the "
-                "stop: the report ends at its last scrape",
-                flush=True,
-            )
+        try:
+            stack.await_scrape(time.time(), 2 * parse_duration(stack.scrape_interval) + 5)
+        except TimeoutError as late:
+            print(f"{late}: the report ends at its last scrape", flush=True)
         written = write_report(
             f"http://127.0.0.1:{stack.ports.prometheus}",
             out,

@@ -660,9 +660,10 @@ class Stack:
         result: list[dict[str, Any]] = payload["data"]["result"]
         return result
 
-    def await_scrape(self, after: float, timeout: float) -> bool:
+    def await_scrape(self, after: float, timeout: float) -> None:
         """Wait until Prometheus has scraped every target at or after ``after`` (Unix
-        seconds); False if it had not within ``timeout`` seconds.
+        seconds); TimeoutError if it had not within ``timeout`` seconds. Returns at once when
+        Prometheus does not answer at all: there is nothing to wait for.
 
         Counted against the targets this stack configured: a target not scraped yet has no
         ``up`` series at all (Prometheus' first scrapes come up to two intervals after its
@@ -673,12 +674,16 @@ class Stack:
         while True:
             try:
                 rows = self.query(f"count(timestamp(up) >= {after:.3f})")
-            except (OSError, RuntimeError, ValueError):
+            except OSError:
+                return
+            except (RuntimeError, ValueError):
                 rows = []
             if rows and int(float(rows[0]["value"][1])) >= targets:
-                return True
+                return
             if time.monotonic() >= deadline:
-                return False
+                raise TimeoutError(
+                    f"Prometheus scraped not every target within {timeout:g} s of the stop"
+                )
             time.sleep(0.25)
 
     def infer(self, body: Any, model: str | None = None) -> tuple[int, Any]:
