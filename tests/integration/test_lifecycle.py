@@ -166,7 +166,11 @@ class Runs:
         self.commands: list[Command] = []
 
     def hookwatch(self, *args: str, name: str | None = None) -> Command:
-        argv = [sys.executable, "-m", "hookwatch.tools.cli", *args, "--root", str(ROOT)]
+        argv = [sys.executable, "-m", "hookwatch.tools.cli", *args]
+        if args[0] != "serve":
+            # The demo's run and stop find the repository's model store by --root; serve
+            # needs no checkout (the run directory comes from HOOKWATCH_RUN_DIR).
+            argv += ["--root", str(ROOT)]
         if args[0] in ("run", "serve"):
             # How a run stops is tested here, not the report it writes on the way out.
             argv.append("--no-report")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,8 +25,7 @@ def test_serving_fortunes_then_literature_shows_drift_in_the_live_table(tmp_path
     require(Path("/usr/share/games/fortunes/literature").is_file(), "fortunes (make deps)")
     require_binary("java")
     require_binary("prometheus")
-    shutil.copytree(ROOT / "monitoring", tmp_path / "monitoring")
-    shutil.copy(ROOT / "config.properties", tmp_path / "config.properties")
+    # An empty folder: serve reads nothing of it (nor of the checkout).
     ports = Ports.free()
     env = {**os.environ, **{PORT_ENV[f]: str(getattr(ports, f)) for f in PORT_ENV}}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
