@@ -153,11 +153,11 @@ $(EVAL_VENV)/.installed: $(BIN)/.installed
 	  > "$$($(EVAL_VENV)/bin/python -c 'import site; print(site.getsitepackages()[0])')/zz_hookwatch_torch.pth"
 	@touch $@
 
-eval-drift: $(BIN)/.installed $(EVAL_VENV)/.installed ## drift detection vs alibi-detect, 5 draws, images then text: writes docs/eval-drift.md and .json (~30 min)
+eval-drift: $(BIN)/.installed $(EVAL_VENV)/.installed ## drift detection vs alibi-detect, 5 draws, images then text: writes docs/eval-drift.md and .json, and README's block (each part's time: docs/eval-drift.md)
 	$(BIN)/python -m dev.evaluation.run --out docs/eval-drift.md
 	$(MAKE) eval-drift-text
 
-eval-drift-text: $(BIN)/.installed $(EVAL_VENV)/.installed ## only the text section of eval-drift (MiniLM on fortunes), into the committed docs/eval-drift.json and .md (~10 min)
+eval-drift-text: $(BIN)/.installed $(EVAL_VENV)/.installed ## only the text section of eval-drift (MiniLM on fortunes), into the committed docs/eval-drift.json and .md, and README's block (its time: docs/eval-drift.md)
 	@test -f /usr/share/games/fortunes/computers || $(MAKE) deps
 	$(BIN)/python -m dev.evaluation.text --results docs/eval-drift.json --out docs/eval-drift.md
 

@@ -541,10 +541,19 @@ def _timeline_summary(
     }
 
 
+def _rewrite_readme(out: Path, results: Mapping[str, Any]) -> None:
+    """README.md's eval-drift block follows the committed table (and only that one)."""
+    if out.resolve() == (ROOT / "docs" / "eval-drift.md").resolve():
+        report.rewrite_readme(ROOT / "README.md", results)
+        print(f"rewrote the eval-drift block of {ROOT / 'README.md'}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.render is not None:
-        args.out.write_text(report.markdown(json.loads(args.render.read_text())) + "\n")
+        rendered = json.loads(args.render.read_text())
+        args.out.write_text(report.markdown(rendered) + "\n")
+        _rewrite_readme(args.out, rendered)
         return 0
     started = time.perf_counter()
     config = read_model_config(ROOT / "models/digits/model-config.yaml").monitoring
@@ -626,6 +635,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(results, indent=1, default=float) + "\n")
     args.out.write_text(report.markdown(results) + "\n")
+    _rewrite_readme(args.out, results)
     print(f"wrote {args.out} in {results['meta']['seconds']:.0f} s", flush=True)
     return 0
 
