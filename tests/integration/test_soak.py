@@ -1,6 +1,8 @@
 """The soak's 1-minute form (``make soak`` runs 10 minutes and commits docs/soak/): the stack
 at 70 % of its measured capacity with 5 % bad requests and a worker killed halfway; every
-check of :func:`dev.soak.report.check` holds."""
+check of :func:`dev.soak.report.check` holds, with the RSS and descriptor bounds of
+``Settings.quick``: 10 times looser than the full soak's (a fit over well under a minute is
+noisy), as docs/soak/README.md and README.md say."""
 
 from __future__ import annotations
 

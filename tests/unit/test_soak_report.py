@@ -27,6 +27,35 @@ def test_the_committed_readme_is_rendered_from_the_committed_json(result: dict[s
         assert f"]({plot})" in (DOCS / "README.md").read_text()
 
 
+def test_the_full_report_says_how_much_looser_the_quick_forms_bounds_are(
+    result: dict[str, Any],
+) -> None:
+    from dev.soak.runner import Settings
+
+    quick, full = Settings.quick(), Settings.full()
+    ratio = quick.rss_bound_mib_per_10min / full.rss_bound_mib_per_10min
+    assert ratio == quick.fd_bound_per_10min / full.fd_bound_per_10min == 10
+    text = report.render(result)
+    assert (
+        f"bounds {ratio:g} times looser: RSS at most {quick.rss_bound_mib_per_10min:g} MiB and "
+        f"open file descriptors at most {quick.fd_bound_per_10min:g} more per 10 minutes"
+    ) in text
+    # README.md says the same of the form `make test` runs.
+    readme = " ".join((DOCS.parents[1] / "README.md").read_text().split())
+    assert (
+        f"bounds {ratio:g} times looser (RSS {quick.rss_bound_mib_per_10min:g} MiB and "
+        f"{quick.fd_bound_per_10min:g} descriptors per 10 minutes against "
+        f"{full.rss_bound_mib_per_10min:g} and {full.fd_bound_per_10min:g}"
+    ) in readme
+    # The quick form's own report states its bounds where every report does, and no more.
+    own = copy.deepcopy(result)
+    own["settings"].update(
+        rss_bound_mib_per_10min=quick.rss_bound_mib_per_10min,
+        fd_bound_per_10min=quick.fd_bound_per_10min,
+    )
+    assert "times looser" not in report.render(own)
+
+
 def test_the_committed_soak_is_the_full_one_and_passed(result: dict[str, Any]) -> None:
     assert result["settings"]["seconds"] >= 600
     assert report.check(result) == []
