@@ -286,10 +286,6 @@ class DriftTracker:
         self._since[name] = since
         return ends
 
-    def evaluate(self, name: str) -> DriftResult:
-        """The verdict on ``name``'s window as it stands."""
-        return self._verdict(name, float(self.references[name].score(self._windows[name].counts)))
-
     def _verdict(self, name: str, score: float) -> DriftResult:
         ref = self.references[name]
         threshold = self.calibration.thresholds[name]
