@@ -286,6 +286,144 @@ def resolve_layer(model: nn.Module, path: str) -> nn.Module:
     )
 
 
+#: Modules whose activations hold their features in the LAST dimension: a sequence's
+#: ``[B, T, H]`` (or a channels-last map) is read as its ``H`` units, each averaged over the
+#: other dimensions. Recurrent, attention and transformer blocks, and the modules that act on
+#: the last dimension whatever comes before it.
+UNITS_LAST_TYPES: tuple[type[nn.Module], ...] = (
+    nn.RNNBase,
+    nn.RNNCellBase,
+    nn.MultiheadAttention,
+    nn.Transformer,
+    nn.TransformerEncoder,
+    nn.TransformerDecoder,
+    nn.TransformerEncoderLayer,
+    nn.TransformerDecoderLayer,
+    nn.Linear,
+    nn.Bilinear,
+    nn.LayerNorm,
+    nn.RMSNorm,
+    nn.Embedding,
+)
+
+#: Modules whose activations are channels-first, ``[B, C, ...]``: read as their ``C`` channels,
+#: each averaged over the positions after it.
+CHANNELS_FIRST_TYPES: tuple[type[nn.Module], ...] = (
+    nn.modules.conv._ConvNd,
+    nn.modules.batchnorm._BatchNorm,
+    nn.modules.instancenorm._InstanceNorm,
+    nn.GroupNorm,
+    nn.LocalResponseNorm,
+    nn.modules.pooling._MaxPoolNd,
+    nn.modules.pooling._AvgPoolNd,
+    nn.modules.pooling._AdaptiveAvgPoolNd,
+    nn.modules.pooling._AdaptiveMaxPoolNd,
+    nn.modules.pooling._LPPoolNd,
+    nn.Dropout1d,
+    nn.Dropout2d,
+    nn.Dropout3d,
+    nn.Upsample,
+    nn.PixelShuffle,
+)
+
+#: Activations of any number of dimensions above two are read by the last dimension.
+ANY_DIMS = 1 << 16
+
+
+class FeatureReading(NamedTuple):
+    """Which dimension of a layer's activations holds its drift features, decided once per
+    module by :func:`feature_reading`.
+
+    ``units_last``: the last dimension (units, averaged over the steps or positions between
+    the batch and it), for activations of three dimensions up to ``max_dims``; otherwise,
+    and always for two-dimensional ones, dimension 1 (channels, averaged over what follows).
+    ``by`` says which rule decided: ``"type"`` (the module's own class), ``"inside"`` (the last
+    module of a known class inside it), ``"after"`` (the module of a known class registered
+    just before it in its parent), ``"default"`` (none: channels-first).
+    """
+
+    units_last: bool
+    by: str
+    #: The class name that decided (empty for "default").
+    source: str = ""
+
+    @property
+    def max_dims(self) -> int:
+        """Up to how many dimensions an activation is read by its last one: any number when
+        the module's own class says so, three (``[B, T, H]``) when inferred, none otherwise."""
+        if not self.units_last:
+            return 0
+        return ANY_DIMS if self.by == "type" else 3
+
+
+def _own_reading(module: nn.Module) -> bool | None:
+    if isinstance(module, UNITS_LAST_TYPES):
+        return True
+    if isinstance(module, CHANNELS_FIRST_TYPES):
+        return False
+    return None
+
+
+def _reading_inside(module: nn.Module) -> tuple[bool, str] | None:
+    """The module's own reading, else that of the last module of a known class inside it."""
+    own = _own_reading(module)
+    if own is not None:
+        return own, type(module).__name__
+    found: tuple[bool, str] | None = None
+    for inner in module.modules():
+        if inner is not module:
+            inner_own = _own_reading(inner)
+            if inner_own is not None:
+                found = (inner_own, type(inner).__name__)
+    return found
+
+
+def feature_reading(root: nn.Module, path: str) -> FeatureReading:
+    """How the activations of the module at ``path`` (``""``: the model itself, its output)
+    are read into drift features: the documented rule, decided once, at registration.
+
+    1. By its own class: recurrent, attention and transformer blocks and ``Linear``,
+       ``Bilinear``, ``LayerNorm``, ``RMSNorm``, ``Embedding`` (:data:`UNITS_LAST_TYPES`) are
+       read by their last dimension; convolutions, batch/instance/group norms, pooling,
+       channel dropout, ``Upsample``, ``PixelShuffle`` (:data:`CHANNELS_FIRST_TYPES`) by
+       dimension 1. Subclasses count as their base.
+    2. Any other module (an activation, a dropout, your own block): as the last module of a
+       known class inside it (a block ending in a ``Linear``), else
+    3. as the module of a known class registered just before it in its parent (a ``ReLU``
+       after a ``Linear``, a ``Tanh`` after an ``LSTM``). Rules 2 and 3 read only a
+       three-dimensional ``[B, T, H]`` by its last dimension: a map of four or more
+       dimensions stays channels-first unless the module's own class says otherwise.
+    4. None of these: dimension 1 (channels-first, PyTorch's convention).
+    """
+    module = root.get_submodule(path)  # a path of named_modules(); "" is the root
+    own = _reading_inside(module)
+    if own is not None:
+        by = "type" if _own_reading(module) is not None else "inside"
+        return FeatureReading(own[0], by, own[1])
+    parent_path, _, name = path.rpartition(".")
+    if path:
+        parent = root.get_submodule(parent_path)
+        siblings = list(parent.named_children())
+        before = next((i for i, (n, _) in enumerate(siblings) if n == name), 0)
+        for _, sibling in reversed(siblings[:before]):
+            found = _reading_inside(sibling)
+            if found is not None:
+                return FeatureReading(found[0], "after", found[1])
+    return FeatureReading(False, "default")
+
+
+def sequence_logits_error(shape: Sequence[int]) -> ConfigError:
+    """The refusal of a ``logits`` head whose output is not ``[batch, classes]``."""
+    per_sample = ", ".join(map(str, shape[1:]))
+    return ConfigError(
+        f"monitoring.output.head: expected logits [batch, classes] for head 'logits', got an "
+        f"output of [batch, {per_sample}] (per-position logits, as token classification or "
+        "CTC give): per-position classification is not supported; set output.head to "
+        "'embedding' or 'values' (drift of each class's logit averaged over the positions) "
+        "or 'none'"
+    )
+
+
 class LayerHook:
     """One hook on one module: the unit that can be faulted, registered and removed.
 
@@ -306,8 +444,18 @@ class LayerHook:
         width: int | None = None,
         select: int | str | None = None,
         host: bool = True,
+        reading: FeatureReading | None = None,
+        logits: bool = False,
     ) -> None:
         self.name = name
+        #: Activations of 3 to ``_last_dims`` dimensions are read by their last one (units);
+        #: decided once, from the module's type (see :func:`feature_reading`).
+        self.reading = reading if reading is not None else FeatureReading(False, "default")
+        self._last_dims = self.reading.max_dims
+        # A channels-first module by its own class is never a hidden state of tokens.
+        self._tokens = not (self.reading.by == "type" and not self.reading.units_last)
+        #: The output of a ``logits`` head: anything but [batch, classes] is refused.
+        self._logits = logits
         #: Hand host tensors off as numpy arrays (see :func:`hold`).
         self._host = host
         self._select = select
@@ -400,6 +548,8 @@ class LayerHook:
                 tensor = tensor.detach().index_select(0, picked)
                 shape = tensor.shape
                 owned = True
+            if self._logits and len(shape) > 2:
+                raise sequence_logits_error(shape)
             mask = gate.mask
             if mask is not None and self._is_tokens(tensor, mask):
                 stats, features = token_summary(tensor, mask, self._max_features)
@@ -412,15 +562,25 @@ class LayerHook:
             rows = len(shape) and shape[0]
             # From sizes alone: indexing a sample would be one more torch call per hook.
             per_sample = tensor.numel() // rows if rows else tensor.numel()
+            # A sequence's [B, T, H] is read by its units: H goes to dimension 1, where a
+            # channels-first map has its features, as a view (the statistics do not depend on
+            # the order of a sample's values).
+            units = 2 < len(shape) <= self._last_dims
             if shape and per_sample <= self._copy_limit:
-                # The copy is taken now, before any later in-place operation can change it.
-                capture = Capture(self.name, None, None, hold(tensor, owned, self._host))
+                # The copy is taken now, before any later in-place operation can change it;
+                # swapping the axes of the copy is a view, cheaper than copying a strided one.
+                held = hold(tensor, owned, self._host)
+                capture = Capture(self.name, None, None, held.swapaxes(1, -1) if units else held)
             else:
                 capture = Capture(
                     layer=self.name,
                     stats=hold(reduce_activation(tensor), True, self._host),
                     features=hold(
-                        feature_summary(tensor, self._max_features, self._flatten),
+                        feature_summary(
+                            tensor.movedim(-1, 1) if units else tensor,
+                            self._max_features,
+                            self._flatten,
+                        ),
                         True,
                         self._host,
                     ),
@@ -435,7 +595,7 @@ class LayerHook:
         """A hidden state ``[B, T, H]`` (or the input's token ids ``[B, T]``) of this forward's
         mask: the shape decides, so a pooled ``[B, H]`` or attention weights
         ``[B, heads, T, T]`` are reduced as any other activation."""
-        if tensor.shape[:2] != mask.shape:
+        if tensor.shape[:2] != mask.shape or not self._tokens:
             return False
         return tensor.dim() == 3 or (tensor.dim() == 2 and self._flatten)
 
@@ -613,11 +773,17 @@ class HookSet:
         output_select: int | str | None = None,
         mask: int | str | None = None,
         on_demand: bool = False,
+        output_head: str | None = None,
     ) -> HookSet:
         """Build the hooks and, unless ``on_demand``, register them; ``widths`` overrides
         ``max_features`` per layer (projected ones, the output), ``output_select`` picks the
         output's tensor to watch, ``mask`` names the forward's attention-mask argument
-        (keyword or position) for token activations."""
+        (keyword or position) for token activations, ``output_head`` the output's head (a
+        ``logits`` output that is not ``[batch, classes]`` faults the output's hook with
+        :func:`sequence_logits_error` instead of being read flattened).
+
+        Which dimension of each layer's activations holds its features is decided here,
+        once per module (:func:`feature_reading`); the input keeps dimension 1."""
         if self.state is not HookState.DETACHED:
             raise RuntimeError(f"expected a detached HookSet, got state {self.state.value}")
         if _is_scripted(model):
@@ -649,6 +815,10 @@ class HookSet:
                 width=None if widths is None else widths.get(name),
                 select=output_select if name == OUTPUT_LAYER else None,
                 host=host,
+                reading=None
+                if on_input
+                else feature_reading(root, "" if name == OUTPUT_LAYER else name),
+                logits=name == OUTPUT_LAYER and output_head == "logits",
             )
         self.on_demand = on_demand
         self.state = HookState.ATTACHED

@@ -409,7 +409,9 @@ def test_hookwatch_layers_shows_sequence_first_layers_batch_first() -> None:
     rows = {r.name: r for r in discover_layers(Recurrent(batch_first=False), example_input((5, 6)))}
     # The dry run's batch of 2 is the second dimension of [5, 2, 8] and of h_n [1, 2, 8].
     assert rows["rnn"].shapes == ((2, 5, 8), (2, 1, 8), (2, 1, 8))
-    assert rows["act"].shapes == ((2, 5, 8),) and rows["act"].features == 5
+    # Its 8 hidden units (issue 28, item 6), not its 5 steps: the Tanh reads as the LSTM.
+    assert rows["act"].shapes == ((2, 5, 8),) and rows["act"].features == 8
+    assert rows["act"].reading == "8 units (mean over 5 steps)"
 
     @dataclasses.dataclass
     class Out:

@@ -150,11 +150,12 @@ def test_statistics_and_features_of_a_sentence_do_not_depend_on_its_batch_paddin
     assert padded["encoder.layer.1.output"].features.shape == (2, 8)  # type: ignore[union-attr]
     assert padded["input"].features.flatten().tolist() == [5.0, 13.0]  # type: ignore[union-attr]
     # Without the mask, the same sentence reads differently once its batch is padded: the
-    # failure this replaces (features per position, padding counted).
+    # failure this replaces (padding counted in each unit's mean over the positions).
     plain_alone = capture(model, encode([short]), mask=None)["encoder.layer.1.output"]
     plain_padded = capture(model, encode([short, long]), mask=None)["encoder.layer.1.output"]
     assert plain_alone.features is not None and plain_padded.features is not None
-    assert plain_alone.features.shape[1] != plain_padded.features.shape[1]
+    assert plain_alone.features.shape == (1, 8) and plain_padded.features.shape == (2, 8)
+    assert not torch.allclose(plain_padded.features[0], plain_alone.features[0], atol=1e-3)
 
 
 def test_keyword_forward_dict_output_and_globs() -> None:

@@ -139,6 +139,7 @@ class Monitor:
                 output_select=config.output.select,
                 mask=config.mask,
                 on_demand=on_demand,
+                output_head=config.output.head,
             )
             if on_demand:
                 self.gate.arm_with(self.hooks.arm, self.hooks.disarm)

@@ -186,6 +186,7 @@ def _captured(
         widths=build_widths(config),
         output_select=config.output.select,
         mask=config.mask,
+        output_head=config.output.head,
     ):
         for batch in batches:
             # The batch's rows, as serving's gate has them: the hooks learn from them which
@@ -201,6 +202,8 @@ def _captured(
                 gate.set(False)
             if collector.faults:
                 layer, error = collector.faults[0]
+                if isinstance(error, ConfigError):
+                    raise error  # the config does not fit the model (a per-position logits head)
                 raise RuntimeError(f"capturing layer {layer!r} failed: {error!r}")
             yield collector.commit()
 

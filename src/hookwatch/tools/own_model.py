@@ -29,7 +29,13 @@ from torch import nn
 
 from hookwatch._config import HandlerConfig, ModelConfig, read_model_config
 from hookwatch._errors import BadInputError, ConfigError, HookwatchError
-from hookwatch._hooks import hookable_root, resolve_layers, select_tensor
+from hookwatch._hooks import (
+    FeatureReading,
+    feature_reading,
+    hookable_root,
+    resolve_layers,
+    select_tensor,
+)
 from hookwatch._model import MODEL_SPEC_FILE, ModelSpec, build_model
 from hookwatch._names import INPUT_LAYER, OUTPUT_LAYER
 from hookwatch._service import (
@@ -69,6 +75,18 @@ ACTIVATIONS = frozenset(
         "Sigmoid",
         "Tanh",
         "Softplus",
+    }
+)
+#: Recurrent and attention blocks (and any class whose name ends in "Attention"): `hookwatch
+#: init` proposes them when a model has them.
+SEQUENCE_BLOCKS = frozenset(
+    {
+        "RNN",
+        "LSTM",
+        "GRU",
+        "MultiheadAttention",
+        "TransformerEncoderLayer",
+        "TransformerDecoderLayer",
     }
 )
 HANDLER_SOURCE = '''"""Written by `hookwatch archive`; the logic is in hookwatch.torchserve."""
@@ -226,11 +244,14 @@ class LayerInfo:
     type: str
     shapes: tuple[tuple[int, ...], ...]
     parameters: int
-    #: Drift features per sample: the channel or unit count (what ``feature_summary`` keeps).
+    #: Drift features per sample: the channel or unit count (what the hooks keep).
     features: int
     depth: int
     #: Times the module ran in the dry run's forward (a reused module runs more than once).
     calls: int = 1
+    #: How its features are read: "256 units (mean over 63 steps)", "64 channels (mean over
+    #: 8x8 positions)"; empty where each value of a sample is a feature of its own.
+    reading: str = ""
 
 
 def _shapes(value: Any, batch: int = 0) -> tuple[tuple[int, ...], ...]:
@@ -253,6 +274,19 @@ def _features(shape: tuple[int, ...]) -> int:
     return shape[1] if len(shape) >= 2 else 1
 
 
+def _read(shape: tuple[int, ...], reading: FeatureReading) -> tuple[int, str]:
+    """Features per sample of an activation of ``shape`` as the hooks read it, and in words
+    (see :func:`hookwatch._hooks.feature_reading`)."""
+    if len(shape) < 3:
+        return _features(shape), ""
+    if 2 < len(shape) <= reading.max_dims:
+        count, word, over = shape[-1], "units", shape[1:-1]
+    else:
+        count, word, over = shape[1], "channels", shape[2:]
+    kind = "steps" if len(over) == 1 else "positions"
+    return count, f"{count} {word} (mean over {'x'.join(map(str, over))} {kind})"
+
+
 def discover_layers(
     model: nn.Module, x: ModelInputs, argument: str | None = None, tokens: bool = False
 ) -> list[LayerInfo]:
@@ -263,7 +297,6 @@ def discover_layers(
     the input's token count). The hooks are temporary and removed whatever happens; a module
     that did not run on this input shows no shape.
     """
-    features = _token_features if tokens else _features
     root = hookable_root(model)
     outputs: dict[str, tuple[tuple[int, ...], ...]] = {}
     calls: dict[str, int] = {}
@@ -308,34 +341,47 @@ def discover_layers(
         if not name:
             continue
         shapes = outputs.get(name, ())
+        count, reading = _layer_features(shapes, tokens, root, name)
         rows.append(
             LayerInfo(
                 name,
                 type(module).__name__,
                 shapes,
                 sum(p.numel() for p in module.parameters()),
-                features(shapes[0]) if shapes else 0,
+                count,
                 name.count(".") + 1,
                 calls.get(name, 0),
+                reading,
             )
         )
     out_shapes = _shapes(result, batch)
+    count, reading = _layer_features(out_shapes, tokens, root, "")
     rows.append(
         LayerInfo(
             OUTPUT_LAYER,
             "(output)",
             out_shapes,
             sum(p.numel() for p in model.parameters()),
-            features(out_shapes[0]) if out_shapes else 0,
+            count,
             0,
+            reading=reading,
         )
     )
     return rows
 
 
-def _token_features(shape: tuple[int, ...]) -> int:
-    # A hidden state [B, T, H] is averaged over its tokens: H features.
-    return shape[2] if len(shape) == 3 else _features(shape)
+def _layer_features(
+    shapes: tuple[tuple[int, ...], ...], tokens: bool, root: nn.Module, path: str
+) -> tuple[int, str]:
+    if not shapes:
+        return 0, ""
+    shape = shapes[0]
+    reading = feature_reading(root, path)
+    channels = reading.by == "type" and not reading.units_last
+    if tokens and len(shape) == 3 and not channels:
+        # A hidden state [B, T, H] of a text model is averaged over its tokens (the mask's).
+        return shape[2], f"{shape[2]} units (mean over the tokens)"
+    return _read(shape, reading)
 
 
 def _input_features(x: torch.Tensor, max_features: int = 256) -> int:
@@ -377,7 +423,7 @@ def format_layers(rows: Sequence[LayerInfo], max_features: int) -> str:
         f"{'params':>10}  {'features':>8}  drift"
     ]
     for r in rows:
-        notes = []
+        notes = [f"features: {r.reading}"] if r.reading else []
         if r.features > max_features and r.name != OUTPUT_LAYER:
             notes.append(f"projected to {max_features - 1} components + residual")
         if r.calls > 1:
@@ -390,17 +436,37 @@ def format_layers(rows: Sequence[LayerInfo], max_features: int) -> str:
     return "\n".join(lines)
 
 
-def choose_layers(rows: Sequence[LayerInfo], count: int = 4) -> list[str]:
-    """A starting set of layers: activation modules spread over the depth of the model, or
-    else the model's top-level blocks (the output aside)."""
-    ran = [r for r in rows if r.shapes and r.name not in (INPUT_LAYER, OUTPUT_LAYER)]
-    candidates = [r.name for r in ran if r.type in ACTIVATIONS]
-    if not candidates:
-        candidates = [r.name for r in ran if r.depth == 1][:-1]
+def _sequence_blocks(ran: Sequence[LayerInfo]) -> list[str]:
+    """Recurrent and attention blocks, outermost first: one inside another kept block (the
+    attention of a transformer layer) is left to it."""
+    kept: list[str] = []
+    for row in ran:
+        block = row.type in SEQUENCE_BLOCKS or row.type.endswith("Attention")
+        if block and not any(row.name.startswith(name + ".") for name in kept):
+            kept.append(row.name)
+    return kept
+
+
+def _spread(candidates: Sequence[str], count: int) -> list[str]:
     if len(candidates) <= count:
-        return candidates
+        return list(candidates)
+    if count <= 1:
+        return list(candidates[-count:]) if count else []
     step = (len(candidates) - 1) / (count - 1)
     return [candidates[round(i * step)] for i in range(count)]
+
+
+def choose_layers(rows: Sequence[LayerInfo], count: int = 4) -> list[str]:
+    """A starting set of layers, in model order: the recurrent and attention blocks where the
+    model has them (spread over its depth), then activation modules spread over the depth of
+    the model up to ``count``, or else the model's top-level blocks (the output aside)."""
+    ran = [r for r in rows if r.shapes and r.name not in (INPUT_LAYER, OUTPUT_LAYER)]
+    sequence = _spread(_sequence_blocks(ran), count)
+    candidates = [r.name for r in ran if r.type in ACTIVATIONS and r.name not in sequence]
+    if not candidates and not sequence:
+        candidates = [r.name for r in ran if r.depth == 1][:-1]
+    chosen = set(sequence) | set(_spread(candidates, count - len(sequence)))
+    return [r.name for r in ran if r.name in chosen]
 
 
 def guess_head(rows: Sequence[LayerInfo]) -> str:
@@ -434,6 +500,17 @@ def init_config(
         "    # std: [0.229, 0.224, 0.225]    # requests and reference data come un-normalised",
     ]
     heads = "logits (classes) | values (regression) | embedding | none"
+    out = rows[-1].shapes[0] if rows and rows[-1].shapes else ()
+    sequence_note = (
+        [
+            f"    # The output is [batch, {', '.join(map(str, out[1:]))}]: per-position logits "
+            "(CTC, token",
+            "    # classification) are refused by head logits, which needs [batch, classes];",
+            "    # as embedding, each class's logit averaged over the positions is watched.",
+        ]
+        if len(out) > 2
+        else []
+    )
     return "\n".join(
         [
             f"# Written by `hookwatch init` for {source}: a start, review every line.",
@@ -450,6 +527,7 @@ def init_config(
             "    # named_modules() paths, glob patterns (blocks.*.act) or, with layer_types,",
             "    # class names; see `hookwatch layers` for the candidates.",
             f"    layers: [{', '.join(layers)}]",
+            *sequence_note,
             f"    output: {{head: {head}}}   # {heads}",
             "    sample_rate: 0.1",
             "    drift: {window: 200}",

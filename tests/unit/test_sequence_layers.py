@@ -1,0 +1,306 @@
+"""Sequence layers read per hidden unit, on a real recurrent model (issue 28, items 6 and 7).
+
+The model is a small CRNN, a text recognizer's shape: a Conv2d stem, a Conv1d over the width,
+a 2-layer bidirectional LSTM and a Linear CTC head giving per-position logits ``[B, T, C]``.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from prometheus_client import CollectorRegistry
+from torch import nn
+
+import hookwatch
+from hookwatch._config import MonitoringConfig
+from hookwatch._errors import ConfigError
+from hookwatch._hooks import Capture, Gate, HookSet, as_array, feature_reading, resolve_layers
+from hookwatch._metrics import MetricSet
+from hookwatch._names import OUTPUT_LAYER, STATISTICS
+from hookwatch._profile import build_profile
+from hookwatch._profile.builder import capture_features
+from hookwatch._stats import feature_rows, reduce_rows
+
+STEPS, HIDDEN, CLASSES = 15, 24, 11
+
+CRNN_SOURCE = '''
+import torch
+from torch import nn
+
+
+class CRNN(nn.Module):
+    """Conv2d stem -> Conv1d over the width -> 2-layer BiLSTM -> Linear CTC head [B, T, C]."""
+
+    def __init__(self, batch_first: bool = True, classes: int = 11) -> None:
+        super().__init__()
+        self.batch_first = batch_first
+        self.stem = nn.Sequential(
+            nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d((2, 1))
+        )
+        self.conv1d = nn.Conv1d(32, 16, 3, padding=1)
+        self.rnn = nn.LSTM(16, 12, num_layers=2, bidirectional=True, batch_first=batch_first)
+        self.act = nn.Tanh()
+        self.head = nn.Linear(24, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = self.stem(x).flatten(1, 2)  # [B, 32, T]
+        f = torch.relu(self.conv1d(f)).transpose(1, 2)  # [B, T, 16]
+        hidden, _ = self.rnn(f if self.batch_first else f.transpose(0, 1))
+        hidden = self.act(hidden)  # [B, T, 24], or [T, B, 24] sequence-first
+        if not self.batch_first:
+            hidden = hidden.transpose(0, 1)
+        out: torch.Tensor = self.head(hidden)  # [B, T, classes]
+        return out
+'''
+
+_namespace: dict[str, object] = {}
+exec(compile(CRNN_SOURCE, "crnn.py", "exec"), _namespace)
+CRNN: type[nn.Module] = _namespace["CRNN"]  # type: ignore[assignment]
+
+EMBEDDING = {"head": "embedding"}
+LAYERS = ["conv1d", "rnn", "act", "head"]
+
+
+def crnn(batch_first: bool = True, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    model = CRNN(batch_first=batch_first)
+    # Batch norm statistics that are not the identity, so the stem is a real map.
+    norm = model.get_submodule("stem.1")
+    assert isinstance(norm, nn.BatchNorm2d)
+    assert norm.running_mean is not None and norm.running_var is not None
+    norm.running_mean.uniform_(-0.2, 0.2)
+    norm.running_var.uniform_(0.5, 1.5)
+    return model.eval()
+
+
+def images(batches: int, rows: int = 8, seed: int = 1) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.rand(rows, 1, 8, STEPS, generator=generator) for _ in range(batches)]
+
+
+def activations(model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Each watched module's output for ``x``, batch-first, by plain forward hooks."""
+    seen: dict[str, torch.Tensor] = {}
+    handles = []
+    for name in LAYERS:
+        module = model.get_submodule(name)
+
+        def keep(_m: nn.Module, _a: object, out: object, name: str = name) -> None:
+            tensor = out[0] if isinstance(out, tuple) else out
+            assert isinstance(tensor, torch.Tensor)
+            seen[name] = tensor.detach().clone()
+
+        handles.append(module.register_forward_hook(keep))
+    try:
+        with torch.inference_mode():
+            seen[OUTPUT_LAYER] = model(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    if not getattr(model, "batch_first", True):
+        for name in ("rnn", "act"):
+            seen[name] = seen[name].transpose(0, 1)
+    return seen
+
+
+def by_hand_statistics(x: torch.Tensor) -> np.ndarray:
+    flat = x.reshape(len(x), -1).double()
+    return np.stack(
+        [
+            flat.mean(1).numpy(),
+            flat.std(1, unbiased=False).numpy(),
+            flat.amin(1).numpy(),
+            flat.amax(1).numpy(),
+            (flat == 0).double().mean(1).numpy(),
+        ],
+        axis=1,
+    )
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.captures: dict[str, Capture] = {}
+        self.faults: list[tuple[str, BaseException]] = []
+
+    def offer(self, capture: Capture) -> bool:
+        self.captures[capture.layer] = capture
+        return True
+
+    def on_fault(self, layer: str, error: BaseException) -> None:
+        self.faults.append((layer, error))
+
+
+def test_the_feature_rule_is_decided_by_module_type() -> None:
+    model = crnn()
+    readings = {name: feature_reading(model, name) for name in ("stem.0", "stem.1", "stem.2")}
+    assert all(not r.units_last for r in readings.values())
+    assert readings["stem.2"].by == "after" and readings["stem.2"].source == "BatchNorm2d"
+    assert feature_reading(model, "conv1d") == (False, "type", "Conv1d")
+    assert feature_reading(model, "rnn") == (True, "type", "LSTM")
+    assert feature_reading(model, "head") == (True, "type", "Linear")
+    # A Tanh, a module of no known class, reads as the LSTM registered before it; a block
+    # as the last known module inside it; the model's output as its last known module.
+    assert feature_reading(model, "act") == (True, "after", "LSTM")
+    assert feature_reading(model, "stem") == (False, "inside", "MaxPool2d")
+    assert feature_reading(model, "") == (True, "inside", "Linear")
+    # Inferred, only a [B, T, H] is read by its last dimension; by type, any map.
+    assert feature_reading(model, "act").max_dims == 3
+    assert feature_reading(model, "head").max_dims > 4
+    # Nothing known anywhere: channels-first.
+    lone = nn.Sequential(nn.Identity(), nn.Tanh())
+    assert feature_reading(lone, "1") == (False, "default", "")
+
+
+@pytest.mark.parametrize("copy_limit", [0, 1 << 20])
+def test_a_recurrent_layer_is_read_per_hidden_unit_as_the_mean_over_its_steps(
+    copy_limit: int,
+) -> None:
+    """The hook's features of a [B, T, H] layer are its H units, each the mean over T, and
+    its statistics those of every value; a Conv1d [B, C, L] keeps its C channels. Both in the
+    hook (copy_limit 0) and from a raw copy reduced on the capture thread."""
+    model, x = crnn(), images(1)[0]
+    expected = activations(model, x)
+    sink, gate = Sink(), Gate()
+    with HookSet(gate, sink, max_features=256, copy_limit=copy_limit).attach(
+        model, LAYERS, capture_input=False, output_head="embedding"
+    ):
+        gate.set(True, None, len(x))
+        with torch.inference_mode():
+            model(x)
+        gate.set(False)
+    assert not sink.faults
+    for layer in [*LAYERS, OUTPUT_LAYER]:
+        capture = sink.captures[layer]
+        activation = expected[layer]
+        if capture.raw is not None:
+            raw = as_array(capture.raw)
+            stats, features = reduce_rows(raw), feature_rows(raw, 256)
+        else:
+            assert capture.stats is not None and capture.features is not None
+            stats, features = as_array(capture.stats), as_array(capture.features)
+        if layer == "conv1d":
+            assert activation.shape == (8, 16, STEPS)
+            by_hand = activation.mean(dim=2)  # C channels, each over its L steps
+        else:
+            assert activation.shape[:2] == (8, STEPS)
+            by_hand = activation.mean(dim=1)  # H units, each over its T steps
+        assert features.shape == by_hand.shape
+        np.testing.assert_allclose(features, by_hand.numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            stats[:, : STATISTICS.index("nan_count")],
+            by_hand_statistics(activation),
+            rtol=1e-4,
+            atol=1e-6,
+        )
+
+
+def test_a_profile_tests_drift_per_hidden_unit() -> None:
+    model = crnn()
+    config = MonitoringConfig.from_mapping({"layers": LAYERS, "output": EMBEDDING})
+    data = images(4)
+    captured = list(capture_features(model, config, data))
+    for batch, features in zip(data, captured, strict=True):
+        expected = activations(model, batch)
+        np.testing.assert_allclose(
+            features["rnn"], expected["rnn"].mean(dim=1).numpy(), rtol=1e-5, atol=1e-6
+        )
+        np.testing.assert_allclose(
+            features["conv1d"], expected["conv1d"].mean(dim=2).numpy(), rtol=1e-5, atol=1e-6
+        )
+    profile = build_profile(model, config, data, "crnn")
+    widths = {name: len(ref.kept) + len(ref.dropped) for name, ref in profile.references.items()}
+    assert widths == {
+        "input": 8 * STEPS,  # the input's 1x8x15 map fits the budget: every value
+        "conv1d": 16,
+        "rnn": HIDDEN,
+        "act": HIDDEN,
+        "head": CLASSES,
+        "output": CLASSES,
+    }
+
+
+def test_the_sequence_first_twin_matches_its_batch_first_twin() -> None:
+    """The same CRNN with a sequence-first LSTM ([T, B, H]) is read as the batch-first one:
+    the same profile, and the same statistics and drift windows when watched."""
+    seq_first, twin = crnn(batch_first=False), crnn(batch_first=True)
+    twin.load_state_dict(seq_first.state_dict())
+    config = {"layers": LAYERS, "output": EMBEDDING, "sample_rate": 1.0, "drift": {"window": 8}}
+    reference = images(4)
+    profiles = [build_profile(m, config, reference, "crnn") for m in (seq_first, twin)]
+    for name, ref in profiles[1].references.items():
+        np.testing.assert_allclose(profiles[0].references[name].edges, ref.edges, rtol=1e-5)
+    inputs = [*images(10, rows=3, seed=2), *images(2, rows=STEPS, seed=3)]
+    sets = []
+    for model, profile in zip((seq_first, twin), profiles, strict=True):
+        metrics = MetricSet(CollectorRegistry())
+        monitor = hookwatch.watch(model, config, "crnn", metrics=metrics, profile=profile)
+        with torch.inference_mode():
+            for x in inputs:  # the last two as long as their sequence: [15, 15, 24] either way
+                with monitor.request(len(x)):
+                    model(x)
+        monitor.flush()
+        monitor.close()
+        sets.append(metrics.sample_values())
+    ours, theirs = sets
+    watched = {k: v for k, v in theirs.items() if k[0].startswith("hookwatch_activation_")}
+    assert watched and all(
+        ours[k] == pytest.approx(v, rel=1e-4, abs=1e-6) for k, v in watched.items()
+    )
+    windows = {k: v for k, v in theirs.items() if k[0] == "hookwatch_drift_windows_total"}
+    assert any(v > 0 for v in windows.values())
+    assert all(ours[k] == v for k, v in windows.items())
+
+
+def test_a_logits_head_over_positions_is_refused_never_flattened() -> None:
+    model = crnn()
+    with pytest.raises(ConfigError, match=r"got an output of \[batch, 15, 11\]") as refused:
+        build_profile(model, {"layers": ["rnn"]}, images(2), "crnn")
+    message = str(refused.value)
+    assert "per-position classification is not supported" in message
+    assert all(head in message for head in ("'embedding'", "'values'", "'none'"))
+    # Watched without a profile, the output's hook faults visibly on the first sampled
+    # forward; the request is answered and the other layers are still captured.
+    metrics = MetricSet(CollectorRegistry())
+    config = resolve_layers(
+        model, MonitoringConfig.from_mapping({"layers": ["rnn"], "sample_rate": 1.0})
+    )
+    monitor = hookwatch.watch(model, config, "crnn", metrics=metrics)
+    with torch.inference_mode():
+        for x in images(3, rows=2):
+            with monitor.request(len(x)):
+                assert model(x).shape == (2, STEPS, CLASSES)
+    monitor.flush()
+    monitor.close()
+    values = metrics.sample_values()
+    faults = ("hookwatch_monitor_faults_total", (("layer", "output"), ("model", "crnn")))
+    rnn = ("hookwatch_captures_total", (("layer", "rnn"), ("model", "crnn")))
+    assert values[faults] == 1 and values[rnn] == 6
+
+
+def test_hookwatch_layers_says_how_each_layer_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hookwatch.tools.cli import main
+
+    source = tmp_path / "crnn.py"
+    source.write_text(textwrap.dedent(CRNN_SOURCE))
+    assert main(["layers", f"{source}:CRNN", "--input-shape", f"1,8,{STEPS}"]) == 0
+    table = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert "24 units (mean over 15 steps)" in table["rnn"]
+    assert "24 units (mean over 15 steps)" in table["act"]
+    assert "11 units (mean over 15 steps)" in table["head"]
+    assert "11 units (mean over 15 steps)" in table["output"]
+    assert "16 channels (mean over 15 steps)" in table["conv1d"]
+    assert "8 channels (mean over 8x15 positions)" in table["stem.0"]
+    assert f"{HIDDEN:>8}  features: {HIDDEN} units" in table["rnn"]
+    assert f"{16:>8}  features: 16 channels" in table["conv1d"]
+    out = tmp_path / "config.yaml"
+    assert main(["init", f"{source}:CRNN", "--input-shape", f"1,8,{STEPS}", "--out", str(out)]) == 0
+    written = out.read_text()
+    # The recurrent block is proposed, with activations spread over the rest of the model.
+    assert "layers: [stem.2, rnn, act]" in written
+    assert "head: embedding" in written and "[batch, 15, 11]" in written
