@@ -302,8 +302,9 @@ UNITS_LAST_TYPES: tuple[type[nn.Module], ...] = (
     nn.Linear,
     nn.Bilinear,
     nn.LayerNorm,
-    nn.RMSNorm,
     nn.Embedding,
+    # nn.RMSNorm came with torch 2.4; the core supports torch 2.1 and later.
+    *((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()),
 )
 
 #: Modules whose activations are channels-first, ``[B, C, ...]``: read as their ``C`` channels,
