@@ -57,8 +57,9 @@ def reduce_activation(activation: torch.Tensor) -> torch.Tensor:
     if width == 0:
         return torch.zeros((x.shape[0], len(STATISTICS)), dtype=torch.float32, device=x.device)
     # Plain sums, norms and amin/amax only: torch's std_mean, aminmax and ``x == 0`` reductions
-    # over a wide row are 10-20x slower on CPU (2.7 ms against 0.15 ms for a 64x56x56 map),
-    # and this runs in the request thread. Two passes keep the variance exact enough.
+    # over a wide row are many times slower on CPU (docs/bench/README.md, "Figures behind the
+    # code's constants"), and this runs in the request thread. Two passes keep the variance
+    # exact enough.
     mean = x.sum(dim=1, dtype=torch.float32) / width
     std = torch.linalg.vector_norm(x - mean[:, None], dim=1, dtype=torch.float32) / math.sqrt(width)
     lo, hi = x.amin(dim=1), x.amax(dim=1)
@@ -177,8 +178,8 @@ def _packed_token_summary(
     The tokens are packed into ``[N, H]`` (boolean indexing keeps them in row order) and each
     sample's reductions gathered per token with ``index_add_``/``scatter_reduce_``: every
     operation reads only the tokens, and none broadcasts a ``[B, T, 1]`` mask over the hidden
-    units, which on CPU is several times slower than the reduction itself (2-3x for the whole
-    summary of a padded batch of eight sentences, docs/bench/README.md item 15).
+    units, which on CPU is several times slower than the reduction itself (docs/bench/README.md,
+    "Figures behind the code's constants").
     """
     x = activation if activation.dim() == 3 else activation[:, :, None]
     if x.dtype != torch.float32:

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from hookwatch import _catalogue as cat
+from hookwatch import _catalogue as metric
 from hookwatch._capture import RateLimitedLog
 from hookwatch._hooks import Capture, Gate, Held
 from hookwatch._metrics import CountSlots
@@ -39,11 +39,11 @@ log = logging.getLogger("hookwatch")
 #: collector stops tracking an exact tuple of strings and numpy arrays at its first young
 #: collection (never a tuple subclass), so a waiting record is never promoted to the oldest
 #: generation (see ``hookwatch._hooks.hold``). A :class:`Capture` is one too, field for field.
-Held4 = tuple[str, Held | None, Held | None, Held | None]
-Record = tuple[Held4, ...]
+PlainCapture = tuple[str, Held | None, Held | None, Held | None]
+Record = tuple[PlainCapture, ...]
 
 
-def _plain(capture: Capture) -> Held4:
+def _plain(capture: Capture) -> PlainCapture:
     return (capture.layer, capture.stats, capture.features, capture.raw)
 
 
@@ -139,7 +139,7 @@ class RequestGate:
         self.slots: CountSlots | None = None
         self.sample_rate = sample_rate if enabled else 0.0
         #: The flag every hook reads (thread-local, open only inside a sampled forward).
-        self.gate = Gate()
+        self.hook_flag = Gate()
         self._offer = offer
         self._rng = random.Random(seed)
         # The record of the sampled forward running on this thread, if any.
@@ -181,11 +181,11 @@ class RequestGate:
         """From now on also write the counts into ``slots``, starting from what was counted so
         far (a count file created late, once the metrics directory took it, misses nothing)."""
         name = {"model": self.model_name}
-        at_requests = slots.index(cat.REQUESTS, **name)
-        at_sampled = slots.index(cat.REQUESTS_SAMPLED, **name)
-        at_dropped = slots.index(cat.CAPTURES_DROPPED, **name)
+        at_requests = slots.index(metric.REQUESTS, **name)
+        at_sampled = slots.index(metric.REQUESTS_SAMPLED, **name)
+        at_dropped = slots.index(metric.CAPTURES_DROPPED, **name)
         at_rejected = {
-            r: slots.index(cat.REQUESTS_REJECTED, reason=r, **name) for r in REJECT_REASONS
+            r: slots.index(metric.REQUESTS_REJECTED, reason=r, **name) for r in REJECT_REASONS
         }
         with self._lock:
             if self.slots is not None:
@@ -201,7 +201,7 @@ class RequestGate:
                 at_dropped,
             )
             self._at_rejected = at_rejected
-            self._duration = slots.histogram(cat.REQUEST_DURATION, **name)
+            self._duration = slots.histogram(metric.REQUEST_DURATION, **name)
             self.slots = slots
 
     def receive(self, count: int) -> None:
@@ -247,7 +247,8 @@ class RequestGate:
                 rows = torch.tensor(_sampled_rows(draws, sizes), dtype=torch.long)
         # Plain integers under an uncontended lock: the capture thread publishes them. An
         # exported counter's increment here (a lock, a struct pack into a memory-mapped file,
-        # three Python frames) measured ~13 µs per request between the layers of a real forward.
+        # three Python frames) cost far more per request between the layers of a real forward
+        # than in a tight loop (docs/bench/README.md, "Figures behind the code's constants").
         with self._lock:
             if not received:
                 self._requests += count
@@ -299,11 +300,11 @@ class RequestGate:
         if self._arm is not None:
             self._arm()  # never raises; a failed registration only loses this capture
         self._local.record = {}
-        self.gate.set(True, rows, batch)
+        self.hook_flag.set(True, rows, batch)
 
     def _end_record(self, keep: bool) -> None:
         try:
-            self.gate.set(False)
+            self.hook_flag.set(False)
             captured: dict[str, Capture] | None = getattr(self._local, "record", None)
             self._local.record = None
             if captured and keep:

@@ -18,7 +18,7 @@ from types import TracebackType
 import torch
 from torch import nn
 
-from hookwatch import _catalogue as cat
+from hookwatch import _catalogue as metric
 from hookwatch._capture import CaptureWorker, RateLimitedLog
 from hookwatch._config import MonitoringConfig
 from hookwatch._drift import DriftTracker
@@ -38,20 +38,19 @@ log = logging.getLogger("hookwatch")
 #: in batches, not per request, and each drain lets the GIL go between its layers and
 #: detectors. The default buffer holds 1024 sampled forwards, far more than arrive in one gap.
 DRAIN_GAP_S = 0.05
-#: ... and drains once this many sampled forwards wait (or a publish is due). Processing costs
-#: ~1 ms per drain whatever its size plus ~30 µs per record (demo CNN, five layers, drift on;
-#: `make bench-drain`): at the default sampling a drain every gap would hold ~5 records and
-#: spend most of its time on the fixed part.
+#: ... and drains once this many sampled forwards wait (or a publish is due). A drain has a
+#: fixed cost well above its cost per record (`make bench-drain`; the figures are in
+#: docs/bench/README.md, "Figures behind the code's constants"): at the default sampling a
+#: drain every gap would hold a handful of records and spend most of its time on the fixed part.
 DRAIN_BATCH = 64
 
 
 #: While requests are being served, the capture thread waits this long between the steps of
-#: a drain (:meth:`Monitor.pace`); "being served": a forward within the last ``ACTIVE_S``.
-#: The demo CNN's drains pause 13 times (five layers, drift on): ~130 ms of wall time for up
-#: to 256 records, ~2,000 sampled forwards a second before the half-full rule ends the pacing.
-#: Same-run A/Bs on the demo CNN at 100 % sampling (the quick bench, 10 rounds; see
-#: docs/bench/README.md): closed-loop p99 +75 % -> +19 % of the plain handler's at batch 1 and
-#: +86 % -> +28 % at batch 8 with 5 ms gaps; +15 % -> +1 % at batch 1 from 5 to ~10 ms.
+#: a drain (:meth:`Monitor._pace`); "being served": a forward within the last ``ACTIVE_S``.
+#: Long enough that a request meets few steps of a drain, short enough that a paced drain
+#: still keeps up with busy traffic before the half-full rule ends the pacing; chosen by
+#: same-run A/Bs of the served p99 (docs/bench/README.md, "Figures behind the code's
+#: constants").
 STEP_GAP_S = 0.010
 ACTIVE_S = 0.1
 
@@ -102,7 +101,7 @@ class Monitor:
         self.gate = RequestGate(
             model_name, config.sample_rate, self.worker.offer, config.enabled, config.seed
         )
-        self.hooks = HookSet(self.gate.gate, self.gate, config.max_features, config.copy_limit)
+        self.hooks = HookSet(self.gate.hook_flag, self.gate, config.max_features, config.copy_limit)
         widths = drift.feature_widths() if drift is not None else {}
         if config.output.head == "logits":
             # Softmax, confidence and entropy need every class's logit, not max_features.
@@ -217,7 +216,7 @@ class Monitor:
         # duration is lost, the answer is not; the next publish retries the files.
         with contextlib.suppress(OSError):
             self.metrics.observe_histogram(
-                cat.REQUEST_DURATION, seconds, count, model=self.model_name
+                metric.REQUEST_DURATION, seconds, count, model=self.model_name
             )
 
     def counts(self) -> RequestCounts:
@@ -232,8 +231,8 @@ class Monitor:
         torch's thread count is partly per thread: a new thread's matrix products (MKL) size
         their OpenMP team to every core, whatever ``torch.set_num_threads`` said on the serving
         thread. A drain's projection then ran on a second, spinning OpenMP thread that took a
-        core from serving (all-MiniLM-L6-v2 at 100 % sampling: 0.33 ms of CPU per request on
-        that thread, docs/bench/README.md item 14). The count is the one the serving thread
+        core from serving (measured on a served text model: docs/bench/README.md, "Figures
+        behind the code's constants"). The count is the one the serving thread
         already had: the process-wide default that ``set_num_threads`` also stores was that
         count already, or is now the count a new thread would have got anyway.
         """

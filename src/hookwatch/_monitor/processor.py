@@ -22,7 +22,7 @@ import torch
 from hookwatch._capture import RateLimitedLog
 from hookwatch._drift import DriftResult, DriftTracker, IntArray
 from hookwatch._hooks import Held, as_array
-from hookwatch._monitor.gate import Held4, Record
+from hookwatch._monitor.gate import PlainCapture, Record
 from hookwatch._names import (
     CLASS_STATISTICS,
     INPUT_LAYER,
@@ -47,10 +47,10 @@ def yield_gil() -> None:
 
     numpy's calls on arrays this small keep the GIL, and a request thread that gave it up for
     a torch operation waits for it until the interpreter's switch interval (5 ms) forces a
-    hand-over, once per operation. A sleep releases it at once; 0.1 ms rather than 0 so the
-    waiting thread wakes and takes it before this one does (measured: a request's p99 beside
-    a busy thread was 4 ms with no pauses, 1.1 ms with sleep(0) and 0.6 ms with 0.1 ms every
-    0.5 ms of work). It costs the capture thread wall time, not CPU.
+    hand-over, once per operation. A sleep releases it at once; a short sleep rather than
+    ``sleep(0)`` so the waiting thread wakes and takes it before this one does (the measured
+    p99s are in docs/bench/README.md, "Figures behind the code's constants"). It costs the
+    capture thread wall time, not CPU.
     """
     time.sleep(YIELD_S)
 
@@ -221,7 +221,7 @@ class CaptureProcessor:
             return dict(self._faults)
 
     def _reduce(
-        self, layer: str, items: Sequence[Held4]
+        self, layer: str, items: Sequence[PlainCapture]
     ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any] | None, list[int]]:
         """Statistics ``[N, 7]``, drift features ``[N, F]`` and rows per item, in item order.
 
@@ -315,7 +315,7 @@ class CaptureProcessor:
         layer: str,
         count: int,
         records: IntArray,
-        items: Sequence[Held4],
+        items: Sequence[PlainCapture],
         predicted: list[_Predictions],
     ) -> None:
         stats, features, sizes = self._reduce(layer, items)
@@ -432,7 +432,7 @@ class CaptureProcessor:
         )
 
 
-def _by_layer(records: Sequence[Record]) -> dict[str, tuple[IntArray, list[Held4]]]:
+def _by_layer(records: Sequence[Record]) -> dict[str, tuple[IntArray, list[PlainCapture]]]:
     """Per layer, the indices of the records that captured it and their captures, in order.
 
     Every record of a drain usually holds the same layers in the same order: one list per
@@ -448,7 +448,7 @@ def _by_layer(records: Sequence[Record]) -> dict[str, tuple[IntArray, list[Held4
             layer: (everyone, [record[i] for record in records]) for i, layer in enumerate(first)
         }
     indices: dict[str, list[int]] = defaultdict(list)
-    captures: dict[str, list[Held4]] = defaultdict(list)
+    captures: dict[str, list[PlainCapture]] = defaultdict(list)
     for index, record in enumerate(records):
         for capture in record:
             indices[capture[0]].append(index)

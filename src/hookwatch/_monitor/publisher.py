@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hookwatch import _catalogue as cat
+from hookwatch import _catalogue as metric
 from hookwatch._drift import DriftTracker, IntArray
 from hookwatch._metrics import CounterChild, MetricSet
 from hookwatch._monitor.gate import RequestCounts
@@ -81,51 +81,51 @@ class Publisher:
         """
         m, name = self.metrics, self.model_name
         self._counters = {
-            "requests": m.counter(cat.REQUESTS, model=name),
-            "sampled": m.counter(cat.REQUESTS_SAMPLED, model=name),
-            "dropped": m.counter(cat.CAPTURES_DROPPED, model=name),
+            "requests": m.counter(metric.REQUESTS, model=name),
+            "sampled": m.counter(metric.REQUESTS_SAMPLED, model=name),
+            "dropped": m.counter(metric.CAPTURES_DROPPED, model=name),
         }
         for reason in REJECT_REASONS:
-            m.touch(cat.REQUESTS_REJECTED, model=name, reason=reason)
+            m.touch(metric.REQUESTS_REJECTED, model=name, reason=reason)
         # Faults outside any one layer (the capture thread, publishing, loading) exist from
         # the start too: a publish that fails for want of space still has a series to count in.
-        m.touch(cat.MONITOR_FAULTS, model=name, layer=ALL_LAYERS)
-        m.set(cat.CAPTURE_QUEUE_CAPACITY, queue_capacity, model=name)
-        m.set(cat.WORKERS, 1, model=name)
-        m.touch(cat.REQUEST_DURATION, model=name)
-        m.set(cat.CAPTURE_QUEUE_DEPTH, 0, model=name)
+        m.touch(metric.MONITOR_FAULTS, model=name, layer=ALL_LAYERS)
+        m.set(metric.CAPTURE_QUEUE_CAPACITY, queue_capacity, model=name)
+        m.set(metric.WORKERS, 1, model=name)
+        m.touch(metric.REQUEST_DURATION, model=name)
+        m.set(metric.CAPTURE_QUEUE_DEPTH, 0, model=name)
         for layer in watched:
-            m.touch(cat.CAPTURES, model=name, layer=layer)
-            m.touch(cat.MONITOR_FAULTS, model=name, layer=layer)
-            m.set(cat.LAYER_ENABLED, 1, model=name, layer=layer)
+            m.touch(metric.CAPTURES, model=name, layer=layer)
+            m.touch(metric.MONITOR_FAULTS, model=name, layer=layer)
+            m.set(metric.LAYER_ENABLED, 1, model=name, layer=layer)
             for kind in NONFINITE_KINDS:
-                m.touch(cat.ACTIVATION_NONFINITE, model=name, layer=layer, kind=kind)
+                m.touch(metric.ACTIVATION_NONFINITE, model=name, layer=layer, kind=kind)
             for statistic in SUMMARY_STATISTICS:
-                m.touch(cat.ACTIVATION_STATISTIC, model=name, layer=layer, statistic=statistic)
+                m.touch(metric.ACTIVATION_STATISTIC, model=name, layer=layer, statistic=statistic)
             for label in classes.labels if classes is not None else ():
                 for statistic in CLASS_STATISTICS:
                     m.touch(
-                        cat.CLASS_ACTIVATION_STATISTIC,
+                        metric.CLASS_ACTIVATION_STATISTIC,
                         model=name,
                         layer=layer,
                         statistic=statistic,
                         **{"class": label},
                     )
         self._classes = classes
-        m.set(cat.DRIFT_PROFILE_LOADED, 1 if drift is not None else 0, model=name)
+        m.set(metric.DRIFT_PROFILE_LOADED, 1 if drift is not None else 0, model=name)
         if drift is None:
             return
         for layer, units in drift.units.items():
             if layer not in watched:
                 continue
-            m.set(cat.REFERENCE_DEAD_UNITS, units.dead_share, model=name, layer=layer)
-            m.set(cat.REFERENCE_SATURATED_UNITS, units.saturated_share, model=name, layer=layer)
+            m.set(metric.REFERENCE_DEAD_UNITS, units.dead_share, model=name, layer=layer)
+            m.set(metric.REFERENCE_SATURATED_UNITS, units.saturated_share, model=name, layer=layer)
             # The units are known from the profile: their series start at zero.
-            self._units(cat.UNIT_ACTIVE_SAMPLES, layer, units.width)
-            self._units(cat.UNIT_SATURATED_SAMPLES, layer, units.width)
+            self._units(metric.UNIT_ACTIVE_SAMPLES, layer, units.width)
+            self._units(metric.UNIT_SATURATED_SAMPLES, layer, units.width)
         for detector in drift.left_out:
             m.set(
-                cat.DRIFT_DETECTOR_USABLE,
+                metric.DRIFT_DETECTOR_USABLE,
                 0,
                 model=name,
                 level=level_of(detector),
@@ -133,25 +133,25 @@ class Publisher:
             )
         for detector, ref in drift.references.items():
             labels = {"model": name, "level": ref.level, "detector": detector}
-            m.set(cat.DRIFT_DETECTOR_USABLE, 1, **labels)
-            m.set(cat.DRIFT_FIRST_ALARM, 0, **labels)
+            m.set(metric.DRIFT_DETECTOR_USABLE, 1, **labels)
+            m.set(metric.DRIFT_FIRST_ALARM, 0, **labels)
             self._levels[detector] = ref.level
-            m.set(cat.DRIFT_THRESHOLD, drift.calibration.thresholds[detector], **labels)
-            m.set(cat.DRIFT_DETECTED, 0, **labels)
-            m.touch(cat.DRIFT_WINDOWS, **labels)
-            m.touch(cat.DRIFT_ALARMS, **labels)
+            m.set(metric.DRIFT_THRESHOLD, drift.calibration.thresholds[detector], **labels)
+            m.set(metric.DRIFT_DETECTED, 0, **labels)
+            m.touch(metric.DRIFT_WINDOWS, **labels)
+            m.touch(metric.DRIFT_ALARMS, **labels)
             test = drift.sequential.get(detector)
             if test is not None:
-                m.touch(cat.DRIFT_SEQUENTIAL_ALARMS, **labels)
-                m.set(cat.DRIFT_EVIDENCE, 0, **labels)
-                m.set(cat.DRIFT_EVIDENCE_THRESHOLD, test.log_threshold, **labels)
-        m.set(cat.DRIFT_WINDOW_SAMPLES, drift.window, model=name)
+                m.touch(metric.DRIFT_SEQUENTIAL_ALARMS, **labels)
+                m.set(metric.DRIFT_EVIDENCE, 0, **labels)
+                m.set(metric.DRIFT_EVIDENCE_THRESHOLD, test.log_threshold, **labels)
+        m.set(metric.DRIFT_WINDOW_SAMPLES, drift.window, model=name)
         for layer, values in drift.statistics.items():
             if layer not in watched:
                 continue
             for statistic in SUMMARY_STATISTICS:
                 m.set(
-                    cat.REFERENCE_ACTIVATION_STATISTIC,
+                    metric.REFERENCE_ACTIVATION_STATISTIC,
                     values[STATISTICS.index(statistic)],
                     model=name,
                     layer=layer,
@@ -159,7 +159,7 @@ class Publisher:
                 )
             for kind in NONFINITE_KINDS:
                 m.set(
-                    cat.REFERENCE_NONFINITE,
+                    metric.REFERENCE_NONFINITE,
                     values[STATISTICS.index(f"{kind}_count")],
                     model=name,
                     layer=layer,
@@ -188,8 +188,8 @@ class Publisher:
                         "feature": str(feature),
                         "bin": str(k),
                     }
-                    m.set(cat.DRIFT_REFERENCE_BIN_SAMPLES, int(ref.counts[f, k]), **labels)
-                    bound[(f, k)] = m.counter(cat.DRIFT_BIN_SAMPLES, **labels)
+                    m.set(metric.DRIFT_REFERENCE_BIN_SAMPLES, int(ref.counts[f, k]), **labels)
+                    bound[(f, k)] = m.counter(metric.DRIFT_BIN_SAMPLES, **labels)
             self._bin_counters[detector] = bound
 
     def publish(self, snapshot: Snapshot) -> None:
@@ -207,7 +207,7 @@ class Publisher:
                 self._counters[key].inc(delta)
         for reason, current in counts.rejected_by.items():
             self.metrics.inc(
-                cat.REQUESTS_REJECTED,
+                metric.REQUESTS_REJECTED,
                 self._delta(f"rejected:{reason}", current),
                 model=self.model_name,
                 reason=reason,
@@ -230,30 +230,33 @@ class Publisher:
         if processed.first_alarms is not None:
             for detector, level in self._levels.items():
                 first = 1 if detector in processed.first_alarms else 0
-                m.set(cat.DRIFT_FIRST_ALARM, first, model=name, level=level, detector=detector)
+                m.set(metric.DRIFT_FIRST_ALARM, first, model=name, level=level, detector=detector)
         for detector, (alarms, evidence) in processed.sequential.items():
             labels = {"model": name, "level": self._levels[detector], "detector": detector}
-            m.inc(cat.DRIFT_SEQUENTIAL_ALARMS, self._delta(f"seq:{detector}", alarms), **labels)
+            m.inc(metric.DRIFT_SEQUENTIAL_ALARMS, self._delta(f"seq:{detector}", alarms), **labels)
             # Below 1 (log < 0, or -inf just after an alarm) the test holds no evidence.
-            m.set(cat.DRIFT_EVIDENCE, max(evidence, 0.0), **labels)
+            m.set(metric.DRIFT_EVIDENCE, max(evidence, 0.0), **labels)
         self._publish_bins(processed.bins)
-        m.set(cat.CAPTURE_QUEUE_DEPTH, snapshot.queue_depth, model=name)
+        m.set(metric.CAPTURE_QUEUE_DEPTH, snapshot.queue_depth, model=name)
         for layer, count in snapshot.faults.items():
             m.inc(
-                cat.MONITOR_FAULTS, self._delta(f"faults:{layer}", count), model=name, layer=layer
+                metric.MONITOR_FAULTS,
+                self._delta(f"faults:{layer}", count),
+                model=name,
+                layer=layer,
             )
         for layer, enabled in snapshot.layers_enabled.items():
-            m.set(cat.LAYER_ENABLED, 1 if enabled else 0, model=name, layer=layer)
+            m.set(metric.LAYER_ENABLED, 1 if enabled else 0, model=name, layer=layer)
 
     def _publish_layer(self, layer: str, tally: LayerTally) -> None:
         labels = {"model": self.model_name, "layer": layer}
         m = self.metrics
-        m.inc(cat.CAPTURES, tally.captures, **labels)
-        m.inc(cat.ACTIVATION_NONFINITE, tally.nan, kind="nan", **labels)
-        m.inc(cat.ACTIVATION_NONFINITE, tally.inf, kind="inf", **labels)
+        m.inc(metric.CAPTURES, tally.captures, **labels)
+        m.inc(metric.ACTIVATION_NONFINITE, tally.nan, kind="nan", **labels)
+        m.inc(metric.ACTIVATION_NONFINITE, tally.inf, kind="inf", **labels)
         for column, statistic in enumerate(SUMMARY_STATISTICS):
             m.observe_many(
-                cat.ACTIVATION_STATISTIC,
+                metric.ACTIVATION_STATISTIC,
                 tally.finite,
                 float(tally.sums[column]),
                 statistic=statistic,
@@ -261,7 +264,7 @@ class Publisher:
             )
         self._publish_views(layer, tally)
 
-    def _units(self, spec: cat.CounterSpec, layer: str, width: int) -> list[CounterChild]:
+    def _units(self, spec: metric.CounterSpec, layer: str, width: int) -> list[CounterChild]:
         """The layer's per-unit counters of ``spec``, bound (at zero) the first time."""
         bound = self._unit_counters.get((spec.name, layer))
         if bound is None or len(bound) < width:
@@ -272,8 +275,8 @@ class Publisher:
 
     def _publish_views(self, layer: str, tally: LayerTally) -> None:
         for spec, counts in (
-            (cat.UNIT_ACTIVE_SAMPLES, tally.active),
-            (cat.UNIT_SATURATED_SAMPLES, tally.saturated),
+            (metric.UNIT_ACTIVE_SAMPLES, tally.active),
+            (metric.UNIT_SATURATED_SAMPLES, tally.saturated),
         ):
             if counts is None:
                 continue
@@ -289,7 +292,7 @@ class Publisher:
                 continue
             for column, statistic in enumerate(CLASS_STATISTICS):
                 self.metrics.observe_many(
-                    cat.CLASS_ACTIVATION_STATISTIC,
+                    metric.CLASS_ACTIVATION_STATISTIC,
                     count,
                     float(tally.class_sums[slot, column]),
                     statistic=statistic,
@@ -301,11 +304,11 @@ class Publisher:
         result = tally.latest
         labels = {"model": self.model_name, "level": result.level, "detector": result.detector}
         m = self.metrics
-        m.set(cat.DRIFT_SCORE, result.score, **labels)
-        m.set(cat.DRIFT_THRESHOLD, result.threshold, **labels)
-        m.set(cat.DRIFT_DETECTED, 1 if result.is_drift else 0, **labels)
-        m.inc(cat.DRIFT_WINDOWS, tally.windows, **labels)
-        m.inc(cat.DRIFT_ALARMS, tally.alarms, **labels)
+        m.set(metric.DRIFT_SCORE, result.score, **labels)
+        m.set(metric.DRIFT_THRESHOLD, result.threshold, **labels)
+        m.set(metric.DRIFT_DETECTED, 1 if result.is_drift else 0, **labels)
+        m.inc(metric.DRIFT_WINDOWS, tally.windows, **labels)
+        m.inc(metric.DRIFT_ALARMS, tally.alarms, **labels)
 
     def _publish_bins(self, counts: Mapping[str, IntArray]) -> None:
         # One locked increment per non-empty bin and publish: a few hundred writes a second.
