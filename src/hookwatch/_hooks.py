@@ -466,7 +466,9 @@ class LayerHook:
         self._sink = sink
         # A projected layer keeps its projection's input width instead of the budget.
         self._max_features = max_features if width is None else width
-        self._flatten = on_input
+        #: A pre-hook on the model's input rather than a hook on a module's output: the
+        #: input keeps a small map whole (``flatten``) and its token ids are ``[B, T]``.
+        self._reads_input = on_input
         self._handle: RemovableHandle | None = None
         self.state = HookState.ATTACHED
         #: Which dimension of this layer's activations holds the batch's rows: 1 for a
@@ -480,7 +482,7 @@ class LayerHook:
         module = self._module_ref()
         if self._handle is not None or self.state is not HookState.ATTACHED or module is None:
             return
-        if self._flatten:
+        if self._reads_input:
             # With the keyword arguments: a forward called as model(features=x) has no args.
             self._handle = module.register_forward_pre_hook(self._pre_hook, with_kwargs=True)
         else:
@@ -580,7 +582,7 @@ class LayerHook:
                         feature_summary(
                             tensor.movedim(-1, 1) if units else tensor,
                             self._max_features,
-                            self._flatten,
+                            self._reads_input,
                         ),
                         True,
                         self._host,
@@ -598,7 +600,7 @@ class LayerHook:
         ``[B, heads, T, T]`` are reduced as any other activation."""
         if tensor.shape[:2] != mask.shape or not self._tokens:
             return False
-        return tensor.dim() == 3 or (tensor.dim() == 2 and self._flatten)
+        return tensor.dim() == 3 or (tensor.dim() == 2 and self._reads_input)
 
     @property
     def module(self) -> nn.Module | None:

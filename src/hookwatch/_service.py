@@ -340,7 +340,7 @@ def _out_of_resources(error: BaseException) -> bool:
     return isinstance(error, MemoryError | torch.OutOfMemoryError) or "CUDA" in str(error)
 
 
-def _said(error: BaseException) -> str:
+def _error_summary(error: BaseException) -> str:
     """An exception's type and the first line of its message, short."""
     text = str(error).strip()
     return f"{type(error).__name__}: {text.splitlines()[0][:200]}" if text else type(error).__name__
@@ -350,7 +350,7 @@ def _refused(error: BaseException) -> BadInputError:
     """A 422 for a request the model's forward raised on alone, with what it said."""
     return BadInputError(
         "an input the model's forward accepts",
-        f"one it refused ({_said(error)})",
+        f"one it refused ({_error_summary(error)})",
         status=422,
         reason="model_refused",
     )
@@ -510,7 +510,7 @@ class ModelService:
             except Exception as error:
                 if _out_of_resources(error) or not batch.items:
                     raise
-                return self._alone(batch, error)
+                return self._rerun_each_alone(batch, error)
             outputs = self._output_tensor(raw)
         return BatchResult(
             batch.size,
@@ -531,7 +531,7 @@ class ModelService:
             )
         return outputs
 
-    def _alone(self, batch: DecodedBatch, error: Exception) -> BatchResult:
+    def _rerun_each_alone(self, batch: DecodedBatch, error: Exception) -> BatchResult:
         """A batch whose forward raised: each request runs alone, unmonitored (its capture
         was dropped with the forward). A request the model refuses alone gets a 422 with the
         model's error; the others are answered as if the batch had run."""
@@ -565,7 +565,7 @@ class ModelService:
                 f"forward:{type(error).__name__}",
                 "hookwatch: the model's forward raised on a batch (%s); run alone, %d of its "
                 "%d requests were refused and answered 422",
-                _said(error),
+                _error_summary(error),
                 refused,
                 len(batch.positions),
             )

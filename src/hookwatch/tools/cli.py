@@ -171,7 +171,7 @@ def _on_stop_signals() -> threading.Event:
     return stopping
 
 
-def _hold(
+def _run_stack_until_stopped(
     stack: Any,
     seconds: float,
     stopping: threading.Event,
@@ -190,7 +190,7 @@ def _hold(
     stack.stop_requested = stopping
     try:
         with _terminal_to_ourselves(), stack.hold(command):
-            return _held(stack, seconds, stopping, make_traffic, report)
+            return _start_stack_and_watch(stack, seconds, stopping, make_traffic, report)
     except AlreadyRunning as running:
         print(
             f"hookwatch {running.command} is already running in {stack.run_dir} (pid "
@@ -200,7 +200,7 @@ def _hold(
         return 1
 
 
-def _held(
+def _start_stack_and_watch(
     stack: Any,
     seconds: float,
     stopping: threading.Event,
@@ -294,7 +294,9 @@ def _run(args: argparse.Namespace) -> int:
         )
         return TrafficLoop(stack, rate_per_s=args.rate, drift_after_s=args.drift_after)
 
-    return _hold(_stack(args), args.seconds, stopping, "run", traffic, _report_dir(args))
+    return _run_stack_until_stopped(
+        _stack(args), args.seconds, stopping, "run", traffic, _report_dir(args)
+    )
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -312,7 +314,9 @@ def _serve(args: argparse.Namespace) -> int:
         flush=True,
     )
     if args.traffic == "none":
-        return _hold(stack, args.seconds, stopping, "serve", report=_report_dir(args))
+        return _run_stack_until_stopped(
+            stack, args.seconds, stopping, "serve", report=_report_dir(args)
+        )
     from hookwatch.tools.text.fortunes import read_category
     from hookwatch.tools.traffic import TextTraffic
 
@@ -334,7 +338,9 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"sending {loop.clean_name} fortunes at {args.rate:g}/s{after}\n", flush=True)
         return loop
 
-    return _hold(stack, args.seconds, stopping, "serve", traffic, _report_dir(args))
+    return _run_stack_until_stopped(
+        stack, args.seconds, stopping, "serve", traffic, _report_dir(args)
+    )
 
 
 def _drift_after(parser: argparse.ArgumentParser, shifted: str) -> None:
