@@ -346,7 +346,10 @@ class OutputSpec:
         "what the output is: `logits` gives the softmax, confidence, entropy and class-mix "
         "detectors (any number of classes: the per-class detector keeps the `max_features` "
         "classes with most reference probability, the class mix the 63 most frequent classes "
-        "plus `other`); `values` (regression) and `embedding` are one detector of their "
+        "plus `other`); per-position logits `[batch, positions, classes]` (token "
+        "classification, CTC) give each sample's class shares over its positions, the mean "
+        "confidence and entropy over them and its most frequent class; `values` (regression) "
+        "and `embedding` are one detector of their "
         "features, projected like a layer when wider than `max_features`; `none`: statistics "
         "only",
         choices=list(HEADS),

@@ -32,7 +32,12 @@ from torch.utils.hooks import RemovableHandle
 from hookwatch._config import GLOB_CHARS, MonitoringConfig
 from hookwatch._errors import ConfigError
 from hookwatch._names import ALL_LAYERS, INPUT_LAYER, OUTPUT_LAYER
-from hookwatch._stats import feature_summary, reduce_activation, token_summary
+from hookwatch._stats import (
+    feature_summary,
+    position_summary,
+    reduce_activation,
+    token_summary,
+)
 
 log = logging.getLogger("hookwatch")
 
@@ -414,14 +419,14 @@ def feature_reading(root: nn.Module, path: str) -> FeatureReading:
 
 
 def sequence_logits_error(shape: Sequence[int]) -> ConfigError:
-    """The refusal of a ``logits`` head whose output is not ``[batch, classes]``."""
+    """The refusal of a ``logits`` head whose output is neither ``[batch, classes]`` nor
+    per-position ``[batch, positions, classes]``."""
     per_sample = ", ".join(map(str, shape[1:]))
     return ConfigError(
-        f"monitoring.output.head: expected logits [batch, classes] for head 'logits', got an "
-        f"output of [batch, {per_sample}] (per-position logits, as token classification or "
-        "CTC give): per-position classification is not supported; set output.head to "
-        "'embedding' or 'values' (drift of each class's logit averaged over the positions) "
-        "or 'none'"
+        "monitoring.output.head: expected logits [batch, classes] or per-position logits "
+        f"[batch, positions, classes] for head 'logits', got an output of [batch, {per_sample}]; "
+        "set output.head to 'embedding' or 'values' (drift of each value averaged over the "
+        "dimensions after the first) or 'none'"
     )
 
 
@@ -455,7 +460,9 @@ class LayerHook:
         self._last_dims = self.reading.max_dims
         # A channels-first module by its own class is never a hidden state of tokens.
         self._tokens = not (self.reading.by == "type" and not self.reading.units_last)
-        #: The output of a ``logits`` head: anything but [batch, classes] is refused.
+        #: The output of a ``logits`` head: ``[batch, classes]`` is read as any layer,
+        #: ``[batch, positions, classes]`` by :func:`position_summary`, more dimensions are
+        #: refused (:func:`sequence_logits_error`).
         self._logits = logits
         #: Hand host tensors off as numpy arrays (see :func:`hold`).
         self._host = host
@@ -551,9 +558,21 @@ class LayerHook:
                 tensor = tensor.detach().index_select(0, picked)
                 shape = tensor.shape
                 owned = True
-            if self._logits and len(shape) > 2:
-                raise sequence_logits_error(shape)
             mask = gate.mask
+            if self._logits and len(shape) > 2:
+                if len(shape) > 3:
+                    raise sequence_logits_error(shape)
+                # Per-position logits [B, T, C]: reduced here, never copied raw (the capture
+                # thread reads a raw copy's rows as a layer's features).
+                positions = mask if mask is not None and mask.shape == shape[:2] else None
+                self._sink.offer(
+                    Capture(
+                        self.name,
+                        hold(reduce_activation(tensor), True, self._host),
+                        hold(position_summary(tensor, positions), True, self._host),
+                    )
+                )
+                return
             if mask is not None and self._is_tokens(tensor, mask):
                 stats, features = token_summary(tensor, mask, self._max_features)
                 self._sink.offer(
@@ -782,7 +801,8 @@ class HookSet:
         ``max_features`` per layer (projected ones, the output), ``output_select`` picks the
         output's tensor to watch, ``mask`` names the forward's attention-mask argument
         (keyword or position) for token activations, ``output_head`` the output's head (a
-        ``logits`` output that is not ``[batch, classes]`` faults the output's hook with
+        ``logits`` output ``[batch, positions, classes]`` is read per position by
+        :func:`position_summary`; more dimensions fault the output's hook with
         :func:`sequence_logits_error` instead of being read flattened).
 
         Which dimension of each layer's activations holds its features is decided here,

@@ -584,6 +584,8 @@ class ModelService:
     def _answer(self, row: torch.Tensor) -> dict[str, Any]:
         head = self.output.head
         if head == "logits":
+            if row.dim() == 2:
+                return self._positions_answer(row)
             probabilities = torch.softmax(row.float().reshape(-1), dim=0)
             cls = int(probabilities.argmax())
             answer: dict[str, Any] = {"class": self.labels[cls] if self.labels else cls}
@@ -603,12 +605,31 @@ class ModelService:
             return {"embedding": values}
         return {"output": row.tolist()}
 
+    def _positions_answer(self, row: torch.Tensor) -> dict[str, Any]:
+        """Per-position logits ``[T, C]`` (token classification, CTC): per position, the
+        class of the softmax over its ``C`` logits and that class's probability (``T`` of
+        each, as many as the model's output has positions). A position holding NaN or
+        Infinity has no class: null in both lists."""
+        top = torch.softmax(row.float(), dim=-1).max(dim=-1)
+        finite = torch.isfinite(row).all(dim=-1).tolist()
+        labels = self.labels
+        classes = [
+            (labels[i] if labels else i) if ok else None
+            for i, ok in zip(top.indices.tolist(), finite, strict=True)
+        ]
+        confidence = [
+            round(p, 6) if ok else None for p, ok in zip(top.values.tolist(), finite, strict=True)
+        ]
+        return {"classes": classes, "confidence": confidence}
+
     def _non_finite_answer(self, row: torch.Tensor) -> dict[str, Any]:
         """An output row holding NaN or Infinity, in valid JSON: no class (a softmax of it
         has none), null where a value is not a number. The output's non-finite counts show
         in ``hookwatch_activation_nonfinite_total{layer="output"}``."""
         head = self.output.head
         if head == "logits":
+            if row.dim() == 2:
+                return self._positions_answer(row)
             if row.numel() <= FULL_PROBABILITIES:
                 return {"class": None, "probabilities": [None] * row.numel()}
             return {"class": None, "top": []}

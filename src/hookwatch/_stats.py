@@ -24,6 +24,7 @@ __all__ = [
     "NAN_COLUMN",
     "feature_rows",
     "feature_summary",
+    "position_summary",
     "reduce_activation",
     "reduce_rows",
     "token_summary",
@@ -100,6 +101,40 @@ def feature_summary(
         x = x.flatten(2).mean(dim=2) if x.is_floating_point() else x.flatten(2).float().mean(dim=2)
     x = x[:, :max_features]
     return x.float().clone() if x.dtype == torch.float32 else x.float()
+
+
+def position_summary(logits: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-position logits ``[B, T, C]`` (token classification, CTC) to a new float32
+    ``[B, C + 2]``: per sample, the share of its positions predicted as each class (the
+    sample's class mix over positions), then minus the mean over positions of the top softmax
+    probability (confidence), then minus the mean over positions of the softmax's entropy.
+
+    The softmax is over the last dimension, each position on its own. The two means are
+    negated so that the largest value of a row is always one of its class shares (a share of
+    at least ``1/C`` against a value of at most 0): the row's argmax is the sample's most
+    frequent class (the first one on a tie), as the argmax of a ``[B, C]`` row is its
+    predicted class. ``mask`` (``[B, T]``, true where a position counts) leaves padding out.
+    """
+    x = _real(logits.detach()).float()
+    log_p = torch.log_softmax(x, dim=-1)
+    p = log_p.exp()
+    confidence, predicted = p.max(dim=-1)
+    entropy = -torch.special.xlogy(p, p).sum(dim=-1)
+    if mask is None:
+        weight = torch.ones(predicted.shape, dtype=torch.float32, device=x.device)
+    else:
+        weight = mask.to(device=x.device, dtype=torch.float32)
+    counted = weight.sum(dim=1).clamp_min(1.0)
+    shares = torch.zeros(x.shape[0], x.shape[2], dtype=torch.float32, device=x.device)
+    shares.scatter_add_(1, predicted, weight)
+    return torch.cat(
+        (
+            shares / counted[:, None],
+            -((confidence * weight).sum(dim=1) / counted)[:, None],
+            -((entropy * weight).sum(dim=1) / counted)[:, None],
+        ),
+        dim=1,
+    )
 
 
 def token_summary(

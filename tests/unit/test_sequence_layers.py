@@ -16,14 +16,16 @@ from prometheus_client import CollectorRegistry
 from torch import nn
 
 import hookwatch
-from hookwatch._config import MonitoringConfig
+from hookwatch._config import HandlerConfig, MonitoringConfig
+from hookwatch._drift import derive
 from hookwatch._errors import ConfigError
 from hookwatch._hooks import Capture, Gate, HookSet, as_array, feature_reading, resolve_layers
 from hookwatch._metrics import MetricSet
-from hookwatch._names import OUTPUT_LAYER, STATISTICS
+from hookwatch._names import OUTPUT_LAYER, STATISTICS, level_of
 from hookwatch._profile import build_profile
 from hookwatch._profile.builder import capture_features
-from hookwatch._stats import feature_rows, reduce_rows
+from hookwatch._service import BatchResult, ModelService
+from hookwatch._stats import feature_rows, position_summary, reduce_rows
 
 STEPS, HIDDEN, CLASSES = 15, 24, 11
 
@@ -255,30 +257,119 @@ def test_the_sequence_first_twin_matches_its_batch_first_twin() -> None:
     assert all(ours[k] == v for k, v in windows.items())
 
 
-def test_a_logits_head_over_positions_is_refused_never_flattened() -> None:
-    model = crnn()
-    with pytest.raises(ConfigError, match=r"got an output of \[batch, 15, 11\]") as refused:
-        build_profile(model, {"layers": ["rnn"]}, images(2), "crnn")
-    message = str(refused.value)
-    assert "per-position classification is not supported" in message
-    assert all(head in message for head in ("'embedding'", "'values'", "'none'"))
-    # Watched without a profile, the output's hook faults visibly on the first sampled
-    # forward; the request is answered and the other layers are still captured.
-    metrics = MetricSet(CollectorRegistry())
-    config = resolve_layers(
-        model, MonitoringConfig.from_mapping({"layers": ["rnn"], "sample_rate": 1.0})
-    )
-    monitor = hookwatch.watch(model, config, "crnn", metrics=metrics)
+def by_hand_positions(model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-position classification of ``x`` by hand, in float64: softmax over the classes of
+    each position, its argmax and top probability, their means over the positions."""
     with torch.inference_mode():
-        for x in images(3, rows=2):
-            with monitor.request(len(x)):
-                assert model(x).shape == (2, STEPS, CLASSES)
+        p = torch.softmax(model(x).double(), dim=-1)
+    top = p.max(dim=-1)
+    shares = nn.functional.one_hot(top.indices, CLASSES).double().mean(dim=1)
+    return {
+        "classes": top.indices,
+        "top": top.values,
+        "confidence": top.values.mean(dim=1),
+        "entropy": -(p * p.log()).sum(dim=-1).mean(dim=1),
+        "shares": shares,
+        # Ties to the first class, as numpy's and torch's argmax.
+        "most_frequent": torch.tensor([int(np.argmax(row)) for row in shares.numpy()]),
+    }
+
+
+def test_a_logits_head_over_positions_is_read_per_position() -> None:
+    model = crnn()
+    config = resolve_layers(model, MonitoringConfig.from_mapping({"layers": ["rnn"]}))
+    x = images(1, rows=6, seed=7)[0]
+    hand = by_hand_positions(model, x)
+    features = next(iter(capture_features(model, config, [x])))[OUTPUT_LAYER]
+    assert features.shape == (6, CLASSES + 2)
+    derived = derive(OUTPUT_LAYER, features, positions=True)
+    assert set(derived) == {"output", "confidence", "entropy", "class_mix"}
+    np.testing.assert_allclose(derived["output"], hand["shares"].numpy(), atol=1e-6)
+    np.testing.assert_allclose(derived["confidence"][:, 0], hand["confidence"], rtol=1e-5)
+    np.testing.assert_allclose(derived["entropy"][:, 0], hand["entropy"], rtol=1e-5)
+    assert derived["class_mix"][:, 0].tolist() == hand["most_frequent"].tolist()
+    # The row's argmax, which class-conditioned statistics are keyed by, is that class too.
+    assert features.argmax(axis=1).tolist() == hand["most_frequent"].tolist()
+    # More dimensions than [batch, positions, classes] are still refused, never flattened.
+    with pytest.raises(ConfigError, match=r"got an output of \[batch, 2, 15, 11\]"):
+        build_profile(Unsqueezed(model), {"layers": ["inner.rnn"]}, images(2), "crnn")
+
+
+def test_padded_positions_are_left_out_and_a_non_finite_position_has_no_class() -> None:
+    logits = torch.randn(3, 7, 5, generator=torch.Generator().manual_seed(3))
+    mask = torch.ones(3, 7, dtype=torch.bool)
+    mask[1, 4:] = False
+    masked = position_summary(logits, mask)
+    assert torch.equal(masked[0], position_summary(logits[:1])[0])
+    torch.testing.assert_close(masked[1], position_summary(logits[1:2, :4])[0])
+    spec = HandlerConfig.from_mapping({"input": {"shape": [2]}}).input
+    output = MonitoringConfig.from_mapping({}).output
+    service = ModelService(nn.Identity(), spec, None, output=output)
+    row = logits[0].clone()
+    row[2, 1] = float("nan")
+    answer = service.encode(BatchResult(1, row[None], [0], {}))[0]
+    p = torch.softmax(logits[0], dim=-1).max(dim=-1)
+    expected = [int(c) for c in p.indices]
+    expected[2] = None
+    assert answer["classes"] == expected
+    assert answer["confidence"][2] is None
+    assert answer["confidence"][:2] == pytest.approx(p.values[:2].tolist(), abs=1e-6)
+
+
+class Unsqueezed(nn.Module):
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.inner(x)
+        return torch.stack((out, out), dim=1)
+
+
+def test_a_logits_head_over_positions_is_answered_and_watched_per_position() -> None:
+    model = crnn()
+    config = resolve_layers(
+        model,
+        MonitoringConfig.from_mapping(
+            {"layers": ["rnn"], "sample_rate": 1.0, "drift": {"window": 20}}
+        ),
+    )
+    profile = build_profile(model, config, images(6), "crnn")
+    assert profile.positions
+    assert {"output", "confidence", "entropy", "class_mix"} <= set(profile.references)
+    x = images(1, rows=24, seed=7)[0]
+    hand = by_hand_positions(model, x)
+    metrics = MetricSet(CollectorRegistry())
+    monitor = hookwatch.watch(model, config, "crnn", metrics=metrics, profile=profile)
+    spec = HandlerConfig.from_mapping({"input": {"shape": [1, 8, STEPS]}}).input
+    service = ModelService(model, spec, monitor, output=config.output)
+    answers = service.handle([{"data": sample.tolist()} for sample in x])
     monitor.flush()
     monitor.close()
+    for answer, classes, top in zip(answers, hand["classes"], hand["top"], strict=True):
+        assert set(answer) == {"classes", "confidence"}
+        assert answer["classes"] == classes.tolist()  # one per position: STEPS of them
+        assert answer["confidence"] == pytest.approx(top.tolist(), abs=2e-6)
     values = metrics.sample_values()
+    for detector in ("output", "confidence", "entropy", "class_mix"):
+        key = (
+            "hookwatch_drift_windows_total",
+            (("detector", detector), ("level", level_of(detector)), ("model", "crnn")),
+        )
+        assert values[key] > 0, detector
     faults = ("hookwatch_monitor_faults_total", (("layer", "output"), ("model", "crnn")))
-    rnn = ("hookwatch_captures_total", (("layer", "rnn"), ("model", "crnn")))
-    assert values[faults] == 1 and values[rnn] == 6
+    assert values.get(faults, 0) == 0
+    # Class-conditioned statistics count each sample under its most frequent class.
+    counted = {
+        dict(labels)["class"]: v
+        for (name, labels), v in values.items()
+        if name == "hookwatch_class_activation_statistic_count"
+        and dict(labels)["layer"] == "rnn"
+        and dict(labels)["statistic"] == "mean"
+        and v
+    }
+    expected = np.bincount(hand["most_frequent"].numpy(), minlength=CLASSES)
+    assert counted == {str(c): n for c, n in enumerate(expected.tolist()) if n}
 
 
 def test_hookwatch_layers_says_how_each_layer_is_read(

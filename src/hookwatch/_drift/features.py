@@ -22,7 +22,11 @@ def softmax(logits: NDArray[Any]) -> FloatArray:
 
 
 def derive(
-    layer: str, features: NDArray[Any], output_layer: str = OUTPUT_LAYER, head: str = "logits"
+    layer: str,
+    features: NDArray[Any],
+    output_layer: str = OUTPUT_LAYER,
+    head: str = "logits",
+    positions: bool = False,
 ) -> dict[str, FloatArray]:
     """Detector inputs from one layer's captured features ``[B, F]``.
 
@@ -30,6 +34,12 @@ def derive(
     its head: logits give four detectors, per-class softmax (black-box shift detection),
     confidence (top probability), entropy and the predicted class; regression values and
     embeddings are one detector of their features, like a layer; ``none`` gives none.
+
+    With ``positions``, the output's logits were ``[B, T, C]`` and its features are
+    :func:`hookwatch._stats.position_summary`'s ``[B, C + 2]``: the four detectors are then
+    the sample's class mix over its positions (each class's share of the positions, per
+    class), the mean over positions of the confidence and of the entropy, and the sample's
+    most frequent class.
     """
     x = np.asarray(features, dtype=np.float64)
     if layer != output_layer:
@@ -38,6 +48,14 @@ def derive(
         return {}
     if head != "logits":
         return {"output": x}
+    if positions:
+        shares = x[:, :-2]
+        return {
+            "output": shares,
+            "confidence": -x[:, -2:-1],
+            "entropy": -x[:, -1:],
+            "class_mix": shares.argmax(axis=1).astype(np.float64)[:, None],
+        }
     p = softmax(x)
     entropy = -(p * np.log(np.maximum(p, 1e-12))).sum(axis=1, keepdims=True)
     return {

@@ -132,6 +132,8 @@ class DriftTracker:
     output_layer: str = OUTPUT_LAYER
     #: What the output is (``monitoring.output.head``): which detectors it feeds.
     head: str = "logits"
+    #: The output's logits are per position (``[B, T, C]``; see :func:`derive`).
+    positions: bool = False
     #: Detectors whose bin counts are also tallied for :meth:`take_counts` (the fleet-wide
     #: counters); the others pay nothing for it.
     tallied: frozenset[str] = frozenset()
@@ -183,7 +185,9 @@ class DriftTracker:
         if projection is not None:
             features = projection.apply(features)
         first = True
-        for name, x in derive(layer, features, self.output_layer, self.head).items():
+        for name, x in derive(
+            layer, features, self.output_layer, self.head, self.positions
+        ).items():
             ref = self.references.get(name)
             if ref is None:
                 continue

@@ -23,7 +23,7 @@ from torch import nn
 from hookwatch._config import MonitoringConfig, as_monitoring_config
 from hookwatch._drift import BinnedReference, DegenerateReference, Projection, derive
 from hookwatch._errors import ConfigError, ProfileError
-from hookwatch._hooks import Capture, Gate, HookSet, as_array, resolve_layers
+from hookwatch._hooks import Capture, Gate, HookSet, as_array, resolve_layers, select_tensor
 from hookwatch._names import OUTPUT_LAYER, STATISTICS, level_of, unit_layers
 from hookwatch._profile.format import DriftProfile
 from hookwatch._stats import INF_COLUMN, NAN_COLUMN
@@ -52,6 +52,8 @@ class _Collector:
         self.faults: list[tuple[str, BaseException]] = []
         self.stat_sums: dict[str, NDArray[np.float64]] = {}
         self.stat_counts: dict[str, NDArray[np.float64]] = {}
+        #: The model's output was per-position logits ``[B, T, C]`` (a ``logits`` head).
+        self.positions = False
 
     def offer(self, capture: Capture) -> bool:
         self.current[capture.layer] = capture
@@ -194,16 +196,16 @@ def _captured(
             gate.set(True, None, _rows(batch))
             try:
                 with torch.inference_mode():
-                    if isinstance(batch, Mapping):
-                        model(**batch)
-                    else:
-                        model(batch)
+                    output = model(**batch) if isinstance(batch, Mapping) else model(batch)
+                if config.capture_output and config.output.head == "logits":
+                    logits = select_tensor(output, config.output.select)
+                    collector.positions = logits is not None and logits.dim() == 3
             finally:
                 gate.set(False)
             if collector.faults:
                 layer, error = collector.faults[0]
                 if isinstance(error, ConfigError):
-                    raise error  # the config does not fit the model (a per-position logits head)
+                    raise error  # the config does not fit the model (logits of 4+ dimensions)
                 raise RuntimeError(f"capturing layer {layer!r} failed: {error!r}")
             yield collector.commit()
 
@@ -263,11 +265,14 @@ def build_profile(
     projections: dict[str, Projection] = {}
     left_out: dict[str, str] = {}
     head = config.output.head
+    positions = collector.positions
     logits = sample.get(OUTPUT_LAYER)
-    if head == "logits" and logits is not None and logits.shape[1] < 2:
+    # Per-position logits' features are the C class shares and two means (position_summary).
+    classes = 0 if logits is None else logits.shape[1] - (2 if positions else 0)
+    if head == "logits" and logits is not None and classes < 2:
         raise ConfigError(
             "monitoring.output.head: expected the model's output to be logits [batch, classes] "
-            f"with at least 2 classes for head 'logits', got {logits.shape[1]} value per "
+            f"with at least 2 classes for head 'logits', got {classes} value per "
             "sample; set output.head to 'values' (regression, or class ids) or 'none'"
         )
     for layer in config.watched:
@@ -315,12 +320,11 @@ def build_profile(
                     n,
                     SAMPLES_PER_COMPONENT,
                 )
-        for name, x in derive(layer, values, OUTPUT_LAYER, head).items():
+        for name, x in derive(layer, values, OUTPUT_LAYER, head, positions).items():
             if name != layer and name in config.watched:
                 raise ValueError(f"expected no watched layer named like detector {name!r}")
             try:
                 if name == "class_mix":
-                    classes = sample[layer].shape[1]
                     ref = BinnedReference.categorical(name, level_of(name), x[:, 0], classes, n)
                 elif name == "output" and head == "logits" and x.shape[1] > config.max_features:
                     ref = _top_classes(x, config.max_features, bins, n, aggregation)
@@ -361,6 +365,7 @@ def build_profile(
         created=time.time(),
         projections=projections,
         head=head,
+        positions=positions,
         statistics=collector.statistics(),
         left_out=left_out,
         units={
@@ -393,7 +398,7 @@ def verify_stored(
         projection = stored.projections.get(layer)
         if projection is not None:
             values = projection.apply(values)
-        for name, x in derive(layer, values, OUTPUT_LAYER, stored.head).items():
+        for name, x in derive(layer, values, OUTPUT_LAYER, stored.head, stored.positions).items():
             if name not in stored.references:
                 continue
             codes = stored.references[name].encode(x)[pick]

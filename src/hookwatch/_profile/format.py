@@ -64,6 +64,9 @@ class DriftProfile:
     projections: Mapping[str, Projection] = field(default_factory=dict)
     #: What the output is (``monitoring.output.head``) when the profile was built.
     head: str = "logits"
+    #: The output's logits were per position (``[B, T, C]``): its features are
+    #: :func:`hookwatch._stats.position_summary`'s (see :func:`hookwatch._drift.derive`).
+    positions: bool = False
     #: Per watched layer, the reference mean of each per-sample statistic (``STATISTICS``
     #: order): what alert thresholds compare production with.
     statistics: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
@@ -83,6 +86,7 @@ class DriftProfile:
             "max_features": self.max_features,
             "created": self.created,
             "head": self.head,
+            "positions": self.positions,
             "statistics": {layer: list(values) for layer, values in self.statistics.items()},
             "left_out": dict(self.left_out),
             "detectors": [
@@ -189,6 +193,7 @@ class DriftProfile:
             max_features=int(header["max_features"]),
             created=float(header["created"]),
             head=str(header.get("head", "logits")),
+            positions=bool(header.get("positions", False)),
             statistics={
                 layer: tuple(float(v) for v in values)
                 for layer, values in header.get("statistics", {}).items()
@@ -241,6 +246,7 @@ class DriftProfile:
             step,
             OUTPUT_LAYER,
             head=self.head,
+            positions=self.positions,
             projections=self.projections,
             statistics=self.statistics,
             left_out=self.left_out,

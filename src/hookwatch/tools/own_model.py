@@ -505,10 +505,11 @@ def init_config(
         [
             f"    # The output is [batch, {', '.join(map(str, out[1:]))}]: per-position logits "
             "(CTC, token",
-            "    # classification) are refused by head logits, which needs [batch, classes];",
-            "    # as embedding, each class's logit averaged over the positions is watched.",
+            "    # classification) take head logits: a class and its probability per position,",
+            "    # class shares, mean confidence and entropy over the positions. As embedding,",
+            "    # each value averaged over the positions is watched.",
         ]
-        if len(out) > 2
+        if len(out) == 3
         else []
     )
     return "\n".join(
