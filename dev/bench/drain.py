@@ -124,6 +124,11 @@ def demo_service(mar: Path, workdir: Path, monitored: bool, name: str) -> ModelS
     )
 
 
+def _part(monitor: Any, name: str) -> Any:
+    """A part of the monitor: private (``_worker``) since issue 28, public in older checkouts."""
+    return getattr(monitor, f"_{name}", None) or getattr(monitor, name)
+
+
 def _bodies(count: int) -> list[dict[str, Any]]:
     from hookwatch.tools.demo.data import load_split
 
@@ -176,19 +181,21 @@ def served(
         plain = demo_service(mar, Path(tmp_plain), False, "digits-plain")
         watched = demo_service(mar, Path(tmp), True, "digits-drain")
         monitor = watched.monitor
-        assert monitor is not None and monitor.drift is not None, "the demo has a drift profile"
-        worker = monitor.worker
+        assert monitor is not None and _part(monitor, "drift") is not None, (
+            "the demo has a drift profile"
+        )
+        worker = _part(monitor, "worker")
         timer = DrainTimer(worker._process, worker._tick)
         # The worker calls whatever it holds; swapping them in is the only intrusion.
         worker._process = timer.process
         worker._tick = timer.tick
         if max_batch is not None:
             worker._max_batch = max_batch
-        pause = getattr(monitor.processor, "_pause", None)  # older checkouts: no pauses
+        pause = getattr(_part(monitor, "processor"), "_pause", None)  # older checkouts: no pauses
         if not pauses and pause is not None:
-            monitor.processor._pause = pause = None
+            _part(monitor, "processor")._pause = pause = None
         if pause is not None:
-            monitor.processor._pause = timer.pause(pause)
+            _part(monitor, "processor")._pause = timer.pause(pause)
         for service in (plain, watched):
             _serve(service, bodies[: min(200, requests)])  # warm-up
         monitor.flush()
@@ -272,9 +279,9 @@ def processor_scaling(
     with tempfile.TemporaryDirectory() as tmp:
         service = demo_service(mar, Path(tmp), True, "digits-scaling")
         monitor = service.monitor
-        assert monitor is not None and monitor.drift is not None
+        assert monitor is not None and _part(monitor, "drift") is not None
         recorded: list[Any] = []
-        worker = monitor.worker
+        worker = _part(monitor, "worker")
         original = worker._process
         worker._process = recorded.extend
         for body in bodies:
@@ -295,9 +302,9 @@ def processor_scaling(
                     "digits-scaling",
                     config.max_features,
                     tracker,
-                    monitor.processor.widths,
-                    units=monitor.processor.units,
-                    classes=monitor.processor.classes,
+                    _part(monitor, "processor").widths,
+                    units=_part(monitor, "processor").units,
+                    classes=_part(monitor, "processor").classes,
                 )
                 if hasattr(processor, "_pause"):
                     processor._pause = None  # CPU and wall of the work alone

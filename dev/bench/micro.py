@@ -164,7 +164,7 @@ def rss_trace(
     if (
         monitored
         and model_dir is not None
-        and (service.monitor is None or not service.monitor.drift)
+        and (service.monitor is None or not service.monitor._drift)
     ):
         raise RuntimeError(
             f"rss: expected the drift profile in {model_dir} loaded, got none (see the log above)"
@@ -190,7 +190,7 @@ def rss_trace(
     service.close()
     return RssTrace(
         monitored=monitored,
-        drift=service.monitor is not None and service.monitor.drift is not None,
+        drift=service.monitor is not None and service.monitor._drift is not None,
         requests=requests,
         start_mb=start / 2**20,
         end_mb=end / 2**20,

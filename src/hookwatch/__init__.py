@@ -9,7 +9,10 @@ export it all as Prometheus metrics, with the capture work off the request path:
 
 The TorchServe adapter is :mod:`hookwatch.torchserve`; the command-line tools (bench, drift
 evaluation, native stack, demo) live in :mod:`hookwatch.tools`. Everything not listed in
-``__all__`` is private.
+``__all__`` is private, and so is every name with a leading underscore on a public class.
+Every public name says it is ``hookwatch.X`` (``__module__``, as httpx does), in reprs and
+tracebacks; each module that defines one sets it, so it holds however the name was reached.
+Every exception derives from :class:`HookwatchError` (:mod:`hookwatch._errors`).
 
 The names load on first use: ``import hookwatch`` (or any ``hookwatch.tools`` module) imports
 neither torch nor prometheus-client. prometheus-client decides at its import whether it writes
@@ -26,7 +29,7 @@ from hookwatch._errors import BadInputError, ConfigError, HookwatchError, Profil
 
 if TYPE_CHECKING:
     from hookwatch._config import MonitoringConfig
-    from hookwatch._metrics import MetricsServer, serve_metrics
+    from hookwatch._metrics import MetricSet, MetricsServer, serve_metrics
     from hookwatch._monitor import Monitor
     from hookwatch._profile import DriftProfile, build_profile
     from hookwatch._watch import watch
@@ -38,6 +41,7 @@ __all__ = [
     "ConfigError",
     "DriftProfile",
     "HookwatchError",
+    "MetricSet",
     "MetricsServer",
     "Monitor",
     "MonitoringConfig",
@@ -51,6 +55,7 @@ __all__ = [
 #: Where each lazily loaded public name lives.
 _LAZY = {
     "DriftProfile": "hookwatch._profile",
+    "MetricSet": "hookwatch._metrics",
     "MetricsServer": "hookwatch._metrics",
     "Monitor": "hookwatch._monitor",
     "MonitoringConfig": "hookwatch._config",

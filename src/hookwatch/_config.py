@@ -376,7 +376,9 @@ class MonitoringConfig:
     """Validated monitoring knobs, never mutated once built.
 
     Build with :meth:`from_mapping` (the ``monitoring:`` section) or directly; both check
-    every value against its field's bounds and raise :class:`ConfigError` "expected X, got Y".
+    every value against its field's bounds and raise :class:`ConfigError` "expected X, got Y"::
+
+        config = hookwatch.MonitoringConfig(layers=("act",), sample_rate=0.5)
     """
 
     layers: tuple[str, ...] = dataclasses.field(
@@ -550,6 +552,12 @@ class MonitoringConfig:
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any] | None) -> MonitoringConfig:
+        """The config of a model-config's ``handler: monitoring:`` section, checked.
+
+        Usage::
+
+            config = hookwatch.MonitoringConfig.from_mapping({"layers": ["act"]})
+        """
         raw = _section(cls, raw, "monitoring")
         return cls(
             **{
@@ -835,3 +843,7 @@ def read_model_config(source: str | Path | Mapping[str, Any]) -> ModelConfig:
     if not isinstance(raw, Mapping):
         raise ConfigError(f"model-config: expected a mapping, got {type(raw).__name__}")
     return ModelConfig(raw, HandlerConfig.from_mapping(raw.get("handler")))
+
+
+# Public as hookwatch.MonitoringConfig: reprs and tracebacks say so.
+MonitoringConfig.__module__ = "hookwatch"

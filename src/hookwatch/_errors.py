@@ -1,24 +1,58 @@
-"""Every exception hookwatch raises on purpose; all derive from :class:`HookwatchError`."""
+"""Every exception hookwatch raises on purpose; all derive from :class:`HookwatchError`.
+
+::
+
+    HookwatchError
+    ├── ConfigError            the monitoring setup cannot be used (raised at model load)
+    │   └── ProfileError       its drift profile cannot be used (also a ValueError)
+    └── BadInputError          a client's request the model cannot take (an HTTP 4xx)
+"""
 
 from __future__ import annotations
 
 
 class HookwatchError(Exception):
-    """Base class of every error hookwatch raises on purpose."""
+    """Base class of every error hookwatch raises on purpose.
+
+    Catch it to catch them all::
+
+        try:
+            monitor = hookwatch.watch(model, config, "digits", profile="drift-profile.npz")
+        except hookwatch.HookwatchError as error:
+            print(f"not monitored: {error}")
+    """
 
 
 class ConfigError(HookwatchError):
-    """The monitoring configuration is invalid; raised once, at model load."""
+    """The monitoring configuration is invalid; raised once, at model load, with what was
+    expected and what came::
+
+        try:
+            config = hookwatch.MonitoringConfig.from_mapping({"sample_rate": 2.0})
+        except hookwatch.ConfigError as error:
+            print(error)
+    """
 
 
-class ProfileError(HookwatchError, ValueError):
-    """A drift profile that cannot be used: wrong format, version, layers or width."""
+class ProfileError(ConfigError, ValueError):
+    """A drift profile that cannot be used: wrong format, version, layers or width.
+
+    A :class:`ConfigError` (the profile is part of the monitoring setup, and fails the same
+    load), and a :class:`ValueError` as it always was::
+
+        try:
+            profile = hookwatch.DriftProfile.load("drift-profile.npz")
+        except hookwatch.ProfileError as error:
+            print(f"rebuild the profile: {error}")
+    """
 
 
 class BadInputError(HookwatchError):
     """A client sent a request the model cannot take: maps to an HTTP 4xx.
 
-    ``reason`` is one of ``hookwatch._names.REJECT_REASONS``: the reject counter's label.
+    ``reason`` is one of ``hookwatch._names.REJECT_REASONS``: the reject counter's label::
+
+        raise hookwatch.BadInputError("a JSON list of 4 numbers", "3 numbers", 400, "wrong_shape")
     """
 
     def __init__(
@@ -37,3 +71,8 @@ class BadInputError(HookwatchError):
             "expected": self.expected,
             "got": self.got,
         }
+
+
+for _public in (HookwatchError, ConfigError, ProfileError, BadInputError):
+    _public.__module__ = "hookwatch"  # tracebacks say hookwatch.ConfigError
+del _public

@@ -279,7 +279,16 @@ class CountSlots:
 
 
 class MetricSet:
-    """prometheus-client objects for every catalogued metric, addressed by their specs."""
+    """prometheus-client objects for every catalogued metric, addressed by their specs.
+
+    Public only as a value to pass: a set of hookwatch's series with its own registry, for
+    monitors kept apart from the process-wide set (tests, several applications in one
+    process); its methods are private::
+
+        metrics = hookwatch.MetricSet()
+        monitor = hookwatch.watch(model, config, "tabular", metrics=metrics)
+        server = hookwatch.serve_metrics(0, metrics=metrics)
+    """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -637,7 +646,14 @@ def exporter_registry(
 
 
 class MetricsServer:
-    """The HTTP endpoint :func:`serve_metrics` started; ``close()`` stops it (idempotent)."""
+    """The HTTP endpoint :func:`serve_metrics` started; ``close()`` stops it (idempotent).
+
+    Also a context manager that closes::
+
+        server: hookwatch.MetricsServer = hookwatch.serve_metrics(0)
+        print(server.port, server.url)
+        server.close()
+    """
 
     def __init__(self, server: Any, thread: threading.Thread, addr: str) -> None:
         self._server = server
@@ -651,6 +667,12 @@ class MetricsServer:
         return f"http://{self.addr}:{self.port}/metrics"
 
     def close(self) -> None:
+        """Stop serving and free the port; idempotent.
+
+        Usage::
+
+            server.close()
+        """
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -684,7 +706,9 @@ def serve_metrics(
     :func:`hookwatch.watch` writes to), for an application that runs its model in one process.
     With it, it is the exporter of a multi-process server (TorchServe's workers): it merges the
     workers' files in that directory on each scrape, drops the gauges of dead workers and folds
-    their counters into one archive file (``compact``; one exporter per directory may).
+    their counters into one archive file (``compact``; one exporter per directory may)::
+
+        server = hookwatch.serve_metrics(9101)
     """
     from prometheus_client import start_http_server
 
@@ -714,3 +738,8 @@ def render(registry: CollectorRegistry) -> bytes:
     from prometheus_client import generate_latest
 
     return generate_latest(registry)
+
+
+for _public in (MetricSet, MetricsServer, serve_metrics):
+    _public.__module__ = "hookwatch"  # public as hookwatch.<name> (reprs, tracebacks)
+del _public

@@ -32,7 +32,9 @@ def watch(
     ``model`` label of every series. With ``profile`` (a :class:`DriftProfile` or its file),
     drift is tested against it; a profile built for other layers fails here. The metrics go to
     ``metrics`` or, by default, to the process-wide set that :func:`serve_metrics` serves.
-    Run each forward pass inside ``with monitor.request(batch_size):``.
+    Run each forward pass inside ``with monitor.request(batch_size):``::
+
+        monitor = hookwatch.watch(model, {"layers": ["act"]}, "tabular", profile=profile)
     """
     # Patterns and types resolved first: the profile is matched to the layers they name.
     parsed = resolve_layers(model, as_monitoring_config(config), name)
@@ -41,3 +43,6 @@ def watch(
         loaded = profile if isinstance(profile, DriftProfile) else DriftProfile.load(profile)
         tracker = tracker_for(loaded, parsed, name)
     return Monitor(model, parsed, name, metrics, drift=tracker)
+
+
+watch.__module__ = "hookwatch"  # public as hookwatch.watch (reprs, tracebacks)

@@ -61,14 +61,14 @@ def test_sampled_forward_is_free_of_host_syncs(
                     model(x)
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    states = monitor.hooks.layer_states()
+    states = monitor._hooks.layer_states()
     assert all(state is HookState.ATTACHED for state in states.values()), states
     # One record per sampled forward, holding every watched layer's capture.
-    assert monitor.worker.accepted == 3
-    assert monitor.worker.processed == 0
+    assert monitor._worker.accepted == 3
+    assert monitor._worker.processed == 0
     try:
         assert monitor.flush(timeout=30.0)
-        samples = monitor.metrics.sample_values()
+        samples = monitor._metrics.sample_values()
         for layer in config.watched:
             key = ("hookwatch_captures_total", (("layer", layer), ("model", "gpu")))
             assert samples[key] == 3 * shape[0]

@@ -38,7 +38,7 @@ WORKER = textwrap.dedent(
     monitor.reject(2, "not_json")
     monitor.answered(0.004, 7)
     monitor.answered(0.3, 1)
-    counts = monitor.counts()
+    counts = monitor._counts()
     print(counts.requests, counts.sampled, counts.dropped, flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
     """

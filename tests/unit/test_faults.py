@@ -173,7 +173,7 @@ def test_a_capture_thread_that_dies_once_is_restarted(
     s = served()
     s.send(10)
     s.published()
-    process = s.monitor.processor.process
+    process = s.monitor._processor.process
     failed: list[int] = []
 
     def dies_once(records: list[Any]) -> None:
@@ -182,13 +182,13 @@ def test_a_capture_thread_that_dies_once_is_restarted(
             raise Killed("injected: the capture loop ends")
         process(records)
 
-    monkeypatch.setattr(s.monitor.processor, "process", dies_once)
+    monkeypatch.setattr(s.monitor._processor, "process", dies_once)
     with caplog.at_level(logging.WARNING, logger="hookwatch"):
         s.send(10)
         s.published()
         s.send(20)
         s.published()
-    worker = s.monitor.worker
+    worker = s.monitor._worker
     assert worker.running and worker.restarts == 1 and not worker.off
     assert s.value("hookwatch_monitor_faults_total", layer="all") == 1
     # The batch in hand when the loop died is lost to the statistics, nothing else is.
@@ -210,8 +210,8 @@ def test_a_capture_thread_that_keeps_dying_turns_capture_off_visibly(
     def always_dies(records: list[Any]) -> None:
         raise Killed("injected: the capture loop ends on every batch")
 
-    monkeypatch.setattr(s.monitor.processor, "process", always_dies)
-    worker = s.monitor.worker
+    monkeypatch.setattr(s.monitor._processor, "process", always_dies)
+    worker = s.monitor._worker
     with caplog.at_level(logging.WARNING, logger="hookwatch"):
         while not worker.off:
             s.send(1)
@@ -292,7 +292,7 @@ def test_a_broken_profile_serves_without_drift_visibly(
         s = served(tmp_path)
     s.send(30)
     s.published()
-    assert s.monitor.drift is None
+    assert s.monitor._drift is None
     assert s.value("hookwatch_drift_profile_loaded") == 0
     assert s.value("hookwatch_monitor_faults_total", layer="all") == 1
     for layer in LAYERS:
@@ -320,7 +320,7 @@ def test_the_intact_profile_loads(
     s = served(tmp_path)
     s.send(10)
     s.published()
-    assert s.monitor.drift is not None
+    assert s.monitor._drift is not None
     assert s.value("hookwatch_drift_profile_loaded") == 1
     assert s.value("hookwatch_monitor_faults_total", layer="all") == 0
 

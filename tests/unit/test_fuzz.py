@@ -45,7 +45,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Fake
 
 def _check(instance: Any, context: FakeContext, content_type: str, body: bytes) -> None:
     context.statuses.clear()
-    too_large = instance.service.monitor.counts().rejected_by.get("too_large", 0)
+    too_large = instance.service.monitor._counts().rejected_by.get("too_large", 0)
     good = {"body": as_delivered("application/json", VALID)}
     out = instance.handle([good, {"body": as_delivered(content_type, body)}, good], context)
     assert len(out) == 3
@@ -61,10 +61,10 @@ def _check(instance: Any, context: FakeContext, content_type: str, body: bytes) 
     # A body over the limit is a 413 counted as too_large, however it arrived; only that is.
     big = oversized(content_type, body)
     assert (status == 413) == big, (big, answer, len(body))
-    counted = instance.service.monitor.counts().rejected_by.get("too_large", 0) - too_large
+    counted = instance.service.monitor._counts().rejected_by.get("too_large", 0) - too_large
     assert counted == int(big), (counted, answer)
     # Every refusal is one hookwatch can name: "unreadable" is the safety net for a decoder gap.
-    assert "unreadable" not in instance.service.monitor.counts().rejected_by, answer
+    assert "unreadable" not in instance.service.monitor._counts().rejected_by, answer
 
 
 @settings(
@@ -85,10 +85,10 @@ def test_edge_payloads_get_a_class_or_a_clear_4xx(
     served: tuple[Any, FakeContext], content_type: str
 ) -> None:
     instance, context = served
-    before = instance.service.monitor.counts()
+    before = instance.service.monitor._counts()
     for body in EDGES:
         _check(instance, context, content_type, body)
-    after = instance.service.monitor.counts()
+    after = instance.service.monitor._counts()
     assert set(after.rejected_by) <= set(REJECT_REASONS)
     # Each edge case was either served or rejected with a reason, and counted as received.
     assert after.requests - before.requests == 3 * len(EDGES)

@@ -91,7 +91,7 @@ def test_bad_items_get_a_clear_4xx_and_the_rest_of_the_batch_is_served(
     assert out[0]["class"] == out[2]["class"]
     monitor = instance.service.monitor
     monitor.flush()
-    counts = monitor.counts()
+    counts = monitor._counts()
     # Received: three; the bad one is counted with its reason.
     assert counts.rejected == 1 and counts.requests == 3
     assert sum(counts.rejected_by.values()) == 1
@@ -101,7 +101,7 @@ def test_a_batch_of_only_bad_items_runs_no_forward(handler: tuple[Any, FakeConte
     instance, context = handler
     out = instance.handle([{"body": b""}, {"data": None}], context)
     assert [a["code"] for a in out] == [400, 400]
-    counts = instance.service.monitor.counts()
+    counts = instance.service.monitor._counts()
     # Both received and rejected; no forward ran, so none was sampled.
     assert (counts.requests, counts.rejected, counts.sampled) == (2, 2, 0)
 
@@ -151,7 +151,7 @@ def test_an_archive_from_hookwatch_archive_is_built_by_the_handler(tmp_path: Pat
         out = handler.handle([{"body": {"data": [0.5] * 8}}, {"body": {"data": [1]}}], context)
         assert set(out[0]) == {"values"} and out[1]["code"] == 400
         monitor = handler.service.monitor
-        assert monitor.drift is not None  # the archived profile loaded
+        assert monitor._drift is not None  # the archived profile loaded
         assert monitor.config.layers == ("body.1", "body.3")  # layer_types: [GELU]
     finally:
         handler.service.close()

@@ -133,7 +133,7 @@ def test_a_full_queue_drops_and_counts(metrics: MetricSet) -> None:
     net = Net()
     config = MonitoringConfig.from_mapping({"layers": ["act"], "sample_rate": 1.0, "queue_size": 1})
     monitor = Monitor(net, config, "m", metrics)
-    monitor.worker.stop()  # nothing drains: every forward's record past the first is dropped
+    monitor._worker.stop()  # nothing drains: every forward's record past the first is dropped
     run(monitor, net, batches=5)
     monitor._publish()
     dropped = value(metrics, "hookwatch_captures_dropped_total", model="m")
@@ -147,14 +147,14 @@ def test_a_processing_fault_switches_one_layer_off_visibly(
     net = Net()
     config = MonitoringConfig.from_mapping({"layers": ["act"], "sample_rate": 1.0})
     monitor = Monitor(net, config, "m", metrics)
-    original = monitor.processor._process_layer
+    original = monitor._processor._process_layer
 
     def flaky(layer: str, *args: Any) -> None:
         if layer == "act":
             raise ValueError("broken statistic")
         original(layer, *args)
 
-    monkeypatch.setattr(monitor.processor, "_process_layer", flaky)
+    monkeypatch.setattr(monitor._processor, "_process_layer", flaky)
     with caplog.at_level(logging.WARNING, logger="hookwatch"):
         run(monitor, net, batches=20)
         monitor.flush()
@@ -242,7 +242,7 @@ def test_a_waiting_record_holds_nothing_the_garbage_collector_tracks(
     )
     monitor = Monitor(net, config, "m", metrics)
     kept: list[Any] = []
-    monitor.gate._offer = lambda record: kept.append(record) or True  # type: ignore[method-assign]
+    monitor._gate._offer = lambda record: kept.append(record) or True  # type: ignore[method-assign]
     run(monitor, net, batches=4, batch_size=2)
     monitor.close()
     # A collection untracks the captures, and the record around them at the next one (it was
@@ -287,7 +287,7 @@ def test_a_forward_that_raises_hands_off_nothing(metrics: MetricSet) -> None:
     assert value(metrics, "hookwatch_requests_sampled_total", model="m") == 1
     for layer in ("input", "act", "output"):
         assert value(metrics, "hookwatch_captures_total", model="m", layer=layer) == 0
-    assert monitor.worker.accepted == 0
+    assert monitor._worker.accepted == 0
 
 
 def test_results_reach_the_metrics_on_publish_not_per_drain(metrics: MetricSet) -> None:
@@ -297,7 +297,7 @@ def test_results_reach_the_metrics_on_publish_not_per_drain(metrics: MetricSet) 
     )
     monitor = Monitor(net, config, "m", metrics)
     run(monitor, net, batches=4)
-    assert monitor.worker.wait_idle(5)
+    assert monitor._worker.wait_idle(5)
     # Processed, but not yet published: metric writes follow the publish interval.
     assert value(metrics, "hookwatch_captures_total", model="m", layer="act") == 0
     monitor.flush()
@@ -324,8 +324,10 @@ def test_request_counts_are_exported_on_publish_and_exact_across_threads(
     monitor.flush()
     # Received: the 1600 served and the 3 rejected.
     assert value(metrics, "hookwatch_requests_total", model="m") == 1603
-    assert value(metrics, "hookwatch_requests_sampled_total", model="m") == monitor.counts().sampled
-    assert 0 < monitor.counts().sampled < 1600
+    assert (
+        value(metrics, "hookwatch_requests_sampled_total", model="m") == monitor._counts().sampled
+    )
+    assert 0 < monitor._counts().sampled < 1600
     assert value(metrics, "hookwatch_requests_rejected_total", model="m", reason="other") == 3
     # A second publish adds only what came since.
     run(monitor, net, batches=5)

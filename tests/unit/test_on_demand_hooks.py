@@ -108,7 +108,7 @@ def test_hooks_come_off_when_the_forward_raises(metrics: MetricSet) -> None:
         assert hook_count(model) == 0
     monitor.close()
     assert 3 in model.seen  # sampled forwards ran with the hooks on
-    assert monitor.worker.accepted == 0
+    assert monitor._worker.accepted == 0
 
 
 def test_full_sampling_keeps_the_hooks_on_until_the_rate_drops(metrics: MetricSet) -> None:
@@ -116,11 +116,11 @@ def test_full_sampling_keeps_the_hooks_on_until_the_rate_drops(metrics: MetricSe
     monitor = Monitor(model, config(1.0), "m", metrics)
     serve(monitor, model, 3)
     assert hook_count(model) == 3  # pinned between requests at rate 1
-    monitor.gate.sample_rate = 0.0
+    monitor._gate.sample_rate = 0.0
     serve(monitor, model, 2)
     assert hook_count(model) == 0
     assert model.seen == [3, 3, 3, 0, 0]
-    monitor.gate.sample_rate = 1.0
+    monitor._gate.sample_rate = 1.0
     serve(monitor, model, 1)
     monitor.close()  # detaching takes pinned hooks off too
     assert hook_count(model) == 0
@@ -184,7 +184,7 @@ def test_a_failed_registration_is_a_fault_and_the_request_is_served(
         out = model(torch.randn(1, 4))
     assert out.shape == (1, 3)
     monkeypatch.undo()
-    monitor.gate.sample_rate = 0.0
+    monitor._gate.sample_rate = 0.0
     serve(monitor, model, 1)
     monitor.flush()
     monitor.close()

@@ -35,40 +35,40 @@ def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 def test_every_forward_marks_the_server_active() -> None:
     metrics = MetricSet()
     with _monitor(metrics) as monitor:
-        assert monitor.gate.active_at == float("-inf")
+        assert monitor._gate.active_at == float("-inf")
         before = time.monotonic()
         with torch.inference_mode(), monitor.request(1):
             pass
-        assert before <= monitor.gate.active_at <= time.monotonic()
+        assert before <= monitor._gate.active_at <= time.monotonic()
         # Unsampled forwards too: the pacing is about the requests, not the captures.
-        monitor.gate.sample_rate = 0.0
-        monitor.gate.active_at = float("-inf")
+        monitor._gate.sample_rate = 0.0
+        monitor._gate.active_at = float("-inf")
         with monitor.request(1):
             pass
-        assert monitor.gate.active_at > before
+        assert monitor._gate.active_at > before
 
 
 def test_steps_are_spread_out_while_requests_come(sleeps: list[float]) -> None:
     with _monitor(MetricSet()) as monitor:
-        monitor.gate.active_at = time.monotonic()
-        monitor.pace()
+        monitor._gate.active_at = time.monotonic()
+        monitor._pace()
     assert sleeps[0] == STEP_GAP_S
 
 
 def test_an_idle_server_is_not_paced(sleeps: list[float]) -> None:
     with _monitor(MetricSet()) as monitor:
-        monitor.gate.active_at = time.monotonic() - 2 * ACTIVE_S
-        monitor.pace()
+        monitor._gate.active_at = time.monotonic() - 2 * ACTIVE_S
+        monitor._pace()
     assert sleeps[0] == YIELD_S
 
 
 def test_a_buffer_more_than_half_full_is_not_paced(sleeps: list[float]) -> None:
     with _monitor(MetricSet(), queue_size=4) as monitor:
-        monitor.worker.stop()  # nothing drains the buffer meanwhile
+        monitor._worker.stop()  # nothing drains the buffer meanwhile
         for _ in range(3):
-            monitor.worker.offer({})
-        monitor.gate.active_at = time.monotonic()
-        monitor.pace()
+            monitor._worker.offer({})
+        monitor._gate.active_at = time.monotonic()
+        monitor._pace()
     assert sleeps[0] == YIELD_S
 
 
@@ -80,4 +80,4 @@ def test_a_paced_drain_still_processes_everything(metrics: MetricSet) -> None:
             with torch.inference_mode(), monitor.request(1):
                 model(torch.randn(1, 4))
         assert monitor.flush(10.0)
-        assert monitor.worker.processed == monitor.worker.accepted == 50
+        assert monitor._worker.processed == monitor._worker.accepted == 50

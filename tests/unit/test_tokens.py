@@ -285,7 +285,7 @@ def test_only_the_sampled_requests_rows_are_captured_with_their_mask(metrics: Me
         records.append({c[0]: as_tensors(Capture(*c)) for c in record})
         return True
 
-    monitor.gate._offer = keep  # type: ignore[method-assign]
+    monitor._gate._offer = keep  # type: ignore[method-assign]
     scopes = 0
     while not any(0 < len(r["input"].stats) < 6 for r in records):  # type: ignore[arg-type]
         with torch.inference_mode(), monitor.request(6):
@@ -335,9 +335,9 @@ def test_a_text_profile_and_monitor_see_no_drift_in_differently_padded_batches(
             with torch.inference_mode(), monitor.request(len(batch)):
                 model(**encode(batch))
     monitor.flush()
-    states = monitor.hooks.layer_states()
+    states = monitor._hooks.layer_states()
     monitor.close()
-    assert set(states.values()) == {HookState.ATTACHED} and not monitor.processor.faults
+    assert set(states.values()) == {HookState.ATTACHED} and not monitor._processor.faults
     samples = metrics.sample_values()
 
     def total(name: str, **labels: str) -> float:

@@ -101,7 +101,7 @@ def test_statistics_by_predicted_class_add_up_to_the_layer_and_follow_the_predic
     with torch.inference_mode():
         predicted = torch.cat([net(x).argmax(1) for x in inputs]).numpy()
         acts = torch.cat([net.act(net.fc(x)) for x in inputs]).numpy()
-    classes = monitor.processor.classes
+    classes = monitor._processor.classes
     assert classes is not None and len(classes.labels) == 3 and classes.labels[-1] == "other"
     slots = classes.slots(predicted)
     total = 0.0

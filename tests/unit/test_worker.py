@@ -268,9 +268,9 @@ def process(batch):
     counts.append((before, threads()))
 
 monitor = hookwatch.watch(nn.Linear(4, 2), {}, name="threads")
-monitor.worker._process = process  # runs on the capture thread, as a drain does
-monitor.worker.offer({})
-assert monitor.worker.wait_idle(10)
+monitor._worker._process = process  # runs on the capture thread, as a drain does
+monitor._worker.offer({})
+assert monitor._worker.wait_idle(10)
 monitor.close()
 print(counts[0][0], counts[0][1])
 """

@@ -157,7 +157,7 @@ class RequestGate:
         self._pinned = False
         self._pin_lock = threading.Lock()
         #: ``time.monotonic()`` of the last forward's scope: the capture thread paces its
-        #: drains while requests come (:meth:`Monitor.pace`). One float written per forward,
+        #: drains while requests come (:meth:`Monitor._pace`). One float written per forward,
         #: no lock.
         self.active_at = float("-inf")
         if slots is not None:

@@ -56,10 +56,21 @@ ACTIVE_S = 0.1
 
 
 class Monitor:
-    """Watches one model. Build with :func:`hookwatch.watch`; :meth:`close` when done.
+    """Watches one model. Build with :func:`hookwatch.watch`; :meth:`close` when done::
+
+        monitor: hookwatch.Monitor = hookwatch.watch(model, {"layers": ["act"]}, "tabular")
+        with monitor.request(len(batch)):
+            logits = model(batch)
 
     Serve each forward pass inside ``with monitor.request(batch_size):``; count requests
     turned away before the forward with :meth:`reject`. Also a context manager that closes.
+    A server that counts requests as they arrive calls :meth:`receive` first (then
+    ``received=True``), and :meth:`answered` feeds the request-duration histogram.
+
+    Public: :meth:`request`, :meth:`reject`, :meth:`receive`, :meth:`answered`, :meth:`flush`,
+    :meth:`close`, and the read-only ``config`` (the resolved :class:`MonitoringConfig`) and
+    ``model_name``. Everything with a leading underscore (the request gate, the hooks, the
+    capture thread, its processor and publisher) is private.
     """
 
     def __init__(
@@ -77,18 +88,18 @@ class Monitor:
             log.info("hookwatch: model %r is %s", model_name, note)
         self.config = config
         self.model_name = model_name
-        self.metrics = metrics if metrics is not None else default_metrics()
+        self._metrics = metrics if metrics is not None else default_metrics()
         drift = drift if config.enabled else None
         if drift is not None:
             drift.tallied = frozenset(config.drift.fleet_detectors) & set(drift.references)
-        self.drift = drift
+        self._drift = drift
         #: Faults found while loading (a profile that could not be used), counted with the
         #: capture thread's under ``layer="all"``.
-        self.load_faults = load_faults
+        self._load_faults = load_faults
         # Read on the thread that builds the monitor, which is the one that serves it in
         # TorchServe (after the handler applied torch_threads): see _match_torch_threads.
         self._torch_threads = torch.get_num_threads()
-        self.worker: CaptureWorker[Record] = CaptureWorker(
+        self._worker: CaptureWorker[Record] = CaptureWorker(
             config.queue_size,
             self._process,
             self._publish,
@@ -98,38 +109,40 @@ class Monitor:
             on_off=self._capture_off,
             on_start=self._match_torch_threads,
         )
-        self.gate = RequestGate(
-            model_name, config.sample_rate, self.worker.offer, config.enabled, config.seed
+        self._gate = RequestGate(
+            model_name, config.sample_rate, self._worker.offer, config.enabled, config.seed
         )
-        self.hooks = HookSet(self.gate.hook_flag, self.gate, config.max_features, config.copy_limit)
+        self._hooks = HookSet(
+            self._gate.hook_flag, self._gate, config.max_features, config.copy_limit
+        )
         widths = drift.feature_widths() if drift is not None else {}
         if config.output.head == "logits":
             # Softmax, confidence and entropy need every class's logit, not max_features.
             widths[OUTPUT_LAYER] = config.drift.projection_width
         classes = _class_slots(config, drift)
-        self.processor = CaptureProcessor(
+        self._processor = CaptureProcessor(
             model_name,
             config.max_features,
             drift,
             widths,
-            on_layer_off=self.hooks.disable,
+            on_layer_off=self._hooks.disable,
             units=dict.fromkeys(unit_layers(config.watched), config.max_units)
             if config.max_units
             else {},
             classes=classes,
-            pause=self.pace,
+            pause=self._pace,
         )
-        self.publisher = Publisher(self.metrics, model_name)
+        self._publisher = Publisher(self._metrics, model_name)
         self._classes = classes
         #: True once the count file exists and every series is declared (see _setup_metrics).
-        self.metrics_ready = False
+        self._metrics_ready = False
         self._setup_lock = threading.Lock()
         self._log = RateLimitedLog(log)
         if config.enabled:
             # A compiled model guards its graphs on the hooks of its modules: registering
             # them per sampled forward would recompile, so there they stay registered.
             on_demand = config.hooks == "sampled" and hookable_root(model) is model
-            self.hooks.attach(
+            self._hooks.attach(
                 model,
                 config.layers,
                 config.capture_input,
@@ -141,7 +154,7 @@ class Monitor:
                 output_head=config.output.head,
             )
             if on_demand:
-                self.gate.arm_with(self.hooks.arm, self.hooks.disarm)
+                self._gate.arm_with(self._hooks.arm, self._hooks.disarm)
         try:
             self._setup_metrics()
         except OSError as error:
@@ -157,7 +170,7 @@ class Monitor:
                 error,
                 config.flush_interval_s,
             )
-        self.worker.start()
+        self._worker.start()
 
     def _setup_metrics(self) -> None:
         """Create the request path's count file and declare every series, once.
@@ -167,61 +180,74 @@ class Monitor:
         with it. Elsewhere (one process, one registry) the publisher adds them every flush.
         Raises OSError while the metrics directory cannot take the files.
         """
-        if self.metrics_ready:
+        if self._metrics_ready:
             return
         # flush() publishes from the caller's thread too: one count file, never two.
         with self._setup_lock:
-            if self.metrics_ready:
+            if self._metrics_ready:
                 return
-            if self.gate.slots is None:
-                slots = self.metrics.count_slots(self.model_name)
+            if self._gate.slots is None:
+                slots = self._metrics.count_slots(self.model_name)
                 if slots is not None:
-                    self.gate.attach_slots(slots)
-                    self.publisher.counts_published = False
-            self.publisher.declare(
+                    self._gate.attach_slots(slots)
+                    self._publisher.counts_published = False
+            self._publisher.declare(
                 self.config.watched if self.config.enabled else (),
-                self.worker.capacity,
-                self.drift,
+                self._worker.capacity,
+                self._drift,
                 self._classes,
             )
-            self.metrics_ready = True
+            self._metrics_ready = True
 
     # -- request path -----------------------------------------------------------------------
 
     def receive(self, count: int) -> None:
         """Count ``count`` requests as they arrive, before decoding them: a server that does
         this at its entry loses no count to a crash later on. Then pass ``received=True`` to
-        :meth:`request` and :meth:`reject` for the same requests."""
-        self.gate.receive(count)
+        :meth:`request` and :meth:`reject` for the same requests::
+
+            monitor.receive(len(bodies))
+        """
+        self._gate.receive(count)
 
     def request(
-        self, batch_size: int = 1, sizes: Sequence[int] | None = None, received: bool = False
+        self, batch_size: int = 1, sizes: Sequence[int] | None = None, *, received: bool = False
     ) -> RequestScope:
         """Count the requests of this forward pass (unless already ``received``) and decide
         which are captured: each of ``batch_size`` rows is a request, or ``sizes`` gives each
-        request's rows."""
-        return self.gate.request(batch_size, sizes, received)
+        request's rows::
 
-    def reject(self, count: int = 1, reason: str = "other", received: bool = False) -> None:
+            with monitor.request(len(batch)):
+                logits = model(batch)
+        """
+        return self._gate.request(batch_size, sizes, received)
+
+    def reject(self, count: int = 1, reason: str = "other", *, received: bool = False) -> None:
         """Count requests answered with a 4xx before any forward pass, and why (one of
-        ``REJECT_REASONS``: the reject counter's ``reason`` label)."""
-        self.gate.reject(count, reason, received)
+        ``REJECT_REASONS``: the reject counter's ``reason`` label)::
+
+            monitor.reject(1, "wrong_shape")
+        """
+        self._gate.reject(count, reason, received)
 
     def answered(self, seconds: float, count: int = 1) -> None:
         """Record that ``count`` requests were answered ``seconds`` after they were received:
-        the request-duration histogram (``hookwatch_request_duration_seconds``)."""
-        if self.gate.answered(seconds, count):
+        the request-duration histogram (``hookwatch_request_duration_seconds``)::
+
+            monitor.answered(time.perf_counter() - arrived)
+        """
+        if self._gate.answered(seconds, count):
             return
         # Worker files that cannot be written yet (hookwatch_metrics_dir_writable 0): the
         # duration is lost, the answer is not; the next publish retries the files.
         with contextlib.suppress(OSError):
-            self.metrics.observe_histogram(
+            self._metrics.observe_histogram(
                 metric.REQUEST_DURATION, seconds, count, model=self.model_name
             )
 
-    def counts(self) -> RequestCounts:
+    def _counts(self) -> RequestCounts:
         """Request-path tallies so far (also before they are published)."""
-        return self.gate.counts()
+        return self._gate.counts()
 
     # -- capture path -----------------------------------------------------------------------
 
@@ -238,7 +264,7 @@ class Monitor:
         """
         torch.set_num_threads(self._torch_threads)
 
-    def pace(self) -> None:
+    def _pace(self) -> None:
         """The capture thread's pause between the steps of a drain (a layer's statistics, its
         drift windows, each detector): ``STEP_GAP_S`` while requests are being served, else
         just long enough to let go of the GIL.
@@ -252,43 +278,43 @@ class Monitor:
         drop.
         """
         if (
-            time.monotonic() - self.gate.active_at < ACTIVE_S
-            and self.worker.depth * 2 <= self.worker.capacity
+            time.monotonic() - self._gate.active_at < ACTIVE_S
+            and self._worker.depth * 2 <= self._worker.capacity
         ):
             time.sleep(STEP_GAP_S)
         else:
             yield_gil()
 
     def _process(self, records: list[Record]) -> None:
-        self.processor.process(records)
+        self._processor.process(records)
 
     def _capture_off(self) -> None:
         """The capture thread gave up processing: stop sampling and switch every hook off,
         so requests pay nothing for captures that would only be discarded."""
-        self.gate.sample_rate = 0.0
-        for layer in self.hooks.layer_states():
-            self.hooks.disable(layer)
+        self._gate.sample_rate = 0.0
+        for layer in self._hooks.layer_states():
+            self._hooks.disable(layer)
 
     def _publish(self) -> None:
         # Until the metric files exist, nothing is published (the counts wait in the gate).
         self._setup_metrics()
         # One copy of the gate's tallies: the request counts and hook faults of one moment.
-        counts = self.gate.counts()
+        counts = self._gate.counts()
         faults = dict(counts.hook_faults)
-        for layer, count in self.processor.faults.items():
+        for layer, count in self._processor.faults.items():
             faults[layer] = faults.get(layer, 0) + count
         # The capture thread's own faults, the mask pre-hook's (no single layer's) and the
         # profile load's.
-        faults[ALL_LAYERS] = faults.get(ALL_LAYERS, 0) + self.worker.faults + self.load_faults
-        self.publisher.publish(
+        faults[ALL_LAYERS] = faults.get(ALL_LAYERS, 0) + self._worker.faults + self._load_faults
+        self._publisher.publish(
             Snapshot(
                 counts=counts,
-                processed=self.processor.take(),
-                queue_depth=self.worker.depth,
+                processed=self._processor.take(),
+                queue_depth=self._worker.depth,
                 faults=faults,
                 layers_enabled={
                     layer: state is HookState.ATTACHED
-                    for layer, state in self.hooks.layer_states().items()
+                    for layer, state in self._hooks.layer_states().items()
                 },
             )
         )
@@ -299,9 +325,11 @@ class Monitor:
         """Wait until every accepted capture is processed, then publish (tests, shutdown).
 
         False when it timed out, or when the metric files cannot be written yet (the capture
-        thread's next publish retries, and counts the fault).
+        thread's next publish retries, and counts the fault)::
+
+            assert monitor.flush(timeout=10)
         """
-        idle = self.worker.wait_idle(timeout)
+        idle = self._worker.wait_idle(timeout)
         try:
             self._publish()
         except OSError:
@@ -311,10 +339,12 @@ class Monitor:
     def close(self) -> None:
         """Detach the hooks, process what is queued, publish once more, stop the thread.
 
-        Idempotent.
+        Idempotent; ``with hookwatch.watch(...) as monitor:`` calls it::
+
+            monitor.close()
         """
-        self.hooks.detach()
-        self.worker.stop()
+        self._hooks.detach()
+        self._worker.stop()
 
     def __enter__(self) -> Monitor:
         return self
@@ -340,3 +370,6 @@ def _class_slots(config: MonitoringConfig, drift: DriftTracker | None) -> ClassS
         # Many classes: the profile already keeps the most frequent ones, most frequent first.
         return ClassSlots.tracked(sorted(mix.categories[: config.max_classes]))
     return ClassSlots.by_frequency([int(c) for c in mix.counts[0]], config.max_classes)
+
+
+Monitor.__module__ = "hookwatch"  # public as hookwatch.Monitor (reprs, tracebacks)

@@ -17,3 +17,5 @@ __all__ = [
     "serving_tracker",
     "tracker_for",
 ]
+
+build_profile.__module__ = "hookwatch"  # public as hookwatch.build_profile

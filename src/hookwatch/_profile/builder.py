@@ -238,7 +238,9 @@ def build_profile(
     The reference should be data the model was not fitted on (held-out data, or a sample of
     known-good traffic): training data describes an over-confident model. At most
     ``max_reference`` samples are kept (a uniform reservoir), whatever the amount of data;
-    ``bins`` defaults to ``config.drift.bins``. ``progress`` shows a bar where tqdm is installed.
+    ``bins`` defaults to ``config.drift.bins``. ``progress`` shows a bar where tqdm is installed::
+
+        profile = hookwatch.build_profile(model, {"layers": ["act"]}, held_out, "tabular")
     """
     config = resolve_layers(model, as_monitoring_config(config), model_name)
     bins = config.drift.bins if bins is None else bins

@@ -51,7 +51,15 @@ _UNIT_FIELDS = ("active", "low", "high")
 
 @dataclass(frozen=True)
 class DriftProfile:
-    """Per-detector reference bins of one model, plus where they came from."""
+    """Per-detector reference bins of one model, plus where they came from.
+
+    Built by :func:`hookwatch.build_profile`, written with :meth:`save`, read back with
+    :meth:`load`, handed to :func:`hookwatch.watch` as ``profile``::
+
+        profile = hookwatch.build_profile(model, config, held_out, "tabular")
+        profile.save("drift-profile.npz")
+        monitor = hookwatch.watch(model, config, "tabular", profile=DriftProfile.load(path))
+    """
 
     model: str
     references: Mapping[str, BinnedReference]
@@ -115,6 +123,12 @@ class DriftProfile:
         }
 
     def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the profile to ``path`` (an ``.npz`` file, no pickles) and return its path.
+
+        Usage::
+
+            profile.save("drift-profile.npz")
+        """
         path = Path(path)
         arrays: dict[str, NDArray[Any]] = {
             "header": np.frombuffer(json.dumps(self.header()).encode(), dtype=np.uint8)
@@ -138,6 +152,11 @@ class DriftProfile:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> DriftProfile:
+        """Read a profile that :meth:`save` wrote; a file of another format or version, or one
+        that cannot be read, raises :class:`~hookwatch.ProfileError`::
+
+            profile = hookwatch.DriftProfile.load("drift-profile.npz")
+        """
         try:
             with np.load(path, allow_pickle=False) as data:
                 arrays = {k: data[k] for k in data.files}
@@ -284,3 +303,6 @@ class DriftProfile:
             arrays[f"{p.layer}.components"] = p.components
         np.savez_compressed(buffer, **arrays)
         return buffer.tell()
+
+
+DriftProfile.__module__ = "hookwatch"  # public as hookwatch.DriftProfile (reprs, tracebacks)
