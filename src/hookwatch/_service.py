@@ -511,7 +511,8 @@ class ModelService:
                 if _out_of_resources(error) or not batch.items:
                     raise
                 return self._rerun_each_alone(batch, error)
-            outputs = self._output_tensor(raw)
+            rows = sum(batch.sizes) if batch.sizes else len(batch.positions)
+            outputs = self._batch_first(self._output_tensor(raw), rows)
         return BatchResult(
             batch.size,
             outputs,
@@ -531,6 +532,19 @@ class ModelService:
             )
         return outputs
 
+    def _batch_first(self, outputs: torch.Tensor, rows: int) -> torch.Tensor:
+        """A logits head's sequence-first output ``[T, B, C]`` (the layout ``nn.CTCLoss``
+        takes) as ``[B, T, C]``, when its second dimension alone is the batch's ``rows``; the
+        output's hook reads it the same way. A sequence as long as the batch stays as it is."""
+        if (
+            outputs.dim() == 3
+            and self.output.head == "logits"
+            and outputs.shape[0] != rows
+            and outputs.shape[1] == rows
+        ):
+            return outputs.transpose(0, 1)
+        return outputs
+
     def _rerun_each_alone(self, batch: DecodedBatch, error: Exception) -> BatchResult:
         """A batch whose forward raised: each request runs alone, unmonitored (its capture
         was dropped with the forward). A request the model refuses alone gets a 422 with the
@@ -548,7 +562,7 @@ class ModelService:
                     inputs = to_device(batch_inputs(self.pipeline, [item]), self.device)
                     with torch.inference_mode():
                         raw = call_model(self.pipeline, self.model, inputs)
-                    out = self._output_tensor(raw)
+                    out = self._batch_first(self._output_tensor(raw), size)
                     if out.dim() == 0 or out.shape[0] != size:
                         raise TypeError(f"expected {size} output rows, got shape {list(out.shape)}")
                 except Exception as failed:

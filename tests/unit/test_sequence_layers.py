@@ -316,6 +316,34 @@ def test_padded_positions_are_left_out_and_a_non_finite_position_has_no_class() 
     assert answer["confidence"][:2] == pytest.approx(p.values[:2].tolist(), abs=1e-6)
 
 
+class SequenceFirst(nn.Module):
+    """The CRNN with its logits sequence-first, ``[T, B, C]``, as ``nn.CTCLoss`` takes them."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.inner(x)
+        return out.transpose(0, 1)
+
+
+def test_sequence_first_logits_are_answered_and_read_as_their_batch_first_twin() -> None:
+    model = crnn()
+    x = images(1, rows=6, seed=7)[0]
+    answers = []
+    features = []
+    for served in (model, SequenceFirst(model).eval()):
+        config = resolve_layers(served, MonitoringConfig.from_mapping({}))
+        spec = HandlerConfig.from_mapping({"input": {"shape": [1, 8, STEPS]}}).input
+        service = ModelService(served, spec, None, output=config.output)
+        answers.append(service.handle([{"data": sample.tolist()} for sample in x]))
+        features.append(next(iter(capture_features(served, config, [x])))[OUTPUT_LAYER])
+    assert answers[1] == answers[0]
+    assert [len(a["classes"]) for a in answers[1]] == [STEPS] * 6
+    np.testing.assert_allclose(features[1], features[0], rtol=1e-6, atol=1e-7)
+
+
 class Unsqueezed(nn.Module):
     def __init__(self, inner: nn.Module) -> None:
         super().__init__()
