@@ -133,7 +133,9 @@ class MachineTimes:
 
     @property
     def busy(self) -> float:
-        return self.busy_s / self.all_s
+        # Busy ticks are a subset of all ticks; in seconds, differences of sums can round a
+        # whole-busy window to just above 1.
+        return min(1.0, self.busy_s / self.all_s)
 
     def __sub__(self, other: MachineTimes) -> MachineTimes:
         return MachineTimes(self.busy_s - other.busy_s, self.all_s - other.all_s)
