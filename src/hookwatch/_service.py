@@ -334,6 +334,13 @@ def _nulls(value: Any) -> Any:
     return value if not isinstance(value, float) or math.isfinite(value) else None
 
 
+def _row_dims(outputs: torch.Tensor | list[torch.Tensor]) -> int:
+    """Dimensions of one output row: of ``[B, C]`` 1, of per-position ``[B, T, C]`` 2."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs.dim() - 1
+    return outputs[0].dim() if outputs else 0
+
+
 def _out_of_resources(error: BaseException) -> bool:
     # The server's fault, not the request's: TorchServe answers these with a 507 (a CUDA
     # error, a device-side assert included, leaves the device unusable for every request).
@@ -598,8 +605,6 @@ class ModelService:
     def _answer(self, row: torch.Tensor) -> dict[str, Any]:
         head = self.output.head
         if head == "logits":
-            if row.dim() == 2:
-                return self._positions_answer(row)
             probabilities = torch.softmax(row.float().reshape(-1), dim=0)
             cls = int(probabilities.argmax())
             answer: dict[str, Any] = {"class": self.labels[cls] if self.labels else cls}
@@ -642,8 +647,6 @@ class ModelService:
         in ``hookwatch_activation_nonfinite_total{layer="output"}``."""
         head = self.output.head
         if head == "logits":
-            if row.dim() == 2:
-                return self._positions_answer(row)
             if row.numel() <= FULL_PROBABILITIES:
                 return {"class": None, "probabilities": [None] * row.numel()}
             return {"class": None, "top": []}
@@ -661,14 +664,18 @@ class ModelService:
                 else result.outputs.detach().cpu()
             )
             sizes = result.sizes or [1] * len(result.positions)
+            answer, non_finite_answer = self._answer, self._non_finite_answer
+            if self.output.head == "logits" and _row_dims(outputs) == 2:
+                # Per-position logits: decided once per batch, so a [B, C] row pays nothing.
+                answer = non_finite_answer = self._positions_answer
             # One check per batch: only a batch with a NaN or an Infinity takes the slow path.
             finite = isinstance(outputs, torch.Tensor) and _all_finite(outputs)
             row = 0
             for index, size in zip(result.positions, sizes, strict=True):
                 rows = [
-                    self._answer(outputs[r])
+                    answer(outputs[r])
                     if finite or _all_finite(outputs[r])
-                    else self._non_finite_answer(outputs[r])
+                    else non_finite_answer(outputs[r])
                     for r in range(row, row + size)
                 ]
                 answers[index] = rows if index in result.listed else rows[0]
