@@ -12,12 +12,12 @@ PYTEST_ARGS ?=
 # Extra options for `make run`, e.g. RUN_ARGS="--workers 4 --no-report" (see `hookwatch run -h`).
 RUN_ARGS ?=
 
-.PHONY: help deps venv mar run run-text stop test check lint format unit integration clean eval-drift eval-drift-text rules monitoring docs bench-scrape bench-drain bench-profile bench bench-quick dashboards-check soak
+.PHONY: help deps venv mar run run-text stop test check lint format unit integration clean eval-drift eval-drift-text rules monitoring docs bench-scrape bench-drain bench-profile bench bench-quick dashboards-check soak kubernetes
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-deps: ## install the system parts if missing: Prometheus/promtool, docker-compose (for config checks), Java, curl, Node.js/npm, Chromium (the report's browser test), fortunes (the text demo's texts)
+deps: ## install the system parts if missing: Prometheus/promtool, docker-compose (for config checks), Java, curl, Node.js/npm, Chromium (the report's browser test), fortunes (the text demo's texts); name kubectl if missing
 	@missing=""; \
 	test -f /usr/share/games/fortunes/computers || missing="$$missing fortunes"; \
 	command -v prometheus >/dev/null && command -v promtool >/dev/null || missing="$$missing prometheus"; \
@@ -33,6 +33,10 @@ deps: ## install the system parts if missing: Prometheus/promtool, docker-compos
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing \
 	    || { echo "could not install$$missing; install them and retry" >&2; exit 1; }; \
 	fi
+	@# kubectl (with its built-in kustomize) renders deploy/kubernetes/; Debian has no current
+	@# package for it (kubernetes-client is 1.20), so it is named here, not installed: without it
+	@# tests/integration/test_kubernetes.py skips, and fails under CI=true.
+	@command -v kubectl >/dev/null || echo "kubectl not found: install it (https://kubernetes.io/docs/tasks/tools/, or the apt repository https://pkgs.k8s.io) for the Kubernetes manifest tests" >&2
 
 $(BIN)/.installed: pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -118,6 +122,9 @@ MONITORING_EXPORT := --exporter-target hookwatch-exporter:9101 --torchserve-targ
 monitoring: $(BIN)/.installed ## regenerate monitoring/ from src/hookwatch/_assets (hookwatch export-monitoring with docker-compose's targets)
 	rm -rf monitoring/prometheus/rules monitoring/prometheus/prometheus.yml monitoring/prometheus/scrape-configs.yml monitoring/grafana/dashboards monitoring/grafana/provisioning
 	$(BIN)/hookwatch export-monitoring monitoring --force $(MONITORING_EXPORT)
+
+kubernetes: $(BIN)/.installed ## regenerate deploy/kubernetes/base/generated/ (PrometheusRule, dashboard ConfigMaps) from src/hookwatch/_assets (dev/kubernetes.py)
+	$(BIN)/python -m dev.kubernetes
 
 rules: deps ## promtool: check and unit-test the alerting rules in monitoring/prometheus/
 	promtool check config monitoring/prometheus/prometheus.yml
