@@ -29,7 +29,7 @@ from hookwatch._config import HandlerConfig, InputSpec, OutputSpec
 from hookwatch._errors import BadInputError, ConfigError
 from hookwatch._hooks import resolve_layers, select_tensor
 from hookwatch._metrics import MetricSet
-from hookwatch._monitor import Monitor
+from hookwatch._monitor import Monitor, ReceivedRequests
 from hookwatch._profile import serving_tracker
 from hookwatch._text import TextPipeline
 
@@ -394,6 +394,9 @@ class DecodedBatch:
     received: float = 0.0
     #: The decoded items, in ``positions`` order: a batch whose forward raised runs them alone.
     items: list[Any] = field(default_factory=list)
+    #: The monitor's requests, counted on arrival (None: unmonitored): the batch's forward and
+    #: rejects go through it, so that none is counted twice.
+    arrivals: ReceivedRequests | None = None
 
 
 @dataclass
@@ -468,10 +471,9 @@ class ModelService:
         items: list[Any] = []
         positions: list[int] = []
         errors: dict[int, BadInputError] = {}
-        if self.monitor is not None:
-            # Counted on arrival: a worker killed while decoding or running the batch has
-            # still counted it, as TorchServe has.
-            self.monitor.receive(len(bodies))
+        # Counted on arrival: a worker killed while decoding or running the batch has still
+        # counted it, as TorchServe has.
+        arrivals = self.monitor.receive(len(bodies)) if self.monitor is not None else None
         for index, body in enumerate(bodies):
             try:
                 items.append(self.pipeline.decode(body))
@@ -492,23 +494,25 @@ class ModelService:
                     type(error).__name__,
                     str(error)[:200],
                 )
-        if errors and self.monitor is not None:
+        if errors and arrivals is not None:
             for reason, count in Counter(e.reason for e in errors.values()).items():
-                self.monitor.reject(count, reason, received=True)
+                arrivals.reject(count, reason)
         inputs = to_device(batch_inputs(self.pipeline, items), self.device) if items else None
         sizes: list[int] | None = None
         listed: frozenset[int] = frozenset()
         if isinstance(self.pipeline, TextPipeline):
             sizes = [item.rows for item in items]
             listed = frozenset(p for p, item in zip(positions, items, strict=True) if item.listed)
-        return DecodedBatch(len(bodies), inputs, positions, errors, sizes, listed, received, items)
+        return DecodedBatch(
+            len(bodies), inputs, positions, errors, sizes, listed, received, items, arrivals
+        )
 
     def infer(self, batch: DecodedBatch) -> BatchResult:
         outputs: torch.Tensor | list[torch.Tensor] | None = None
         if batch.inputs is not None:
             scope = (
-                self.monitor.request(len(batch.positions), batch.sizes, received=True)
-                if self.monitor is not None
+                batch.arrivals.request(len(batch.positions), batch.sizes)
+                if batch.arrivals is not None
                 else contextlib.nullcontext()
             )
             try:
@@ -590,8 +594,8 @@ class ModelService:
                 refused,
                 len(batch.positions),
             )
-            if self.monitor is not None:
-                self.monitor.reject(refused, "model_refused", received=True)
+            if batch.arrivals is not None:
+                batch.arrivals.reject(refused, "model_refused")
         return BatchResult(
             batch.size,
             rows,

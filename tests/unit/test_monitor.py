@@ -12,6 +12,7 @@ import torch
 from prometheus_client import CollectorRegistry
 from torch import nn
 
+from hookwatch._capture import CaptureWorker
 from hookwatch._config import MonitoringConfig
 from hookwatch._metrics import MetricSet
 from hookwatch._monitor import Monitor
@@ -232,7 +233,7 @@ def test_a_copied_capture_owns_its_storage() -> None:
 
 @pytest.mark.parametrize("copy_limit", [0, 4096], ids=["reduced-in-hook", "copied"])
 def test_a_waiting_record_holds_nothing_the_garbage_collector_tracks(
-    metrics: MetricSet, copy_limit: int
+    metrics: MetricSet, copy_limit: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Records wait for a drain; tensors in them were promoted to the oldest generation and
     set off full collections (80-90 ms in a worker) every few thousand sampled requests."""
@@ -240,9 +241,10 @@ def test_a_waiting_record_holds_nothing_the_garbage_collector_tracks(
     config = MonitoringConfig.from_mapping(
         {"layers": ["act"], "sample_rate": 1.0, "copy_limit": copy_limit}
     )
-    monitor = Monitor(net, config, "m", metrics)
     kept: list[Any] = []
-    monitor._gate._offer = lambda record: kept.append(record) or True  # type: ignore[method-assign]
+    # Each record as the capture buffer is offered it: the object that waits for a drain.
+    monkeypatch.setattr(CaptureWorker, "offer", lambda worker, record: kept.append(record) or True)
+    monitor = Monitor(net, config, "m", metrics)
     run(monitor, net, batches=4, batch_size=2)
     monitor.close()
     # A collection untracks the captures, and the record around them at the next one (it was
@@ -417,3 +419,29 @@ def test_a_request_count_that_is_not_a_whole_number_is_refused_before_counting(
     monitor.close()
     assert value(metrics, "hookwatch_requests_total", model="m") == 3
     assert value(metrics, "hookwatch_captures_total", model="m", layer="act") == 2
+
+
+def test_requests_counted_on_arrival_are_counted_once_whatever_becomes_of_them(
+    metrics: MetricSet,
+) -> None:
+    """A server that counts on arrival (TorchServe's handler) serves and turns away through
+    what receive returned: each request is in requests_total once, sampled or rejected too."""
+    net = Net()
+    config = MonitoringConfig.from_mapping({"layers": ["act"], "sample_rate": 1.0})
+    monitor = Monitor(net, config, "m", metrics)
+    received = monitor.receive(5)
+    received.reject(1, "not_json")
+    with torch.inference_mode(), received.request(4):
+        net(torch.randn(4, 4))
+    received.reject(1, "model_refused")  # one of the four, refused when run alone
+    with pytest.raises(ValueError, match="expected a reason in"):
+        received.reject(1, "no such reason")
+    monitor.flush()
+    monitor.close()
+    counts = monitor._counts()
+    assert (counts.requests, counts.sampled, counts.rejected) == (5, 4, 2)
+    assert counts.rejected_by == {"not_json": 1, "model_refused": 1}
+    assert value(metrics, "hookwatch_requests_total", model="m") == 5
+    assert value(metrics, "hookwatch_requests_sampled_total", model="m") == 4
+    for reason in ("not_json", "model_refused"):
+        assert value(metrics, "hookwatch_requests_rejected_total", model="m", reason=reason) == 1

@@ -116,12 +116,20 @@ def test_full_sampling_keeps_the_hooks_on_until_the_rate_drops(metrics: MetricSe
     monitor = Monitor(model, config(1.0), "m", metrics)
     serve(monitor, model, 3)
     assert hook_count(model) == 3  # pinned between requests at rate 1
-    monitor._gate.sample_rate = 0.0
+    # What drops a running monitor's rate: the capture thread giving up sets it to 0 (and
+    # marks each layer off, which takes no hook off its module: the unpinning does).
+    monitor._capture_off()
     serve(monitor, model, 2)
     assert hook_count(model) == 0
     assert model.seen == [3, 3, 3, 0, 0]
-    monitor._gate.sample_rate = 1.0
+    monitor.close()
+
+
+def test_closing_takes_pinned_hooks_off(metrics: MetricSet) -> None:
+    model = Probe()
+    monitor = Monitor(model, config(1.0), "m", metrics)
     serve(monitor, model, 1)
+    assert hook_count(model) == 3
     monitor.close()  # detaching takes pinned hooks off too
     assert hook_count(model) == 0
 
@@ -184,11 +192,10 @@ def test_a_failed_registration_is_a_fault_and_the_request_is_served(
         out = model(torch.randn(1, 4))
     assert out.shape == (1, 3)
     monkeypatch.undo()
-    monitor._gate.sample_rate = 0.0
-    serve(monitor, model, 1)
+    assert hook_count(model) == 0  # the failed arm took every hook off again
     monitor.flush()
     monitor.close()
-    assert model.seen == [0, 0]  # the failed arm took every hook off again
+    assert model.seen == [0]
     assert value(metrics, "hookwatch_monitor_faults_total", model="m", layer="all") == 1
 
 

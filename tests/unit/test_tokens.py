@@ -11,11 +11,13 @@ import pytest
 import torch
 from torch import nn
 
+from hookwatch._capture import CaptureWorker
 from hookwatch._config import MonitoringConfig
 from hookwatch._hooks import Capture, Gate, HookSet, HookState, resolve_layers
 from hookwatch._metrics import MetricSet
 from hookwatch._monitor import Monitor
 from hookwatch._monitor.gate import RequestGate
+from hookwatch._monitor.tally import RequestTally
 from hookwatch._profile import build_profile, tracker_for
 from hookwatch._stats import _masked_token_summary, _packed_token_summary, token_summary
 from tests.tiny_text import TinyEncoder, encode, sentences
@@ -242,19 +244,19 @@ def test_a_mask_that_is_not_a_tensor_switches_the_mask_hook_off_visibly() -> Non
 
 
 def test_each_request_of_a_batch_is_sampled_on_its_own_draw() -> None:
-    gate = RequestGate("m", 0.5, lambda record: True, seed=3)
+    tally = RequestTally("m", MetricSet())
+    gate = RequestGate("m", 0.5, lambda record: True, tally, seed=3)
     scopes = [gate.request(8) for _ in range(400)]
-    counts = gate.counts()
-    assert counts.requests == 3200
+    assert sum(s.requests for s in scopes) == 3200
+    sampled = sum(s.picked for s in scopes)
     # Per request, not per batch: about half of the requests, nearly every batch partially.
-    assert 1400 < counts.sampled < 1800
+    assert 1400 < sampled < 1800
     partial = [len(s._rows) for s in scopes if s._rows is not None]
     assert (
         len(partial) > 380
-        and sum(partial) + 8 * sum(1 for s in scopes if s.sampled and s._rows is None)
-        == counts.sampled
+        and sum(partial) + 8 * sum(1 for s in scopes if s.picked and s._rows is None) == sampled
     )
-    rows_of = RequestGate("m", 0.5, lambda record: True, seed=1)
+    rows_of = RequestGate("m", 0.5, lambda record: True, tally, seed=1)
     scopes = [rows_of.request(3, sizes=[2, 1, 3]) for _ in range(50)]
     partial = [s for s in scopes if s._rows is not None]
     assert partial
@@ -265,7 +267,9 @@ def test_each_request_of_a_batch_is_sampled_on_its_own_draw() -> None:
         assert set(rows) <= set(range(6)) and scope._batch == 6
 
 
-def test_only_the_sampled_requests_rows_are_captured_with_their_mask(metrics: MetricSet) -> None:
+def test_only_the_sampled_requests_rows_are_captured_with_their_mask(
+    metrics: MetricSet, monkeypatch: pytest.MonkeyPatch
+) -> None:
     model = TinyEncoder().eval()
     config = MonitoringConfig.from_mapping(
         {
@@ -276,16 +280,17 @@ def test_only_the_sampled_requests_rows_are_captured_with_their_mask(metrics: Me
             "output": {"head": "embedding", "select": "pooler_output"},
         }
     )
-    monitor = Monitor(model, config, "tiny", metrics)
     texts = sentences(6, seed=8)
     batch = encode(texts)
     records: list[dict[str, Capture]] = []
 
-    def keep(record: Any) -> bool:
+    def keep(worker: CaptureWorker[Any], record: Any) -> bool:
         records.append({c[0]: as_tensors(Capture(*c)) for c in record})
         return True
 
-    monitor._gate._offer = keep  # type: ignore[method-assign]
+    # Each record as the capture buffer is offered it, in the request's thread.
+    monkeypatch.setattr(CaptureWorker, "offer", keep)
+    monitor = Monitor(model, config, "tiny", metrics)
     scopes = 0
     while not any(0 < len(r["input"].stats) < 6 for r in records):  # type: ignore[arg-type]
         with torch.inference_mode(), monitor.request(6):

@@ -253,6 +253,7 @@ import os
 import torch
 from torch import nn
 import hookwatch
+from hookwatch._monitor.processor import CaptureProcessor
 
 torch.set_num_threads(1)
 a, b = torch.randn(256, 2048), torch.randn(2048, 64)
@@ -262,15 +263,18 @@ counts = []
 def threads():
     return len(os.listdir("/proc/self/task"))
 
-def process(batch):
+def process(processor, records):
     before = threads()
     a @ b
     counts.append((before, threads()))
 
-monitor = hookwatch.watch(nn.Linear(4, 2), {}, name="threads")
-monitor._worker._process = process  # runs on the capture thread, as a drain does
-monitor._worker.offer({})
-assert monitor._worker.wait_idle(10)
+# A drain's processing, on the capture thread, is this product.
+CaptureProcessor.process = process
+model = nn.Linear(4, 2)
+monitor = hookwatch.watch(model, {"sample_rate": 1.0}, name="threads")
+with torch.inference_mode(), monitor.request(1):
+    model(torch.randn(1, 4))
+assert monitor.flush(10)
 monitor.close()
 print(counts[0][0], counts[0][1])
 """

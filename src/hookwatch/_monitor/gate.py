@@ -1,34 +1,29 @@
-"""The request path: sampling decision, request tallies and the hand-off of a forward's record.
+"""The request path: sampling decision and the hand-off of a forward's record.
 
-Everything here runs in the thread serving the request, so it only decides, counts and appends:
-one random draw per request and an integer tally per batch, a thread-local record the hooks
-append to, and
-at the end of a sampled forward one non-blocking offer of that record. Counts are plain integers
-under one uncontended lock; the publisher reads a copy of them. No Prometheus here.
+Everything here runs in the thread serving the request, so it only decides and appends: one
+random draw per request, a thread-local record the hooks append to, and at the end of a sampled
+forward one non-blocking offer of that record. The requests themselves are counted by the
+caller, in the model's :class:`~hookwatch._monitor.tally.RequestTally`; the gate reports the
+captures it drops there. No Prometheus here.
 """
 
 from __future__ import annotations
 
 import logging
-import operator
 import random
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
 
 import torch
 
-from hookwatch import _catalogue as metric
 from hookwatch._capture import RateLimitedLog
 from hookwatch._hooks import Capture, Gate, Held
-from hookwatch._metrics import CountSlots
-from hookwatch._names import REJECT_REASONS
+from hookwatch._monitor.tally import RequestTally, whole_requests
 
-__all__ = ["Record", "RequestCounts", "RequestGate", "RequestScope"]
+__all__ = ["Record", "RequestGate", "RequestScope"]
 
 log = logging.getLogger("hookwatch")
 
@@ -47,21 +42,6 @@ def _plain(capture: Capture) -> PlainCapture:
     return (capture.layer, capture.stats, capture.features, capture.raw)
 
 
-@dataclass(frozen=True)
-class RequestCounts:
-    """Cumulative request-path tallies, copied under the gate's lock."""
-
-    #: Every request received: served or rejected.
-    requests: int = 0
-    sampled: int = 0
-    rejected: int = 0
-    #: Captures (not records) dropped because the capture buffer was full.
-    dropped: int = 0
-    hook_faults: dict[str, int] = field(default_factory=dict)
-    #: The rejected ones by reason (``REJECT_REASONS``).
-    rejected_by: dict[str, int] = field(default_factory=dict)
-
-
 def _sampled_rows(draws: Sequence[bool], sizes: Sequence[int] | None) -> list[int]:
     """The batch rows of the sampled requests, each request ``sizes[i]`` rows (default 1)."""
     if sizes is None:
@@ -76,20 +56,27 @@ def _sampled_rows(draws: Sequence[bool], sizes: Sequence[int] | None) -> list[in
 
 
 class RequestScope:
-    """What :meth:`RequestGate.request` returns: the forward pass runs inside it."""
+    """What :meth:`RequestGate.request` returns: the forward pass runs inside it. ``requests``
+    is how many requests the forward serves, ``picked`` how many of them are captured."""
 
-    __slots__ = ("_batch", "_gate", "_rows", "sampled")
+    __slots__ = ("_batch", "_gate", "_rows", "picked", "requests")
 
     def __init__(
-        self, gate: RequestGate, sampled: bool, rows: torch.Tensor | None = None, batch: int = 0
+        self,
+        gate: RequestGate,
+        requests: int,
+        picked: int,
+        rows: torch.Tensor | None = None,
+        batch: int = 0,
     ) -> None:
         self._gate = gate
-        self.sampled = sampled
+        self.requests = requests
+        self.picked = picked
         self._rows = rows
         self._batch = batch
 
     def __enter__(self) -> RequestScope:
-        if self.sampled:
+        if self.picked:
             self._gate._begin_record(self._rows, self._batch)
         return self
 
@@ -99,30 +86,17 @@ class RequestScope:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self.sampled:
+        if self.picked:
             # A forward that raised hands off nothing: half a record would skew the per-layer
             # counts against each other.
             self._gate._end_record(keep=exc_type is None)
 
 
-def _count(value: Any, name: str) -> int:
-    """A request count as an int (a numpy or torch integer converts): a float, a string or a
-    negative number would count requests that never came."""
-    try:
-        count = operator.index(value)
-    except TypeError:
-        raise TypeError(
-            f"{name}: expected a whole number of requests, got {type(value).__name__} {value!r}"
-        ) from None
-    if count < 0:
-        raise ValueError(f"{name}: expected a whole number of requests >= 0, got {count}")
-    return count
-
-
 class RequestGate:
-    """Decides which forwards are captured, counts requests, and is the hooks' capture sink.
+    """Decides which forwards are captured, and is the hooks' capture sink.
 
-    ``offer`` hands a finished record to the capture buffer and returns False when it is full.
+    ``offer`` hands a finished record to the capture buffer and returns False when it is full;
+    the captures of a record it refused are counted as dropped in ``tally``.
     """
 
     def __init__(
@@ -130,13 +104,11 @@ class RequestGate:
         model_name: str,
         sample_rate: float,
         offer: Callable[[Record], bool],
+        tally: RequestTally,
         enabled: bool = True,
         seed: int | None = None,
-        slots: CountSlots | None = None,
     ) -> None:
         self.model_name = model_name
-        #: Where the counts also go as they happen, to survive the process (worker files).
-        self.slots: CountSlots | None = None
         self.sample_rate = sample_rate if enabled else 0.0
         #: The flag every hook reads (thread-local, open only inside a sampled forward).
         self.hook_flag = Gate()
@@ -145,11 +117,8 @@ class RequestGate:
         # The record of the sampled forward running on this thread, if any.
         self._local = threading.local()
         self._log = RateLimitedLog(log)
+        self._tally = tally
         self._lock = threading.Lock()
-        self._requests = 0
-        self._sampled = 0
-        self._rejected: dict[str, int] = defaultdict(int)
-        self._dropped = 0
         self._hook_faults: dict[str, int] = defaultdict(int)
         # Hooks registered around sampled forwards only (HookSet.arm/disarm); see arm_with.
         self._arm: Callable[[], None] | None = None
@@ -160,8 +129,6 @@ class RequestGate:
         #: drains while requests come (:meth:`Monitor._pace`). One float written per forward,
         #: no lock.
         self.active_at = float("-inf")
-        if slots is not None:
-            self.attach_slots(slots)
 
     def arm_with(self, arm: Callable[[], None], disarm: Callable[[], None]) -> None:
         """Call ``arm`` before and ``disarm`` after every sampled forward (hooks registered
@@ -177,46 +144,9 @@ class RequestGate:
             (self._arm if pin else self._disarm)()
             self._pinned = pin
 
-    def attach_slots(self, slots: CountSlots) -> None:
-        """From now on also write the counts into ``slots``, starting from what was counted so
-        far (a count file created late, once the metrics directory took it, misses nothing)."""
-        name = {"model": self.model_name}
-        at_requests = slots.index(metric.REQUESTS, **name)
-        at_sampled = slots.index(metric.REQUESTS_SAMPLED, **name)
-        at_dropped = slots.index(metric.CAPTURES_DROPPED, **name)
-        at_rejected = {
-            r: slots.index(metric.REQUESTS_REJECTED, reason=r, **name) for r in REJECT_REASONS
-        }
-        with self._lock:
-            if self.slots is not None:
-                raise RuntimeError("expected a gate without a count file, got one with")
-            slots.add(at_requests, self._requests)
-            slots.add(at_sampled, self._sampled)
-            slots.add(at_dropped, self._dropped)
-            for reason, count in self._rejected.items():
-                slots.add(at_rejected[reason], count)
-            self._at_requests, self._at_sampled, self._at_dropped = (
-                at_requests,
-                at_sampled,
-                at_dropped,
-            )
-            self._at_rejected = at_rejected
-            self._duration = slots.histogram(metric.REQUEST_DURATION, **name)
-            self.slots = slots
-
-    def receive(self, count: int) -> None:
-        """Count ``count`` requests as received, before anything can go wrong with them."""
-        with self._lock:
-            self._requests += count
-            if self.slots is not None:
-                # A float in a shared memory map: a worker killed right after still counted.
-                self.slots.add(self._at_requests, count)
-
-    def request(
-        self, batch_size: int = 1, sizes: Sequence[int] | None = None, received: bool = False
-    ) -> RequestScope:
-        """Count the requests of one forward pass (unless ``received`` says :meth:`receive`
-        already did) and decide which of them are captured.
+    def request(self, batch_size: int = 1, sizes: Sequence[int] | None = None) -> RequestScope:
+        """Decide which of the requests of one forward pass are captured (counting them is
+        the caller's: the scope says how many there are and how many were picked).
 
         ``sizes`` gives the rows of each request in the batch (a request of several texts has
         several); without it each of ``batch_size`` rows is a request of its own. Each request
@@ -228,7 +158,7 @@ class RequestGate:
         elif type(batch_size) is int and batch_size >= 0:
             count = batch_size  # the common case, without a call on every request
         else:
-            count = _count(batch_size, "batch_size")
+            count = whole_requests(batch_size, "batch_size")
         self.active_at = time.monotonic()
         rate = self.sample_rate
         if (rate >= 1.0) is not self._pinned:
@@ -245,56 +175,13 @@ class RequestGate:
             picked = sum(draws)
             if 0 < picked < count:
                 rows = torch.tensor(_sampled_rows(draws, sizes), dtype=torch.long)
-        # Plain integers under an uncontended lock: the capture thread publishes them. An
-        # exported counter's increment here (a lock, a struct pack into a memory-mapped file,
-        # three Python frames) cost far more per request between the layers of a real forward
-        # than in a tight loop (docs/bench/README.md, "Figures behind the code's constants").
-        with self._lock:
-            if not received:
-                self._requests += count
-            self._sampled += picked
-            if self.slots is not None:
-                if not received:
-                    self.slots.add(self._at_requests, count)
-                if picked:
-                    self.slots.add(self._at_sampled, picked)
         total = sum(sizes) if sizes is not None else batch_size
-        return RequestScope(self, picked > 0, rows, total)
+        return RequestScope(self, count, picked, rows, total)
 
-    def reject(self, count: int = 1, reason: str = "other", received: bool = False) -> None:
-        """Count ``count`` requests answered with a 4xx before any forward, for ``reason``
-        (and as requests, unless ``received`` says :meth:`receive` already did)."""
-        if reason not in REJECT_REASONS:
-            raise ValueError(f"expected a reason in {REJECT_REASONS}, got {reason!r}")
-        count = _count(count, "count")
+    def hook_faults(self) -> dict[str, int]:
+        """Faults of the hooks so far, per layer."""
         with self._lock:
-            if not received:
-                self._requests += count
-            self._rejected[reason] += count
-            if self.slots is not None:
-                if not received:
-                    self.slots.add(self._at_requests, count)
-                self.slots.add(self._at_rejected[reason], count)
-
-    def answered(self, seconds: float, count: int) -> bool:
-        """Record how long ``count`` requests took in the worker's histogram file; False where
-        there is none (the caller observes the in-process histogram instead)."""
-        if self.slots is None:
-            return False
-        with self._lock:
-            self._duration.observe(seconds, count)
-        return True
-
-    def counts(self) -> RequestCounts:
-        with self._lock:
-            return RequestCounts(
-                self._requests,
-                self._sampled,
-                sum(self._rejected.values()),
-                self._dropped,
-                dict(self._hook_faults),
-                dict(self._rejected),
-            )
+            return dict(self._hook_faults)
 
     def _begin_record(self, rows: torch.Tensor | None = None, batch: int = 0) -> None:
         if self._arm is not None:
@@ -317,10 +204,7 @@ class RequestGate:
     def _hand_off(self, record: Record) -> bool:
         if self._offer(record):
             return True
-        with self._lock:
-            self._dropped += len(record)
-            if self.slots is not None:
-                self.slots.add(self._at_dropped, len(record))
+        self._tally.dropped(len(record))
         return False
 
     # -- the hooks' sink --------------------------------------------------------------------

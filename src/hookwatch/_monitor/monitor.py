@@ -8,7 +8,6 @@ the :class:`~hookwatch._monitor.publisher.Publisher`.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -18,19 +17,19 @@ from types import TracebackType
 import torch
 from torch import nn
 
-from hookwatch import _catalogue as metric
 from hookwatch._capture import CaptureWorker, RateLimitedLog
 from hookwatch._config import MonitoringConfig
 from hookwatch._drift import DriftTracker
 from hookwatch._hooks import HookSet, HookState, describe_model, hookable_root, resolve_layers
 from hookwatch._metrics import MetricSet, default_metrics
-from hookwatch._monitor.gate import Record, RequestCounts, RequestGate, RequestScope
+from hookwatch._monitor.gate import Record, RequestGate, RequestScope
 from hookwatch._monitor.processor import CaptureProcessor, yield_gil
 from hookwatch._monitor.publisher import Publisher, Snapshot
+from hookwatch._monitor.tally import RequestCounts, RequestTally, whole_requests
 from hookwatch._names import ALL_LAYERS, OUTPUT_LAYER, unit_layers
 from hookwatch._views import ClassSlots
 
-__all__ = ["DRAIN_BATCH", "DRAIN_GAP_S", "Monitor"]
+__all__ = ["DRAIN_BATCH", "DRAIN_GAP_S", "Monitor", "ReceivedRequests"]
 
 log = logging.getLogger("hookwatch")
 
@@ -64,8 +63,8 @@ class Monitor:
 
     Serve each forward pass inside ``with monitor.request(batch_size):``; count requests
     turned away before the forward with :meth:`reject`. Also a context manager that closes.
-    A server that counts requests as they arrive calls :meth:`receive` first (then
-    ``received=True``), and :meth:`answered` feeds the request-duration histogram.
+    A server that counts requests as they arrive calls :meth:`receive` first, and serves
+    them with what it returns; :meth:`answered` feeds the request-duration histogram.
 
     Public: :meth:`request`, :meth:`reject`, :meth:`receive`, :meth:`answered`, :meth:`flush`,
     :meth:`close`, and the read-only ``config`` (the resolved :class:`MonitoringConfig`) and
@@ -109,9 +108,17 @@ class Monitor:
             on_off=self._capture_off,
             on_start=self._match_torch_threads,
         )
+        #: Every request count, from every phase; the one writer of them.
+        self._tally = RequestTally(model_name, self._metrics)
         self._gate = RequestGate(
-            model_name, config.sample_rate, self._worker.offer, config.enabled, config.seed
+            model_name,
+            config.sample_rate,
+            self._worker.offer,
+            self._tally,
+            config.enabled,
+            config.seed,
         )
+        self._received = ReceivedRequests(self._gate, self._tally)
         self._hooks = HookSet(
             self._gate.hook_flag, self._gate, config.max_features, config.copy_limit
         )
@@ -176,8 +183,8 @@ class Monitor:
         """Create the request path's count file and declare every series, once.
 
         Where worker files are written, the request counts go to a file of their own as they
-        happen (they survive SIGKILL); what the gate counted before the file existed goes in
-        with it. Elsewhere (one process, one registry) the publisher adds them every flush.
+        happen (they survive SIGKILL); what the tally counted before the file existed goes in
+        with it. Elsewhere (one process, one registry) the tally adds them every publish.
         Raises OSError while the metrics directory cannot take the files.
         """
         if self._metrics_ready:
@@ -186,11 +193,7 @@ class Monitor:
         with self._setup_lock:
             if self._metrics_ready:
                 return
-            if self._gate.slots is None:
-                slots = self._metrics.count_slots(self.model_name)
-                if slots is not None:
-                    self._gate.attach_slots(slots)
-                    self._publisher.counts_published = False
+            self._tally.declare()
             self._publisher.declare(
                 self.config.watched if self.config.enabled else (),
                 self._worker.capacity,
@@ -201,34 +204,38 @@ class Monitor:
 
     # -- request path -----------------------------------------------------------------------
 
-    def receive(self, count: int) -> None:
+    def receive(self, count: int) -> ReceivedRequests:
         """Count ``count`` requests as they arrive, before decoding them: a server that does
-        this at its entry loses no count to a crash later on. Then pass ``received=True`` to
-        :meth:`request` and :meth:`reject` for the same requests::
+        this at its entry loses no count to a crash later on. Serve them with what it returns,
+        whose ``request`` and ``reject`` count them no second time::
 
-            monitor.receive(len(bodies))
+            received = monitor.receive(len(bodies))
+            with received.request(len(batch)):
+                logits = model(batch)
         """
-        self._gate.receive(count)
+        self._tally.received(count)
+        return self._received
 
-    def request(
-        self, batch_size: int = 1, sizes: Sequence[int] | None = None, *, received: bool = False
-    ) -> RequestScope:
-        """Count the requests of this forward pass (unless already ``received``) and decide
-        which are captured: each of ``batch_size`` rows is a request, or ``sizes`` gives each
-        request's rows::
+    def request(self, batch_size: int = 1, sizes: Sequence[int] | None = None) -> RequestScope:
+        """Count the requests of this forward pass and decide which are captured: each of
+        ``batch_size`` rows is a request, or ``sizes`` gives each request's rows::
 
             with monitor.request(len(batch)):
                 logits = model(batch)
         """
-        return self._gate.request(batch_size, sizes, received)
+        scope = self._gate.request(batch_size, sizes)
+        self._tally.served(scope.requests, scope.picked)
+        return scope
 
-    def reject(self, count: int = 1, reason: str = "other", *, received: bool = False) -> None:
+    def reject(self, count: int = 1, reason: str = "other") -> None:
         """Count requests answered with a 4xx before any forward pass, and why (one of
         ``REJECT_REASONS``: the reject counter's ``reason`` label)::
 
             monitor.reject(1, "wrong_shape")
         """
-        self._gate.reject(count, reason, received)
+        count = whole_requests(count, "count")
+        self._tally.rejected(count, reason)  # an unknown reason raises before any count
+        self._tally.received(count)
 
     def answered(self, seconds: float, count: int = 1) -> None:
         """Record that ``count`` requests were answered ``seconds`` after they were received:
@@ -236,18 +243,11 @@ class Monitor:
 
             monitor.answered(time.perf_counter() - arrived)
         """
-        if self._gate.answered(seconds, count):
-            return
-        # Worker files that cannot be written yet (hookwatch_metrics_dir_writable 0): the
-        # duration is lost, the answer is not; the next publish retries the files.
-        with contextlib.suppress(OSError):
-            self._metrics.observe_histogram(
-                metric.REQUEST_DURATION, seconds, count, model=self.model_name
-            )
+        self._tally.answered(seconds, count)
 
     def _counts(self) -> RequestCounts:
-        """Request-path tallies so far (also before they are published)."""
-        return self._gate.counts()
+        """Request counts so far (also before they are published)."""
+        return self._tally.counts()
 
     # -- capture path -----------------------------------------------------------------------
 
@@ -296,11 +296,10 @@ class Monitor:
             self._hooks.disable(layer)
 
     def _publish(self) -> None:
-        # Until the metric files exist, nothing is published (the counts wait in the gate).
+        # Until the metric files exist, nothing is published (the counts wait in the tally).
         self._setup_metrics()
-        # One copy of the gate's tallies: the request counts and hook faults of one moment.
-        counts = self._gate.counts()
-        faults = dict(counts.hook_faults)
+        self._tally.publish()
+        faults = self._gate.hook_faults()
         for layer, count in self._processor.faults.items():
             faults[layer] = faults.get(layer, 0) + count
         # The capture thread's own faults, the mask pre-hook's (no single layer's) and the
@@ -308,7 +307,6 @@ class Monitor:
         faults[ALL_LAYERS] = faults.get(ALL_LAYERS, 0) + self._worker.faults + self._load_faults
         self._publisher.publish(
             Snapshot(
-                counts=counts,
                 processed=self._processor.take(),
                 queue_depth=self._worker.depth,
                 faults=faults,
@@ -356,6 +354,28 @@ class Monitor:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+class ReceivedRequests:
+    """What :meth:`Monitor.receive` returns: requests counted on arrival, served or turned away
+    here without being counted again. One per monitor, whatever the batch."""
+
+    __slots__ = ("_gate", "_tally")
+
+    def __init__(self, gate: RequestGate, tally: RequestTally) -> None:
+        self._gate = gate
+        self._tally = tally
+
+    def request(self, batch_size: int = 1, sizes: Sequence[int] | None = None) -> RequestScope:
+        """:meth:`Monitor.request` for received requests: decides which are captured."""
+        scope = self._gate.request(batch_size, sizes)
+        if scope.picked:
+            self._tally.sampled(scope.picked)
+        return scope
+
+    def reject(self, count: int = 1, reason: str = "other") -> None:
+        """:meth:`Monitor.reject` for received requests: counts why they were turned away."""
+        self._tally.rejected(whole_requests(count, "count"), reason)
 
 
 def _class_slots(config: MonitoringConfig, drift: DriftTracker | None) -> ClassSlots | None:

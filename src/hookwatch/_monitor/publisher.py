@@ -1,8 +1,9 @@
-"""Publishing: what the gate counted and the processor produced, written to the metric set.
+"""Publishing: what the processor produced and the monitor's faults, written to the metric set.
 
 Runs once per ``flush_interval_s`` on the capture thread (and from ``flush()``), so the cost of
-metric writes follows the number of series, not the traffic. Cumulative request-path counts
-become counter increments here, as differences since the previous publish.
+metric writes follows the number of series, not the traffic. Cumulative counts become counter
+increments here, as differences since the previous publish. The request counts are not here:
+their tally writes them (:mod:`hookwatch._monitor.tally`).
 """
 
 from __future__ import annotations
@@ -16,13 +17,11 @@ import numpy as np
 from hookwatch import _catalogue as metric
 from hookwatch._drift import DriftTracker, IntArray
 from hookwatch._metrics import CounterChild, MetricSet
-from hookwatch._monitor.gate import RequestCounts
 from hookwatch._monitor.processor import DriftTally, LayerTally, Processed
 from hookwatch._names import (
     ALL_LAYERS,
     CLASS_STATISTICS,
     NONFINITE_KINDS,
-    REJECT_REASONS,
     STATISTICS,
     SUMMARY_STATISTICS,
     level_of,
@@ -36,7 +35,6 @@ __all__ = ["Publisher", "Snapshot"]
 class Snapshot:
     """Everything one publish writes."""
 
-    counts: RequestCounts
     processed: Processed
     queue_depth: int
     #: Cumulative faults per layer (hooks, processing; ``all`` for the capture thread itself).
@@ -48,14 +46,9 @@ class Snapshot:
 class Publisher:
     """Writes snapshots of one model's monitoring to a :class:`MetricSet`."""
 
-    def __init__(self, metrics: MetricSet, model_name: str, counts_published: bool = True) -> None:
+    def __init__(self, metrics: MetricSet, model_name: str) -> None:
         self.metrics = metrics
         self.model_name = model_name
-        #: False where the request path writes its counts to the worker file itself.
-        self.counts_published = counts_published
-        # Bound at declare(), once: these are written on every publish. Not here: binding
-        # creates the series, which in a worker means writing its metric file.
-        self._counters: dict[str, CounterChild] = {}
         #: Fleet-wide drift counters per (detector, kept feature, bin), bound at declare().
         self._bin_counters: dict[str, dict[tuple[int, int], CounterChild]] = {}
         self._published: dict[str, int] = {}
@@ -80,19 +73,11 @@ class Publisher:
         Prometheus windows (``delta``, ``increase``) need the zero before the first event.
         """
         m, name = self.metrics, self.model_name
-        self._counters = {
-            "requests": m.counter(metric.REQUESTS, model=name),
-            "sampled": m.counter(metric.REQUESTS_SAMPLED, model=name),
-            "dropped": m.counter(metric.CAPTURES_DROPPED, model=name),
-        }
-        for reason in REJECT_REASONS:
-            m.touch(metric.REQUESTS_REJECTED, model=name, reason=reason)
         # Faults outside any one layer (the capture thread, publishing, loading) exist from
         # the start too: a publish that fails for want of space still has a series to count in.
         m.touch(metric.MONITOR_FAULTS, model=name, layer=ALL_LAYERS)
         m.set(metric.CAPTURE_QUEUE_CAPACITY, queue_capacity, model=name)
         m.set(metric.WORKERS, 1, model=name)
-        m.touch(metric.REQUEST_DURATION, model=name)
         m.set(metric.CAPTURE_QUEUE_DEPTH, 0, model=name)
         for layer in watched:
             m.touch(metric.CAPTURES, model=name, layer=layer)
@@ -196,23 +181,6 @@ class Publisher:
         with self._lock:
             self._publish_locked(snapshot)
 
-    def _publish_counts(self, counts: RequestCounts) -> None:
-        for key, current in (
-            ("requests", counts.requests),
-            ("sampled", counts.sampled),
-            ("dropped", counts.dropped),
-        ):
-            delta = self._delta(key, current)
-            if delta:
-                self._counters[key].inc(delta)
-        for reason, current in counts.rejected_by.items():
-            self.metrics.inc(
-                metric.REQUESTS_REJECTED,
-                self._delta(f"rejected:{reason}", current),
-                model=self.model_name,
-                reason=reason,
-            )
-
     def _delta(self, key: str, current: int) -> int:
         delta = current - self._published.get(key, 0)
         self._published[key] = current
@@ -220,8 +188,6 @@ class Publisher:
 
     def _publish_locked(self, snapshot: Snapshot) -> None:
         m, name = self.metrics, self.model_name
-        if self.counts_published:
-            self._publish_counts(snapshot.counts)
         processed = snapshot.processed
         for layer, tally in processed.layers.items():
             self._publish_layer(layer, tally)

@@ -1,0 +1,222 @@
+"""One model's request counts: the one object every phase of a request reports to, and the one
+that writes them out.
+
+A request is counted as received (on arrival, or with its forward pass), sampled, rejected with
+a reason, its captures dropped at a full buffer, and answered after so many seconds; each phase
+calls :class:`RequestTally` once, and nothing else counts requests. Where the process writes
+worker files (TorchServe), every count also goes, as it happens, into the worker's own count
+file (:class:`~hookwatch._metrics.CountSlots`), so a worker killed with SIGKILL has lost none;
+elsewhere (one process, one registry) :meth:`RequestTally.publish` adds what came since the
+last publish to the counters.
+
+The counting runs in the thread serving the request: plain integers under one uncontended lock
+(and a float added in place in a memory map), never a Prometheus call. An exported counter's
+increment (a lock, a struct pack into a memory-mapped file, three Python frames) cost far more
+per request between the layers of a real forward than in a tight loop (docs/bench/README.md,
+"Figures behind the code's constants").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+import threading
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from hookwatch import _catalogue as metric
+from hookwatch._metrics import CountSlots, HistogramSlot, MetricSet
+from hookwatch._names import REJECT_REASONS
+
+__all__ = ["RequestCounts", "RequestTally", "whole_requests"]
+
+
+@dataclass(frozen=True)
+class RequestCounts:
+    """Cumulative request counts, copied under the tally's lock."""
+
+    #: Every request received: served or rejected.
+    requests: int = 0
+    sampled: int = 0
+    rejected: int = 0
+    #: Captures (not records) dropped because the capture buffer was full.
+    dropped: int = 0
+    #: The rejected ones by reason (``REJECT_REASONS``), the reasons seen so far.
+    rejected_by: dict[str, int] = field(default_factory=dict)
+
+
+def whole_requests(value: Any, name: str) -> int:
+    """A request count as an int (a numpy or torch integer converts): a float, a string or a
+    negative number would count requests that never came."""
+    try:
+        count = operator.index(value)
+    except TypeError:
+        raise TypeError(
+            f"{name}: expected a whole number of requests, got {type(value).__name__} {value!r}"
+        ) from None
+    if count < 0:
+        raise ValueError(f"{name}: expected a whole number of requests >= 0, got {count}")
+    return count
+
+
+class RequestTally:
+    """Counts one model's requests as each phase reports them, and writes the counts out.
+
+    Each method counts one thing: :meth:`received`, :meth:`sampled`, :meth:`rejected`,
+    :meth:`dropped`, :meth:`answered`, and :meth:`served` for a forward whose requests were
+    not counted on arrival (received and sampled under one lock). :meth:`declare` decides where
+    the counts go, once the metric set can take them.
+    """
+
+    def __init__(self, model_name: str, metrics: MetricSet) -> None:
+        self.model_name = model_name
+        self._metrics = metrics
+        self._lock = threading.Lock()
+        self._requests = 0
+        self._sampled = 0
+        self._dropped = 0
+        self._rejected: dict[str, int] = defaultdict(int)
+        #: The worker's count file, once :meth:`declare` made it (never where the metric set
+        #: keeps one registry in this process).
+        self._slots: CountSlots | None = None
+        self._at_requests = self._at_sampled = self._at_dropped = 0
+        self._at_rejected: dict[str, int] = {}
+        self._duration: HistogramSlot | None = None
+        #: What :meth:`publish` already added to the registry's counters.
+        self._published = RequestCounts()
+
+    # -- the request path -------------------------------------------------------------------
+
+    def received(self, count: int) -> None:
+        """Count ``count`` requests as received, before anything can go wrong with them."""
+        with self._lock:
+            self._requests += count
+            if self._slots is not None:
+                # A float in a shared memory map: a worker killed right after still counted.
+                self._slots.add(self._at_requests, count)
+
+    def served(self, count: int, sampled: int) -> None:
+        """Count the ``count`` requests of a forward pass as received, ``sampled`` of them
+        captured (a host that counts its requests with their forward, not on arrival)."""
+        with self._lock:
+            self._requests += count
+            self._sampled += sampled
+            if self._slots is not None:
+                self._slots.add(self._at_requests, count)
+                if sampled:
+                    self._slots.add(self._at_sampled, sampled)
+
+    def sampled(self, count: int) -> None:
+        """Count ``count`` requests, received already, as captured."""
+        with self._lock:
+            self._sampled += count
+            if self._slots is not None:
+                self._slots.add(self._at_sampled, count)
+
+    def rejected(self, count: int, reason: str) -> None:
+        """Count ``count`` requests, received already, as answered with a 4xx for ``reason``."""
+        if reason not in REJECT_REASONS:
+            raise ValueError(f"expected a reason in {REJECT_REASONS}, got {reason!r}")
+        with self._lock:
+            self._rejected[reason] += count
+            if self._slots is not None:
+                self._slots.add(self._at_rejected[reason], count)
+
+    def dropped(self, captures: int) -> None:
+        """Count ``captures`` captures dropped at a full capture buffer."""
+        with self._lock:
+            self._dropped += captures
+            if self._slots is not None:
+                self._slots.add(self._at_dropped, captures)
+
+    def answered(self, seconds: float, count: int) -> None:
+        """Record that ``count`` requests took ``seconds``: the request-duration histogram."""
+        duration = self._duration
+        if duration is None:
+            # One registry in this process, or worker files that cannot be written yet
+            # (hookwatch_metrics_dir_writable 0): then the duration is lost, the answer is not.
+            with contextlib.suppress(OSError):
+                self._metrics.observe_histogram(
+                    metric.REQUEST_DURATION, seconds, count, model=self.model_name
+                )
+            return
+        with self._lock:
+            duration.observe(seconds, count)
+
+    def counts(self) -> RequestCounts:
+        with self._lock:
+            return self._counts_locked()
+
+    def _counts_locked(self) -> RequestCounts:
+        return RequestCounts(
+            self._requests,
+            self._sampled,
+            sum(self._rejected.values()),
+            self._dropped,
+            dict(self._rejected),
+        )
+
+    # -- writing them out -------------------------------------------------------------------
+
+    def declare(self) -> None:
+        """Create every request series at zero, and where the metric set writes worker files
+        the count file, holding what was counted so far (a file created late, once the metrics
+        directory took it, misses nothing). Raises OSError while the directory cannot take the
+        files; calling again retries."""
+        m, name = self._metrics, self.model_name
+        if self._slots is None:
+            slots = m.count_slots(name)
+            if slots is not None:
+                self._attach(slots)
+        # Prometheus windows (``delta``, ``increase``) need the zero before the first event.
+        for spec in (metric.REQUESTS, metric.REQUESTS_SAMPLED, metric.CAPTURES_DROPPED):
+            m.touch(spec, model=name)
+        for reason in REJECT_REASONS:
+            m.touch(metric.REQUESTS_REJECTED, model=name, reason=reason)
+        m.touch(metric.REQUEST_DURATION, model=name)
+
+    def _attach(self, slots: CountSlots) -> None:
+        name = {"model": self.model_name}
+        at_requests = slots.index(metric.REQUESTS, **name)
+        at_sampled = slots.index(metric.REQUESTS_SAMPLED, **name)
+        at_dropped = slots.index(metric.CAPTURES_DROPPED, **name)
+        at_rejected = {
+            r: slots.index(metric.REQUESTS_REJECTED, reason=r, **name) for r in REJECT_REASONS
+        }
+        with self._lock:
+            slots.add(at_requests, self._requests)
+            slots.add(at_sampled, self._sampled)
+            slots.add(at_dropped, self._dropped)
+            for reason, count in self._rejected.items():
+                slots.add(at_rejected[reason], count)
+            self._at_requests, self._at_sampled, self._at_dropped = (
+                at_requests,
+                at_sampled,
+                at_dropped,
+            )
+            self._at_rejected = at_rejected
+            self._duration = slots.histogram(metric.REQUEST_DURATION, **name)
+            self._slots = slots
+
+    def publish(self) -> None:
+        """Add what was counted since the last publish to the registry's counters; nothing
+        where the counts went to the worker's count file as they came."""
+        if self._slots is not None:
+            return
+        # Copied and marked published in one step: two publishes at once (the capture thread's
+        # tick, a flush) each add their own difference, never the same one twice.
+        with self._lock:
+            now = self._counts_locked()
+            last, self._published = self._published, now
+        m, name = self._metrics, self.model_name
+        m.inc(metric.REQUESTS, now.requests - last.requests, model=name)
+        m.inc(metric.REQUESTS_SAMPLED, now.sampled - last.sampled, model=name)
+        m.inc(metric.CAPTURES_DROPPED, now.dropped - last.dropped, model=name)
+        for reason, count in now.rejected_by.items():
+            m.inc(
+                metric.REQUESTS_REJECTED,
+                count - last.rejected_by.get(reason, 0),
+                model=name,
+                reason=reason,
+            )
