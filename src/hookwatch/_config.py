@@ -292,7 +292,7 @@ class DriftConfig:
     projection: str = _option(
         "pca",
         "how a layer or input with more than `max_features` features is reduced when a profile "
-        "is built: its top `max_features - 1` principal components on the reference plus the "
+        "is built: its top principal components on the reference (`components`) plus the "
         "distance from them (`pca`), or its first `max_features` features (`none`); the profile "
         "records it and serving follows the profile ([drift.md](drift.md#wide-layers-projection))",
         choices=PROJECTIONS,
@@ -303,6 +303,18 @@ class DriftConfig:
         "copy on a sampled forward and the projection's size in the profile",
         bounds=(1, 65_536),
         type_note="at least `max_features` with `pca`",
+    )
+    components: int | None = _option(
+        None,
+        "principal components a projected layer keeps (`pca`); null sizes them from the "
+        "reference: one per 25 reference samples, at most `max_features - 1` (fewer samples "
+        "per component overfit the reference and clean traffic alarms), and the profile build "
+        "logs the count chosen; a number asks for that many, and the build warns when the "
+        "reference has fewer than 25 samples per component",
+        check=lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1),
+        expected="an integer >= 1 or null",
+        type_doc="int or null",
+        type_note="at most `max_features - 1`",
     )
     sequential: bool = _option(
         True,
@@ -523,6 +535,13 @@ class MonitoringConfig:
             "monitoring.drift.projection_width",
             f"at least max_features ({self.max_features}) with projection 'pca'",
             self.drift.projection_width,
+        )
+        _expect(
+            self.drift.components is None or self.drift.components < self.max_features,
+            "monitoring.drift.components",
+            f"at most max_features - 1 ({self.max_features - 1}): the distance from the "
+            "components is one more feature",
+            self.drift.components,
         )
 
     @property

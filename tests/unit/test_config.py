@@ -126,6 +126,15 @@ def test_from_mapping_defaults_are_the_field_defaults() -> None:
             "projection 'pca', got 256",
         ),
         (
+            lambda: DriftConfig(components=0),
+            "monitoring.drift.components: expected an integer >= 1 or null, got 0",
+        ),
+        (
+            lambda: MonitoringConfig(layers=(), max_features=16, drift=DriftConfig(components=16)),
+            "monitoring.drift.components: expected at most max_features - 1 (15): the distance "
+            "from the components is one more feature, got 16",
+        ),
+        (
             lambda: MonitoringConfig(layers=(), drift={"window": 50}),  # type: ignore[arg-type]
             "monitoring.drift: expected a DriftConfig (DriftConfig.from_mapping parses a mapping)",
         ),

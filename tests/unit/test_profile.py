@@ -14,6 +14,7 @@ from torch import nn
 import hookwatch
 from hookwatch._config import MonitoringConfig
 from hookwatch._drift import derive
+from hookwatch._drift.projection import SAMPLES_PER_COMPONENT, component_count
 from hookwatch._errors import ConfigError, ProfileError
 from hookwatch._metrics import MetricSet
 from hookwatch._monitor import Monitor
@@ -268,6 +269,83 @@ def test_a_wide_layer_is_tested_on_its_principal_components() -> None:
     assert 0.5 < projection.explained < 1.0
     truncated = build_profile(model, _wide_config("none"), [_gaussian(2000, 0)], "wide")
     assert truncated.projections == {} and truncated.references["act"].n_features == 16
+
+
+class _Pixels(nn.Module):
+    """A classifier of 784-pixel inputs: the input is wider than the default budget (256)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.head = nn.Linear(784, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(x)
+        return out
+
+
+def _pixels(n: int) -> torch.Tensor:
+    # Pixels that vary in many directions (a low-rank reference would cap the components).
+    return torch.rand(n, 784, generator=torch.Generator().manual_seed(0))
+
+
+def _pixel_profile(
+    n: int, caplog: pytest.LogCaptureFixture, **drift: object
+) -> tuple[DriftProfile, list[logging.LogRecord]]:
+    config = MonitoringConfig.from_mapping({"layers": [], "drift": drift})
+    with caplog.at_level(logging.INFO, logger="hookwatch"):
+        profile = build_profile(_Pixels().eval(), config, _pixels(n).split(500), "pixels")
+    return profile, caplog.records
+
+
+def test_component_count_is_sized_from_the_reference_unless_asked() -> None:
+    assert component_count(2000, 256) == 80  # one per SAMPLES_PER_COMPONENT samples
+    assert component_count(20_000, 256) == 255  # at most max_features - 1
+    assert component_count(10, 256) == 1  # a reference too small for any: one
+    assert component_count(2000, 1) == 0  # a budget of one feature: the residual alone
+    assert component_count(2000, 256, requested=200) == 200
+    assert SAMPLES_PER_COMPONENT == 25
+
+
+def test_the_default_projection_is_sized_from_the_reference_without_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The issue's case: a 784-pixel input and 2,000 reference samples at the default budget.
+    profile, records = _pixel_profile(2000, caplog)
+    projection = profile.projections["input"]
+    assert projection.components.shape[1] == 80 and projection.residual
+    assert profile.references["input"].n_features == 81
+    assert not [r for r in records if r.levelno >= logging.WARNING]
+    said = [r.getMessage() for r in records if "principal components" in r.getMessage()]
+    assert len(said) == 1 and "drift tests 80 principal components" in said[0]
+    assert "sized from the reference: one per 25 of its 2000 samples" in said[0]
+
+
+def test_an_explicit_component_count_above_what_the_reference_supports_warns(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    profile, records = _pixel_profile(2000, caplog, components=200)
+    assert profile.projections["input"].components.shape[1] == 200
+    warned = [r.getMessage() for r in records if r.levelno == logging.WARNING]
+    assert len(warned) == 1
+    assert "projected to 200 components (drift.components) from 2000" in warned[0]
+    # An explicit count the reference supports is kept as asked, silently.
+    caplog.clear()
+    profile, records = _pixel_profile(2000, caplog, components=40)
+    assert profile.projections["input"].components.shape[1] == 40
+    assert not [r for r in records if r.levelno >= logging.WARNING]
+
+
+def test_a_layer_within_the_budget_is_not_projected_whatever_the_reference_size(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # 64 pixels at the default budget (256), from 30 reference samples: binned value by
+    # value as before, with no projection and no warning.
+    with caplog.at_level(logging.INFO, logger="hookwatch"):
+        profile = _profile(30)
+    assert profile.projections == {}
+    assert profile.references["input"].n_features == 64
+    assert not [r for r in caplog.records if "components" in r.getMessage()]
 
 
 def test_a_shift_behind_units_past_the_budget_is_seen_only_with_the_projection() -> None:

@@ -22,6 +22,7 @@ from torch import nn
 
 from hookwatch._config import MonitoringConfig, as_monitoring_config
 from hookwatch._drift import BinnedReference, DegenerateReference, Projection, derive
+from hookwatch._drift.projection import SAMPLES_PER_COMPONENT, component_count
 from hookwatch._errors import ConfigError, ProfileError
 from hookwatch._hooks import Capture, Gate, HookSet, as_array, resolve_layers, select_tensor
 from hookwatch._names import OUTPUT_LAYER, STATISTICS, level_of, unit_layers
@@ -32,10 +33,6 @@ from hookwatch._views import UnitReference
 __all__ = ["build_profile", "capture_features"]
 
 log = logging.getLogger("hookwatch")
-
-#: Reference samples per principal component below which a profile warns that its projection
-#: overfits the reference.
-SAMPLES_PER_COMPONENT = 25
 
 
 class _Collector:
@@ -296,29 +293,35 @@ def build_profile(
         # Logits stay per class: their softmax and the predictions need every logit.
         projectable = layer != OUTPUT_LAYER or head in ("values", "embedding")
         if projectable and values.shape[1] > config.max_features:
-            projection = projections[layer] = Projection.fit(layer, values, config.max_features)
+            requested = config.drift.components
+            components = component_count(n, config.max_features, requested)
+            projection = projections[layer] = Projection.fit(layer, values, components + 1)
             values = projection.apply(values)
+            kept = projection.components.shape[1]
             log.info(
                 "hookwatch: layer %r has %d features; drift tests %d principal components "
-                "(%.1f %% of the reference variance)%s",
+                "(%s; %.1f %% of the reference variance)%s",
                 layer,
                 projection.input_width,
-                projection.components.shape[1],
+                kept,
+                f"drift.components: {requested}"
+                if requested is not None
+                else f"sized from the reference: one per {SAMPLES_PER_COMPONENT} of its {n} "
+                f"samples, at most max_features - 1 = {config.max_features - 1}",
                 100 * projection.explained,
                 " and the residual distance" if projection.residual else "",
             )
-            components = projection.components.shape[1]
-            if components * SAMPLES_PER_COMPONENT > n:
-                # Components fitted on too few samples describe the reference, not the data:
-                # held-out data then differs from them on every window (measured on the text
-                # demo: 255 components from 470 texts alarmed on every clean window, 15 on
-                # none).
+            if requested is not None and kept * SAMPLES_PER_COMPONENT > n:
+                # Only an explicit count asks for more than the reference supports: a sized
+                # one keeps SAMPLES_PER_COMPONENT samples per component (or keeps one
+                # component, of a reference too small for any).
                 log.warning(
-                    "hookwatch: layer %r is projected to %d components from %d reference "
-                    "samples; fewer than %d samples per component overfit the reference and "
-                    "clean traffic will alarm: lower max_features or add reference data",
+                    "hookwatch: layer %r is projected to %d components (drift.components) from "
+                    "%d reference samples; fewer than %d samples per component overfit the "
+                    "reference and clean traffic will alarm: lower drift.components (null "
+                    "sizes it from the reference) or add reference data",
                     layer,
-                    components,
+                    kept,
                     n,
                     SAMPLES_PER_COMPONENT,
                 )

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from hookwatch._config import HandlerConfig, ModelConfig, read_model_config
+from hookwatch._drift.projection import SAMPLES_PER_COMPONENT
 from hookwatch._errors import BadInputError, ConfigError, HookwatchError
 from hookwatch._hooks import (
     FeatureReading,
@@ -425,7 +426,10 @@ def format_layers(rows: Sequence[LayerInfo], max_features: int) -> str:
     for r in rows:
         notes = [f"features: {r.reading}"] if r.reading else []
         if r.features > max_features and r.name != OUTPUT_LAYER:
-            notes.append(f"projected to {max_features - 1} components + residual")
+            notes.append(
+                f"projected to at most {max_features - 1} components + residual (one per "
+                f"{SAMPLES_PER_COMPONENT} reference samples)"
+            )
         if r.calls > 1:
             notes.append(f"runs {r.calls}x per forward: the last call is watched")
         note = "; ".join(notes)
