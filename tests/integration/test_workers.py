@@ -19,7 +19,7 @@ import pytest
 import yaml
 from prometheus_client.mmap_dict import MmapedDict
 
-import hookwatch._metrics as metrics_module
+import hookwatch._metrics.exporter as metrics_module
 from dev.bench import scrape as scrape_bench
 from dev.bench.scrape import compare
 from hookwatch._catalogue import CATALOGUE, SERIES_PER_MODEL_TARGET, series_per_model

@@ -407,7 +407,7 @@ def test_the_api_example_serves_and_exports_what_the_torchserve_handler_does(
     )
     # The handler writes to the process-wide metric set: a fresh one, served like the example's.
     registry_metrics = MetricSet()
-    monkeypatch.setattr("hookwatch._metrics._DEFAULT", registry_metrics)
+    monkeypatch.setattr("hookwatch._metrics.worker._DEFAULT", registry_metrics)
     context = FakeContext(
         model_dir,
         {"handler": {"input": {"shape": [4]}, "monitoring": monitoring}},

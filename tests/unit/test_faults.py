@@ -431,7 +431,7 @@ def test_the_exporter_leaves_out_a_damaged_file_and_says_so(
 def test_a_compaction_that_cannot_write_loses_no_count(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import hookwatch._metrics as metrics_module
+    import hookwatch._metrics.exporter as metrics_module
 
     for pid, count in ((4_000_011, 3.0), (4_000_012, 4.0)):
         _worker_file(tmp_path, pid, count)

@@ -1,7 +1,7 @@
 """The package's architecture, checked on its import statements.
 
 Dependencies point one way (adapters → monitor → hooks, stats, drift, capture, metrics); one
-module imports prometheus-client, one imports TorchServe, and the runtime never imports the
+package imports prometheus-client, one module imports TorchServe, and the runtime never imports the
 tools. The repository's harnesses (bench, soak, drift evaluation, docs generators) live in
 ``dev/``, outside the installed package, and the package never imports them.
 """
@@ -44,8 +44,20 @@ def importers(prefix: str) -> set[str]:
     }
 
 
-def test_one_module_imports_prometheus_client() -> None:
-    assert importers("prometheus_client") == {"hookwatch._metrics"}
+def test_one_package_imports_prometheus_client() -> None:
+    found = importers("prometheus_client")
+    package = "hookwatch._metrics"
+    assert found and all(n == package or n.startswith(package + ".") for n in found), found
+
+
+def test_the_worker_and_the_exporter_halves_of_metrics_stay_apart() -> None:
+    # A worker process's metric set and the exporter's merge share only the file format;
+    # serving over HTTP (either half) sits above both.
+    worker, exporter = "hookwatch._metrics.worker", "hookwatch._metrics.exporter"
+    assert not any(i.startswith(exporter) for i in MODULES[worker])
+    assert not any(i.startswith(worker) for i in MODULES[exporter])
+    for half in (worker, exporter):
+        assert not any(i.startswith("hookwatch._metrics.serve") for i in MODULES[half]), half
 
 
 def test_one_module_imports_torchserve() -> None:

@@ -1,0 +1,120 @@
+"""Serving over HTTP and the text exposition: :func:`serve_metrics`, :func:`render`,
+:func:`parse_samples`.
+
+:func:`serve_metrics` serves either half: a process's own :class:`MetricSet` (an application
+that runs its model in one process) or the exporter's merge of a multiprocess directory.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from types import TracebackType
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from hookwatch._metrics.exporter import exporter_registry
+from hookwatch._metrics.worker import MetricSet, default_metrics
+
+__all__ = ["MetricsServer", "SampleKey", "parse_samples", "render", "serve_metrics"]
+
+
+class MetricsServer:
+    """The HTTP endpoint :func:`serve_metrics` started; ``close()`` stops it (idempotent).
+
+    Also a context manager that closes::
+
+        server: hookwatch.MetricsServer = hookwatch.serve_metrics(0)
+        print(server.port, server.url)
+        server.close()
+    """
+
+    def __init__(self, server: Any, thread: threading.Thread, addr: str) -> None:
+        self._server = server
+        self._thread = thread
+        self.addr = addr
+        #: The port bound (the one asked for, or the one the OS picked for port 0).
+        self.port: int = int(server.server_port)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.addr}:{self.port}/metrics"
+
+    def close(self) -> None:
+        """Stop serving and free the port; idempotent.
+
+        Usage::
+
+            server.close()
+        """
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._thread.join(5.0)
+            self._server = None
+
+    def __enter__(self) -> MetricsServer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def serve_metrics(
+    port: int = 9101,
+    addr: str = "127.0.0.1",
+    *,
+    multiprocess_dir: str | os.PathLike[str] | None = None,
+    metrics: MetricSet | None = None,
+    reap_dead_pids: bool = True,
+    compact: bool = True,
+) -> MetricsServer:
+    """Serve hookwatch's metrics over HTTP from a daemon thread; ``port=0`` picks a free one.
+
+    Without ``multiprocess_dir`` it serves ``metrics`` (default: the process-wide set that
+    :func:`hookwatch.watch` writes to), for an application that runs its model in one process.
+    With it, it is the exporter of a multi-process server (TorchServe's workers): it merges the
+    workers' files in that directory on each scrape, drops the gauges of dead workers and folds
+    their counters into one archive file (``compact``; one exporter per directory may)::
+
+        server = hookwatch.serve_metrics(9101)
+    """
+    from prometheus_client import start_http_server
+
+    if multiprocess_dir is not None:
+        registry = exporter_registry(os.fspath(multiprocess_dir), reap_dead_pids, compact)
+    else:
+        registry = (metrics if metrics is not None else default_metrics()).registry
+    server, thread = start_http_server(port, addr=addr, registry=registry)
+    return MetricsServer(server, thread, addr)
+
+
+SampleKey = tuple[str, tuple[tuple[str, str], ...]]
+
+
+def parse_samples(text: str) -> dict[SampleKey, float]:
+    """Samples of a Prometheus text exposition by (name, sorted labels): what a scrape saw."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[SampleKey, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    from prometheus_client import generate_latest
+
+    return generate_latest(registry)
+
+
+for _public in (MetricsServer, serve_metrics):
+    _public.__module__ = "hookwatch"  # public as hookwatch.<name> (reprs, tracebacks)
+del _public
