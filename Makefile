@@ -118,10 +118,11 @@ bench-quick: $(MAR) ## overhead bench, quick CI mode (~2 min): writes build/benc
 # (src/hookwatch/_assets) with docker-compose's service names; tests/unit/test_export.py reads
 # these options and fails when monitoring/ differs. prometheus/tests and grafana/schema-check
 # are the repository's own and stay.
-MONITORING_EXPORT := --exporter-target hookwatch-exporter:9101 --torchserve-target torchserve:8082 --datasource-url http://prometheus:9090 --scrape-interval 5s
-monitoring: $(BIN)/.installed ## regenerate monitoring/ from src/hookwatch/_assets (hookwatch export-monitoring with docker-compose's targets)
+MONITORING_EXPORT := --exporter-target hookwatch-exporter:9101 --torchserve-target torchserve:8082 --datasource-url http://prometheus:9090 --scrape-interval 5s --runbook-base ../../../docs/runbook.md
+monitoring: $(BIN)/.installed ## regenerate monitoring/ from src/hookwatch/_assets (hookwatch export-monitoring with docker-compose's targets; runbook_url relative to the rule files, into docs/runbook.md) and the package's copy of docs/runbook.md
 	rm -rf monitoring/prometheus/rules monitoring/prometheus/prometheus.yml monitoring/prometheus/scrape-configs.yml monitoring/grafana/dashboards monitoring/grafana/provisioning
 	$(BIN)/hookwatch export-monitoring monitoring --force $(MONITORING_EXPORT)
+	cp docs/runbook.md src/hookwatch/_assets/docs/runbook.md
 
 kubernetes: $(BIN)/.installed ## regenerate deploy/kubernetes/base/generated/ (PrometheusRule, dashboard ConfigMaps) from src/hookwatch/_assets (dev/kubernetes.py)
 	$(BIN)/python -m dev.kubernetes

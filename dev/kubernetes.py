@@ -27,6 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 GENERATED = Path("deploy/kubernetes/base/generated")
 RULES = "prometheusrule.yaml"
 DASHBOARDS = "grafana-dashboards.yaml"
+#: The alerts' runbook_url, relative to the generated file: the repository's docs/runbook.md
+#: (``hookwatch export-monitoring --runbook-base URL`` and your own PrometheusRule point them at
+#: a copy your on-call can open; the installed package's file:// path is not known here).
+RUNBOOK_BASE = "../../../../docs/runbook.md"
 #: Grafana's dashboard sidecar (kube-prometheus-stack, the grafana Helm chart) loads ConfigMaps
 #: carrying this label; the annotation names the folder where the sidecar's folderAnnotation
 #: is set to grafana_folder.
@@ -52,7 +56,7 @@ def _name(stem: str) -> str:
 
 def manifests() -> dict[Path, str]:
     """Every generated file: its path relative to the repository root, and its text."""
-    exported = render(ExportOptions())
+    exported = render(ExportOptions(runbook_base=RUNBOOK_BASE))
     rules = sorted((p, t) for p, t in exported.items() if p.startswith("prometheus/rules/"))
     dashboards = sorted((p, t) for p, t in exported.items() if p.startswith("grafana/dashboards/"))
     if not rules or not dashboards:

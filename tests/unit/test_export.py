@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from hookwatch.tools import assets, cli
-from hookwatch.tools.export import ExportOptions, export, render
+from hookwatch.tools.export import ExportOptions, export, render, set_runbook_base
 from tests.conftest import require_binary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,9 +82,11 @@ def test_export_writes_rules_scrape_config_dashboards_and_provisioning(tmp_path:
             for p in assets.PROVISIONING.rglob("*.yml")
         ]
     )
-    # With the default job names, rules and dashboards are the package's as they are.
+    # With the default job names, rules and dashboards are the package's as they are, but for
+    # runbook_url: the installed runbook's file:// URL.
     for name in rules:
-        assert tree[f"prometheus/rules/{name}"] == (assets.RULES / name).read_text()
+        packaged = set_runbook_base((assets.RULES / name).read_text(), assets.RUNBOOK.as_uri())
+        assert tree[f"prometheus/rules/{name}"] == packaged
     for name in boards:
         assert tree[f"grafana/dashboards/{name}"] == (assets.DASHBOARDS / name).read_text()
     snippet = yaml.safe_load(tree["prometheus/scrape-configs.yml"])
@@ -166,6 +168,8 @@ def test_namespace_is_a_target_label_of_every_exported_job(tmp_path: Path) -> No
         (["--torchserve-target", "localhost"], "--torchserve-target: expected HOST:PORT"),
         (["--datasource-url", "prometheus:9090"], "--datasource-url: expected an http(s)://"),
         (["--scrape-interval", "5"], "--scrape-interval: expected a Prometheus duration"),
+        (["--runbook-base", "https://wiki/x#top"], "--runbook-base: expected a URL or path"),
+        (["--runbook-base", "my runbook.md"], "--runbook-base: expected a URL or path"),
     ],
 )
 def test_bad_options_are_one_line_and_exit_2(

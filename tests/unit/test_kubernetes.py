@@ -16,6 +16,7 @@ import yaml
 
 from dev import kubernetes
 from hookwatch.tools import assets
+from hookwatch.tools.export import set_runbook_base
 
 ROOT = Path(__file__).resolve().parents[2]
 GENERATED = ROOT / kubernetes.GENERATED
@@ -55,7 +56,9 @@ def test_each_prometheus_rule_is_one_rule_file() -> None:
     assert [r["apiVersion"] for r in rules] == ["monitoring.coreos.com/v1"] * len(files)
     for rule, path in zip(rules, files, strict=True):
         assert rule["metadata"]["name"] == path.stem  # type: ignore[index]
-        assert rule["spec"] == yaml.safe_load(path.read_text()), path
+        # The package's rules, runbook_url pointing at docs/runbook.md from the generated file.
+        packaged = set_runbook_base(path.read_text(), kubernetes.RUNBOOK_BASE)
+        assert rule["spec"] == yaml.safe_load(packaged), path
 
 
 def test_each_dashboard_is_a_configmap_the_grafana_sidecar_loads() -> None:

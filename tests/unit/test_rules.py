@@ -28,7 +28,9 @@ PROM = ROOT / "monitoring" / "prometheus"
 RULE_FILES = sorted(assets.RULES.glob("*.yml"))
 TEST_FILES = sorted((PROM / "tests").glob("*.yml"))
 RUNBOOK = ROOT / "docs" / "runbook.md"
-RUNBOOK_URL = "https://github.com/hookwatch/hookwatch/blob/main/docs/runbook.md"
+#: The package's runbook_url: relative to the rule file, the runbook shipped beside the rules
+#: (tests/unit/test_runbook.py resolves every one, in the package and in each export).
+RUNBOOK_URL = "../../docs/runbook.md"
 ALERT_NAME = re.compile(r"Hookwatch(?:[A-Z][a-z0-9]*)+")
 
 
@@ -128,9 +130,11 @@ def test_every_alert_is_unit_tested() -> None:
 
 
 def _mutated_suite(tmp_path: Path, alert: str, change: dict[str, Any]) -> Path:
-    """Copies of the rules and tests where one alert's fields are replaced."""
+    """Copies of the rules and tests where one alert's fields are replaced: monitoring/'s export
+    of the package's rules (test_export keeps it equal to them), whose runbook_url the tests'
+    expected annotations name."""
     (tmp_path / "rules").mkdir(parents=True)
-    for path in RULE_FILES:
+    for path in sorted((PROM / "rules").glob("*.yml")):
         doc = yaml.safe_load(path.read_text())
         for group in doc["groups"]:
             for rule in group["rules"]:

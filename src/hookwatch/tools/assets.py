@@ -18,6 +18,7 @@ __all__ = [
     "PROMETHEUS_CONFIG",
     "PROVISIONING",
     "RULES",
+    "RUNBOOK",
     "TORCHSERVE_CONFIG",
 ]
 
@@ -30,5 +31,8 @@ PROMETHEUS_CONFIG = PROMETHEUS / "prometheus.yml"
 RULES = PROMETHEUS / "rules"
 DASHBOARDS = ASSETS / "grafana" / "dashboards"
 PROVISIONING = ASSETS / "grafana" / "provisioning"
+#: The runbook, one section per alert (a copy of the repository's docs/runbook.md): where the
+#: rules' ``runbook_url`` points unless ``hookwatch export-monitoring --runbook-base`` says else.
+RUNBOOK = ASSETS / "docs" / "runbook.md"
 #: TorchServe's frontend configuration for the loopback stack ``hookwatch serve`` starts.
 TORCHSERVE_CONFIG = ASSETS / "torchserve" / "config.properties"

@@ -707,6 +707,13 @@ def export_monitoring_parser(sub: Any) -> None:
         help="prometheus.yml's scrape and evaluation interval and Grafana's timeInterval",
     )
     cmd.add_argument(
+        "--runbook-base",
+        default=None,
+        metavar="URL",
+        help="where each alert's runbook_url points, before #alert-name: your copy of the "
+        "runbook (default: the runbook installed with hookwatch, a file:// URL)",
+    )
+    cmd.add_argument(
         "--force", action="store_true", help="write into a non-empty directory (replaces files)"
     )
     cmd.set_defaults(func=_export_monitoring)
@@ -723,6 +730,7 @@ def _export_monitoring(args: argparse.Namespace) -> int:
         namespace=args.namespace,
         datasource_url=args.datasource_url,
         scrape_interval=args.scrape_interval,
+        runbook_base=args.runbook_base,
     )
     written = export(args.dir, options, force=args.force)
     print(f"wrote {len(written)} files into {args.dir}/:")

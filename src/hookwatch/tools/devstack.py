@@ -491,9 +491,13 @@ class Stack:
             copied = self.run_dir / "rules"
             shutil.rmtree(copied, ignore_errors=True)
             copied.mkdir(parents=True)
+            from hookwatch.tools.export import default_runbook_base, set_runbook_base
+
             for pattern in source.get("rule_files") or ():
                 for rule_file in sorted(PROMETHEUS.glob(pattern)):
-                    shutil.copy(rule_file, copied / rule_file.name)
+                    # runbook_url: the installed runbook (the package's is relative to it).
+                    text = set_runbook_base(rule_file.read_text(), default_runbook_base())
+                    (copied / rule_file.name).write_text(text)
             rules = [copied / "*.yml"]
         source["rule_files"] = [str(p) for p in rules]
         targets = {

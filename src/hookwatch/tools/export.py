@@ -11,6 +11,10 @@ Writes, from the package data of :mod:`hookwatch.tools.assets` (the one source o
 - ``grafana/dashboards/*.json`` and ``grafana/provisioning/{dashboards,datasources}/*.yml``.
 
 Rules and dashboards that select a scrape job (``up{job="hookwatch"}``) follow renamed jobs.
+Every alert's ``runbook_url`` is ``--runbook-base`` followed by the alert's anchor in the runbook
+(``#hookwatchdrift``); by default the base is the runbook installed with the package
+(:data:`hookwatch.tools.assets.RUNBOOK`, a ``file://`` URL), which exists wherever the export
+ran.
 The repository's ``monitoring/`` is this export with docker-compose's targets (``make
 monitoring``). Standard library and PyYAML only.
 """
@@ -29,7 +33,15 @@ import yaml
 from hookwatch._errors import ConfigError
 from hookwatch.tools import assets
 
-__all__ = ["DEFAULT_EXPORTER_JOB", "DEFAULT_TORCHSERVE_JOB", "ExportOptions", "export", "render"]
+__all__ = [
+    "DEFAULT_EXPORTER_JOB",
+    "DEFAULT_TORCHSERVE_JOB",
+    "ExportOptions",
+    "default_runbook_base",
+    "export",
+    "render",
+    "set_runbook_base",
+]
 
 DEFAULT_EXPORTER_JOB = "hookwatch"
 DEFAULT_TORCHSERVE_JOB = "torchserve"
@@ -44,6 +56,10 @@ _DURATION = re.compile(r"([0-9]+(ms|s|m|h|d|w|y))+")
 _URL = re.compile(r"https?://[^\s\"']+")
 #: A job matcher in a rule (``job="x"``) or in a dashboard's JSON text (``job=~\"x|y\"``).
 _JOB_MATCHER = re.compile(r'\bjob\s*(?P<op>=~|!~|!=|=)\s*(?P<q>\\?")(?P<value>[^"\\]*)(?P=q)')
+#: A runbook base: a URL or a path (relative to the rule files) with no fragment, quote or space.
+_RUNBOOK_BASE = re.compile(r"[^\s\"'#\\{}]+")
+#: An alert's runbook annotation: what precedes the anchor is the base the export replaces.
+_RUNBOOK_URL = re.compile(r'(?P<key>runbook_url:\s*)"[^"#]*#(?P<anchor>[a-z0-9-]+)"')
 #: The lines of the datasource provisioning the export sets.
 _DATASOURCE_URL = re.compile(r"^(?P<indent>\s+)url: .*$", re.MULTILINE)
 _TIME_INTERVAL = re.compile(r"^(?P<indent>\s+)timeInterval: .*$", re.MULTILINE)
@@ -63,6 +79,9 @@ class ExportOptions:
     scrape_interval: str = "15s"
     #: Extra target labels (beside ``namespace``), for tests and callers of the API.
     labels: Mapping[str, str] = field(default_factory=dict)
+    #: Where each alert's ``runbook_url`` points, before ``#anchor`` (None: the runbook
+    #: installed with the package, :func:`default_runbook_base`).
+    runbook_base: str | None = None
 
     def validate(self) -> None:
         for option, job in (
@@ -96,6 +115,11 @@ class ExportOptions:
             raise ConfigError(
                 f"--datasource-url: expected an http(s):// URL, got {self.datasource_url!r}"
             )
+        if self.runbook_base is not None and not _RUNBOOK_BASE.fullmatch(self.runbook_base):
+            raise ConfigError(
+                "--runbook-base: expected a URL or path without #, quotes or spaces (each alert "
+                f"adds #its-name), got {self.runbook_base!r}"
+            )
         if not _DURATION.fullmatch(self.scrape_interval):
             raise ConfigError(
                 "--scrape-interval: expected a Prometheus duration such as 15s or 1m, got "
@@ -109,6 +133,16 @@ class ExportOptions:
             DEFAULT_EXPORTER_JOB: self.exporter_job,
             DEFAULT_TORCHSERVE_JOB: self.torchserve_job,
         }
+
+
+def default_runbook_base() -> str:
+    """The runbook installed with the package, as a ``file://`` URL."""
+    return assets.RUNBOOK.as_uri()
+
+
+def set_runbook_base(text: str, base: str) -> str:
+    """``text`` (a rule file) with every ``runbook_url`` pointing at ``base`` + its anchor."""
+    return _RUNBOOK_URL.sub(lambda m: f'{m["key"]}"{base}#{m["anchor"]}"', text)
 
 
 def _rename_jobs(text: str, jobs: Mapping[str, str], where: str) -> str:
@@ -181,8 +215,10 @@ def render(options: ExportOptions) -> dict[str, str]:
     options.validate()
     jobs = options.jobs
     files: dict[str, str] = {}
+    runbook = options.runbook_base or default_runbook_base()
     for path in sorted(assets.RULES.glob("*.yml")):
-        files[f"prometheus/rules/{path.name}"] = _rename_jobs(path.read_text(), jobs, path.name)
+        text = _rename_jobs(path.read_text(), jobs, path.name)
+        files[f"prometheus/rules/{path.name}"] = set_runbook_base(text, runbook)
     scrape = _scrape_configs(options)
     job_names = f'job="{options.torchserve_job}" and job="{options.exporter_job}"'
     files["prometheus/scrape-configs.yml"] = (
