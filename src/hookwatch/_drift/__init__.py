@@ -2,11 +2,18 @@
 
 ``bins`` (the representation and its test statistic), ``features`` (what a layer's captures
 become), ``projection`` (wide layers), ``calibration`` (thresholds) and ``tracker`` (streaming
-windows and verdicts). No Prometheus, TorchServe or torch imports.
+windows and verdicts); ``accuracy`` (a label-free accuracy estimate and its drop test). No
+Prometheus, TorchServe or torch imports.
 """
 
 from __future__ import annotations
 
+from hookwatch._drift.accuracy import (
+    AccuracyDropTest,
+    AccuracyEstimate,
+    AccuracyEstimator,
+    DropAlarm,
+)
 from hookwatch._drift.bins import (
     MAX_BINS,
     BinnedReference,
@@ -27,6 +34,9 @@ from hookwatch._drift.tracker import DriftResult, DriftTracker, SlidingWindow
 
 __all__ = [
     "MAX_BINS",
+    "AccuracyDropTest",
+    "AccuracyEstimate",
+    "AccuracyEstimator",
     "BinnedReference",
     "Calibration",
     "ChiSquare",
@@ -34,6 +44,7 @@ __all__ = [
     "DegenerateReference",
     "DriftResult",
     "DriftTracker",
+    "DropAlarm",
     "FloatArray",
     "IntArray",
     "Projection",
