@@ -1,19 +1,30 @@
-"""A user's mistake on the command line: one line saying what was expected and what came."""
+"""A user's mistake on the command line: one line saying what was expected, what came and what
+to do next, exit status 2, no traceback; and a ``--help`` that guides (workflow order, an
+example per command, help for every option)."""
 
 from __future__ import annotations
 
+import argparse
 import os
+import shlex
 import socket
 import subprocess
 import sys
+import urllib.error
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from hookwatch import __version__
+from hookwatch.tools import cli
+
 ROOT = Path(__file__).resolve().parents[2]
 IMAGENET = "models/imagenet/model.py:build"
 CONFIG = "models/imagenet/model-config.yaml"
+
+Run = Callable[..., tuple[int, str, str]]
 
 
 def hookwatch(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -28,6 +39,31 @@ def hookwatch(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.fixture
+def run(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Run:
+    """``hookwatch ARGS`` in this process, from the repository root: (status, stdout, stderr)."""
+    monkeypatch.delenv("HOOKWATCH_DEBUG", raising=False)
+    monkeypatch.chdir(ROOT)
+
+    def call(*args: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        try:
+            code = cli.main(list(args))
+        except SystemExit as exit_:  # argparse: --help, --version and its own errors
+            code = exit_.code if isinstance(exit_.code, int) else 1
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return call
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:  # a loopback port nothing listens on once released
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
 @pytest.fixture(scope="module")
 def wrong_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("ref") / "ref.npy"
@@ -35,65 +71,260 @@ def wrong_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (("layers", "missing.py:Net", "--input-shape", "3"), "expected a file at missing.py"),
-        (("layers", IMAGENET.replace("build", "biuld"), "--input-shape", "3,32,32"), "'biuld'"),
-        (("layers", "models/imagenet/model.py", "--input-shape", "3"), "without a name"),
-        (("layers", IMAGENET, "--input-shape", "3,28"), "expected the model to accept"),
-        (("layers", IMAGENET, "--input-shape", "a,b"), "expected positive integers"),
-        (("layers", IMAGENET, "--model-args", "{nope", "--input-shape", "3"), "JSON object"),
-        (("serve", "model_store/none.mar"), "expected a .mar file at"),
-        (("report", "--since", "yesterday"), "--since: expected Unix seconds or an ISO 8601"),
-        (("report", "--prometheus", "localhost:9090"), "expected an http:// or https://"),
-        (
-            ("archive", IMAGENET, "--name", "x", "--config", "nope.yaml", "--reference", "r.npy"),
-            "expected a readable model-config file",
-        ),
-    ],
-)
-def test_bad_input_gets_one_line_and_no_traceback(args: tuple[str, ...], message: str) -> None:
-    done = hookwatch(*args)
-    assert done.returncode == 2, done
-    lines = done.stderr.strip().splitlines()
-    errors = [line for line in lines if ": error: " in line]
-    assert len(errors) == 1 and message in errors[0], done.stderr
-    assert errors[0].startswith(f"hookwatch {args[0]}: error: ")
-    assert "Traceback" not in done.stderr
+def _one_error_line(err: str, command: str) -> str:
+    lines = [line for line in err.strip().splitlines() if ": error: " in line]
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"hookwatch {command}: error: ".replace("  ", " ")), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+# {port}: a loopback port nothing listens on; {tmp}: a fresh directory; {text}: a file that is
+# not a .mar.
+MISTAKES = [
+    # unreachable servers
+    (
+        ("units", "--prometheus", "http://127.0.0.1:{port}"),
+        "expected Prometheus at http://127.0.0.1:{port}, got no answer",
+        "hookwatch serve",
+    ),
+    (
+        ("units", "--exporter", "http://127.0.0.1:{port}"),
+        "expected a hookwatch exporter at http://127.0.0.1:{port}, got no answer",
+        "exporter's URL",
+    ),
+    (
+        ("report", "--prometheus", "http://127.0.0.1:{port}", "--out", "{tmp}/report"),
+        "expected Prometheus at http://127.0.0.1:{port}, got no answer",
+        "--prometheus URL",
+    ),
+    # missing files
+    (
+        ("profile", "--mar", "/nonexistent.mar"),
+        "--mar: expected a .mar file at /nonexistent.mar, got no such file",
+        "hookwatch archive",
+    ),
+    (("profile", "--mar", "{text}"), "--mar: expected a .mar (a zip archive)", "hookwatch archive"),
+    (("profile", "--data", "{tmp}/none.npy"), "--data: expected held-out inputs", "numpy.save"),
+    (("serve", "{tmp}/none.mar"), "expected a .mar file at", "hookwatch archive"),
+    (("bench", "{tmp}/none.mar"), "expected a .mar file at", "hookwatch archive"),
+    (
+        ("bench", "{tmp}/none.mar", "--request", "{tmp}/none.jsonl"),
+        "--request: expected request bodies",
+        "one a line",
+    ),
+    (
+        ("archive", IMAGENET, "--name", "x", "--config", "nope.yaml", "--reference", "r.npy"),
+        "--config: expected a model-config.yaml, got nope.yaml, no such file",
+        "hookwatch init",
+    ),
+    (
+        ("archive", IMAGENET, "--name", "x", "--config", CONFIG, "--reference", "{tmp}"),
+        "--reference: expected held-out inputs (.npy, .npz or .jsonl), got {tmp}, a directory",
+        "numpy.save",
+    ),
+    (
+        ("init", IMAGENET, "--config", "nope.yaml"),
+        "--config: expected a model-config.yaml",
+        "hookwatch init",
+    ),
+    (
+        ("layers", IMAGENET, "--weights", "{tmp}/none.pt", "--input-shape", "3,32,32"),
+        "--weights: expected a state_dict or checkpoint file",
+        "--help",
+    ),
+    (("layers", "missing.py:Net", "--input-shape", "3"), "expected a file at missing.py", ""),
+    (("exporter", "--dir", "{tmp}/none"), "--dir: expected the directory", "create it"),
+    # wrong types and values
+    (("units", "--prometheus", "localhost:9090"), "--prometheus: expected an http://", "9090"),
+    (("units", "--prometheus", "http://x", "--range", "1"), "--range: expected a PromQL", "--help"),
+    (("serve", "x.mar", "--workers", "0"), "--workers: expected a positive integer, got '0'", ""),
+    (("serve", "x.mar", "--rate", "fast"), "--rate: expected a number above 0, got 'fast'", ""),
+    (("serve", "x.mar", "--traffic", "tweets"), "--traffic: expected none, fortunes", ""),
+    (("run", "--seconds", "-5"), "--seconds: expected seconds, 0 or more, got '-5'", "--help"),
+    (("stop", "--workers", "two"), "--workers: expected a positive integer, got 'two'", ""),
+    (("profile", "--bins", "-1"), "--bins: expected an integer of 0 or more, got '-1'", ""),
+    (("bench", "x.mar", "--rounds", "0"), "--rounds: expected a positive integer", "--help"),
+    (("exporter", "--dir", "{tmp}", "--port", "99999"), "--port: expected a port from 1", ""),
+    (("report", "--since", "yesterday"), "--since: expected Unix seconds or an ISO 8601", ""),
+    (("report", "--prometheus", "localhost:9090"), "expected an http:// or https://", ""),
+    (("report", "--minutes", "0"), "--minutes: expected a number above 0, got '0'", ""),
+    (
+        ("layers", IMAGENET.replace("build", "biuld"), "--input-shape", "3,32,32"),
+        "'biuld'",
+        "",
+    ),
+    (("layers", "models/imagenet/model.py", "--input-shape", "3"), "without a name", ""),
+    (("layers", IMAGENET, "--input-shape", "3,28"), "expected the model to accept", ""),
+    (("layers", IMAGENET, "--input-shape", "a,b"), "expected positive integers", ""),
+    (("layers", IMAGENET, "--model-args", "{nope", "--input-shape", "3"), "JSON object", ""),
+    (("layers", IMAGENET, "--depth", "x"), "--depth: expected an integer of 0 or more", ""),
+    (("layers", IMAGENET), "expected --input-shape (e.g. 3,224,224) or --config", ""),
+    (("export-monitoring", "{tmp}/out", "--runbook-base", "a b"), "--runbook-base: expected", ""),
+    # missing or unknown arguments
+    (("units",), "expected one of --exporter or --prometheus, got none", "units --help"),
+    (
+        ("units", "--exporter", "http://a", "--prometheus", "http://b"),
+        "expected --prometheus or --exporter, got both",
+        "",
+    ),
+    (("archive", IMAGENET), "expected --name, --config, --reference, got none", "--help"),
+    (("export-monitoring",), "expected dir, got none", "export-monitoring --help"),
+    (("report", "--bogus"), "expected known options, got --bogus", "report --help"),
+    (("build-demo", "--fast"), "expected known options, got --fast", "build-demo --help"),
+]
+
+
+@pytest.mark.parametrize(("args", "message", "next_step"), MISTAKES)
+def test_a_mistake_is_one_line_with_what_was_expected(
+    run: Run, tmp_path: Path, args: tuple[str, ...], message: str, next_step: str
+) -> None:
+    port = _free_port()
+    text = tmp_path / "notes.txt"
+    text.write_text("not a zip")
+    values = {"port": str(port), "tmp": str(tmp_path), "text": str(text)}
+
+    def fill(s: str) -> str:
+        for key, value in values.items():
+            s = s.replace("{" + key + "}", value)
+        return s
+
+    code, _, err = run(*map(fill, args))
+    assert code == 2, err
+    line = _one_error_line(err, args[0])
+    assert fill(message) in line, line
+    assert "expected" in line and ", got " in line, line
+    assert next_step in line, line
+    assert "[Errno" not in line and "<urlopen" not in line, line
+
+
+def test_a_command_that_does_not_exist(run: Run) -> None:
+    code, _, err = run("serv", "x.mar")
+    assert code == 2
+    assert err.startswith("hookwatch: error: expected a command, one of layers, init, archive")
+    assert "got 'serv'" in err and err.count("\n") == 1
+    code, _, err = run()
+    assert code == 2 and err.startswith("hookwatch: error: expected a command, got none")
+
+
+def test_the_issues_offenders_in_a_real_process() -> None:
+    """`hookwatch units` without Prometheus and `hookwatch profile --mar /nonexistent.mar`: one
+    line each on stderr, from the installed entry point's module, exit 2."""
+    port = _free_port()
+    for args in (
+        ("units", "--prometheus", f"http://127.0.0.1:{port}"),
+        ("profile", "--mar", "/nonexistent.mar"),
+    ):
+        done = hookwatch(*args)
+        assert done.returncode == 2, done
+        assert done.stderr.count("\n") == 1, done.stderr
+        assert done.stderr.startswith(f"hookwatch {args[0]}: error: "), done.stderr
+        assert "expected" in done.stderr and "Errno" not in done.stderr, done.stderr
+
+
+def test_pythons_own_errors_are_worded_too() -> None:
+    missing = FileNotFoundError(2, "No such file or directory", "weights.bin")
+    assert cli._said(missing) == (
+        "expected a usable weights.bin, got no such file or directory (check the path and its "
+        "permissions)"
+    )
+    refused = urllib.error.URLError(ConnectionRefusedError(111, "Connection refused"))
+    assert cli._said(refused).startswith("expected an answer from the server, got Connection")
+    assert cli._said(ValueError("expected x, got y\nmore")) == "expected x, got y"
 
 
 def test_a_reference_of_the_wrong_shape_says_which_shape(
-    wrong_reference: Path, tmp_path: Path
+    wrong_reference: Path, tmp_path: Path, run: Run
 ) -> None:
-    done = hookwatch(
+    code, _, err = run(
         "archive", IMAGENET, "--name", "x", "--config", CONFIG,
         "--reference", str(wrong_reference), "--out", str(tmp_path),
     )  # fmt: skip
-    assert done.returncode == 2
+    assert code == 2
     assert (
         "expected an array of shape [N, 3, 32, 32] (handler.input.shape), got [10, 3, 28, 28]"
-        in (done.stderr)
+        in _one_error_line(err, "archive")
     )
-    assert "Traceback" not in done.stderr
 
 
-def test_init_refuses_to_overwrite(tmp_path: Path) -> None:
+def test_init_refuses_to_overwrite(tmp_path: Path, run: Run) -> None:
     out = tmp_path / "model-config.yaml"
     out.write_text("mine")
-    done = hookwatch("init", IMAGENET, "--input-shape", "3,32,32", "--out", str(out))
-    assert done.returncode == 2 and "pass --force" in done.stderr
+    code, _, err = run("init", IMAGENET, "--input-shape", "3,32,32", "--out", str(out))
+    assert code == 2 and "pass --force" in _one_error_line(err, "init")
     assert out.read_text() == "mine"
 
 
 def test_report_without_prometheus_says_where_it_looked(tmp_path: Path) -> None:
-    with socket.socket() as sock:  # a loopback port nothing listens on once released
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = _free_port()
     done = hookwatch("report", "--prometheus", f"http://127.0.0.1:{port}", "--out", str(tmp_path))
     assert done.returncode == 2, done
     assert done.stderr.strip() == (
         f"hookwatch report: error: expected Prometheus at http://127.0.0.1:{port}, got no answer "
-        "([Errno 111] Connection refused)"
+        "(Connection refused): is Prometheus running (`hookwatch serve` starts one)? "
+        "else pass --prometheus URL"
     )
     assert not (tmp_path / "index.html").exists()
+
+
+# --help
+
+
+def _commands() -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    parser = cli.build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    yield "", parser
+    yield from sub.choices.items()
+
+
+def test_every_option_has_help_and_every_command_an_example() -> None:
+    commands = dict(_commands())
+    assert set(commands) - {""} == set(cli.WORKFLOW) == set(cli.EXAMPLES)
+    for name, parser in commands.items():
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction | argparse._SubParsersAction):
+                continue
+            where = f"hookwatch {name} {'/'.join(action.option_strings) or action.dest}"
+            assert action.help and action.help != argparse.SUPPRESS, f"{where}: no help"
+        if name:
+            assert parser.description, f"hookwatch {name}: no description"
+            assert parser.epilog and parser.epilog.startswith("example:\n  hookwatch " + name)
+            assert name in parser.format_help()
+
+
+def test_the_examples_parse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    for name in ("weights.pt", "model-config.yaml", "reference.npy"):
+        Path(name).write_text("")
+    parser = cli.build_parser()
+    for name, example in cli.EXAMPLES.items():
+        args = parser.parse_args(shlex.split(example)[1:])
+        assert args.command == name
+
+
+def test_help_follows_the_workflow(run: Run) -> None:
+    code, out, _ = run("--help")
+    assert code == 0
+    assert "standard library" not in out and "Imports" not in out
+    listed = [
+        line.split()[0] for line in out.splitlines() if line.startswith("    ") and line[4] != " "
+    ]
+    listed = [word for word in listed if word in cli.WORKFLOW]
+    assert listed == list(cli.WORKFLOW), out
+    assert list(cli.WORKFLOW[:6]) == ["layers", "init", "archive", "serve", "units", "report"]
+    assert "example" in out or "hookwatch archive" in out
+    width = max(map(len, out.splitlines()))
+    assert width <= 100, f"--help is {width} columns wide"
+
+
+def test_each_command_help_shows_its_example(run: Run) -> None:
+    for name in cli.WORKFLOW:
+        code, out, _ = run(name, "--help")
+        assert code == 0
+        assert "example:\n  hookwatch " + name in out, out
+        assert max(map(len, out.splitlines())) <= 100, out
+
+
+def test_version(run: Run) -> None:
+    code, out, _ = run("--version")
+    assert code == 0 and out.strip() == f"hookwatch {__version__}"

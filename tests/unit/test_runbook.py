@@ -156,8 +156,12 @@ def test_the_native_stack_points_at_the_installed_runbook(tmp_path: Path) -> Non
     assert checked == len(PACKAGED)
 
 
-def test_hookwatch_commands_in_the_runbook_parse() -> None:
-    """Every hookwatch command the runbook gives with options is one the CLI accepts."""
+def test_hookwatch_commands_in_the_runbook_parse(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every hookwatch command the runbook gives with options is one the CLI accepts (the
+    files it names exist: the CLI checks input files as it parses)."""
+    monkeypatch.chdir(tmp_path)
     text = RUNBOOK.read_text()
     fenced = "\n".join(re.findall(r"^```sh\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL))
     commands = re.findall(r"^(hookwatch [^\n]+)$", fenced, flags=re.MULTILINE)
@@ -168,6 +172,10 @@ def test_hookwatch_commands_in_the_runbook_parse() -> None:
         argv = shlex.split(command)[1:]
         if "DIR" in argv:
             argv[argv.index("DIR")] = "out"
+        for word in argv:
+            if re.fullmatch(r"[\w./-]+\.(pt|yaml|jsonl|npy|npz|mar)", word):
+                Path(word).parent.mkdir(parents=True, exist_ok=True)
+                Path(word).touch()
         try:
             parser.parse_args(argv)
         except SystemExit as exit_:

@@ -10,13 +10,14 @@ import argparse
 import contextlib
 import logging
 import os
+import re
 import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from hookwatch._errors import ConfigError, HookwatchError
 
@@ -25,9 +26,194 @@ if TYPE_CHECKING:
 
 REPO_ROOT_HINT = "run from the repository root, or pass --root"
 
+#: What ``hookwatch --help`` says first (the module's docstring is for its readers).
+DESCRIPTION = """\
+Watch what a TorchServe model computes: forward hooks sample the activations of the layers
+you choose, Prometheus gets their statistics and drift tests against reference data, and
+Grafana or `hookwatch report` shows them."""
+EPILOG = """\
+your own model, in order:
+  hookwatch layers model.py:build --input-shape 3,224,224    what can be watched
+  hookwatch init model.py:build --input-shape 3,224,224      a starting model-config.yaml
+  hookwatch archive model.py:build --name mymodel --config model-config.yaml \\
+      --reference reference.npy --out model_store            model, config, reference: one .mar
+  hookwatch serve model_store/mymodel.mar                    serve it and watch, until Ctrl-C
+  hookwatch report                                           what happened, as one HTML page
+the demo: `hookwatch build-demo`, then `hookwatch run` (or `make run` in the repository)
+
+`hookwatch COMMAND --help` shows a command's options and an example."""
+
+#: Commands in the order a user meets them: their own model from layers to serving, what to
+#: read, stopping, measuring, deploying; then the exporter, the profile tool and the demo.
+WORKFLOW = (
+    "layers",
+    "init",
+    "archive",
+    "serve",
+    "units",
+    "report",
+    "stop",
+    "bench",
+    "export-monitoring",
+    "exporter",
+    "profile",
+    "build-demo",
+    "run",
+)
+
+#: One example per command, shown under its --help (tests/unit/test_cli_errors.py parses each).
+EXAMPLES = {
+    "layers": "hookwatch layers model.py:build --input-shape 3,224,224 --depth 2",
+    "init": "hookwatch init model.py:build --input-shape 3,224,224 --out model-config.yaml",
+    "archive": "hookwatch archive model.py:build --weights weights.pt --name mymodel "
+    "--config model-config.yaml --reference reference.npy --out model_store",
+    "serve": "hookwatch serve model_store/mymodel.mar --seconds 600",
+    "units": "hookwatch units --prometheus http://127.0.0.1:9090 --range 1h",
+    "report": "hookwatch report --minutes 30 --out build/report",
+    "stop": "hookwatch stop",
+    "bench": "hookwatch bench model_store/mymodel.mar --rounds 6 --out bench.md",
+    "export-monitoring": "hookwatch export-monitoring monitoring --exporter-target "
+    "10.0.0.5:9101 --torchserve-target 10.0.0.5:8082",
+    "exporter": "hookwatch exporter --dir /var/run/hookwatch/metrics --port 9101",
+    "profile": "hookwatch profile --mar model_store/digits.mar --data reference.npy "
+    "--out drift-profile.npz",
+    "build-demo": "hookwatch build-demo",
+    "run": "hookwatch run --seconds 120 --drift-after 40",
+}
+
+#: argparse's own messages, in hookwatch's form: "expected X, got Y".
+_ARGPARSE_MESSAGES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern), form)
+    for pattern, form in (
+        (r"the following arguments are required: COMMAND", "expected a command, got none"),
+        (r"the following arguments are required: (?P<names>.+)", "expected {names}, got none"),
+        (
+            r"argument (?P<opt>\S+): invalid int value: (?P<got>.+)",
+            "{opt}: expected an integer, got {got}",
+        ),
+        (
+            r"argument (?P<opt>\S+): invalid float value: (?P<got>.+)",
+            "{opt}: expected a number, got {got}",
+        ),
+        (
+            r"argument COMMAND: invalid choice: (?P<got>.+?) \(choose from (?P<choices>.+)\)",
+            "expected a command, one of {choices}, got {got}",
+        ),
+        (
+            r"argument (?P<opt>\S+): invalid choice: (?P<got>.+?) \(choose from (?P<choices>.+)\)",
+            "{opt}: expected one of {choices}, got {got}",
+        ),
+        (r"argument (?P<opt>\S+): expected one argument", "{opt}: expected a value, got none"),
+        (
+            r"argument (?P<opt>\S+): not allowed with argument (?P<other>\S+)",
+            "expected {opt} or {other}, got both",
+        ),
+        (r"one of the arguments (?P<names>.+) is required", "expected one of {names}, got none"),
+        (r"unrecognized arguments: (?P<got>.+)", "expected known options, got {got}"),
+        (r"argument (?P<opt>\S+): (?P<rest>.+)", "{opt}: {rest}"),
+    )
+)
+
+
+def _argparse_message(message: str) -> str:
+    for pattern, form in _ARGPARSE_MESSAGES:
+        match = pattern.fullmatch(message)
+        if match:
+            found = match.groupdict()
+            if "choices" in found:  # 'a', 'b' (Python 3.11) or a, b (3.12 and later)
+                found["choices"] = found["choices"].replace("'", "")
+            if "names" in found and " " in found["names"] and "," not in found["names"]:
+                found["names"] = " or ".join(found["names"].split())
+            return form.format(**found)
+    return message
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with hookwatch's errors: one line, "expected X, got Y", where to look next,
+    exit status 2 (no usage block: ``--help`` has it)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(
+            2, f"{self.prog}: error: {_argparse_message(message)} (see `{self.prog} --help`)\n"
+        )
+
+
+def _number(
+    kind: str, cast: Callable[[str], Any], low: float, low_ok: bool
+) -> Callable[[str], Any]:
+    """An argparse type: ``cast`` of the text, at least (or above) ``low``."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = cast(text)
+        except ValueError:
+            value = None
+        if value is None or value != value or value < low or (value == low and not low_ok):
+            raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}")
+        return value
+
+    parse.__name__ = kind
+    return parse
+
+
+_positive_int = _number("a positive integer", int, 1, True)
+_count = _number("an integer of 0 or more", int, 0, True)
+_positive_number = _number("a number above 0", float, 0, False)
+_seconds = _number("seconds, 0 or more", float, 0, True)
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 1 to 65535, got {text!r}")
+    return int(text)
+
+
+def _file(what: str, next_step: str) -> Callable[[str], Path]:
+    """An argparse type: the path of an existing file (``what`` it should hold)."""
+
+    def parse(text: str) -> Path:
+        path = Path(text)
+        if not path.is_file():
+            found = "a directory" if path.is_dir() else "no such file"
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text}, {found}: {next_step}")
+        return path
+
+    parse.__name__ = what
+    return parse
+
+
+_MODEL_CONFIG = _file("a model-config.yaml", "`hookwatch init` writes one")
+_INPUTS = _file(
+    "held-out inputs (.npy, .npz or .jsonl)",
+    "numpy.save writes an array, or write request bodies one a line",
+)
+
+
+def _traffic(text: str) -> str:
+    if not re.fullmatch(r"none|fortunes(:[\w-]+(:[\w-]+)?)?", text):
+        raise argparse.ArgumentTypeError(
+            f"expected none, fortunes, fortunes:CATEGORY or fortunes:CATEGORY:SHIFT, got {text!r}"
+        )
+    return text
+
+
+def _duration(text: str) -> str:
+    if not re.fullmatch(r"([0-9]+(ms|s|m|h|d|w|y))+", text):
+        raise argparse.ArgumentTypeError(
+            f"expected a PromQL duration such as 30m, 1h or 7d, got {text!r}"
+        )
+    return text
+
 
 def _exporter(args: argparse.Namespace) -> int:
     from hookwatch import serve_metrics
+
+    if not Path(args.dir).is_dir():
+        raise ConfigError(
+            f"--dir: expected the directory the workers write their metrics to "
+            f"(PROMETHEUS_MULTIPROC_DIR), got {args.dir}, no such directory: create it, empty, "
+            "before TorchServe starts"
+        )
 
     server = serve_metrics(
         args.port,
@@ -346,9 +532,10 @@ def _serve(args: argparse.Namespace) -> int:
 def _drift_after(parser: argparse.ArgumentParser, shifted: str) -> None:
     parser.add_argument(
         "--drift-after",
-        type=float,
-        default=float(os.environ.get("DRIFT_AFTER", "60")),
-        help=f"seconds of clean traffic before {shifted} are sent (0: never)",
+        type=_seconds,
+        default=os.environ.get("DRIFT_AFTER", "60"),
+        help=f"seconds of clean traffic before {shifted} are sent (0: never; default "
+        "$DRIFT_AFTER, else 60)",
     )
 
 
@@ -362,16 +549,26 @@ def _report_dir(args: argparse.Namespace) -> Path | None:
 def _report(args: argparse.Namespace) -> int:
     from hookwatch.tools.dashboards import DASHBOARDS
     from hookwatch.tools.report.build import write_report
+    from hookwatch.tools.report.prometheus import PrometheusError
 
-    written = write_report(
-        args.prometheus,
-        args.out,
-        args.dashboards or DASHBOARDS,
-        model=args.model,
-        since=_moment("--since", args.since),
-        until=_moment("--until", args.until),
-        minutes=args.minutes,
-    )
+    try:
+        written = write_report(
+            args.prometheus,
+            args.out,
+            args.dashboards or DASHBOARDS,
+            model=args.model,
+            since=_moment("--since", args.since),
+            until=_moment("--until", args.until),
+            minutes=args.minutes,
+        )
+    except PrometheusError as error:
+        if "got no answer" not in str(error):
+            raise
+        said = re.sub(r"\[Errno \d+\] ", "", str(error))
+        raise ConfigError(
+            f"{said}: is Prometheus running (`hookwatch serve` starts one)? else pass "
+            "--prometheus URL"
+        ) from None
     drift = (
         f"drift from {time.strftime('%H:%M:%S', time.localtime(written.onset.time))}, first "
         f"{', '.join(written.onset.detectors)}"
@@ -434,7 +631,9 @@ def _dry_run_rows(args: argparse.Namespace) -> tuple[Any, tuple[int, ...], str, 
         return _text_dry_run(model, spec, model_args)
     shape = parse_shape(args.input_shape) if args.input_shape else spec.shape if spec else None
     if not shape:
-        raise ConfigError("expected --input-shape (e.g. 3,224,224) or --config with input.shape")
+        raise ConfigError(
+            "expected --input-shape (e.g. 3,224,224) or --config with input.shape, got neither"
+        )
     dtype = args.input_dtype or (spec.dtype if spec else "float32")
     argument = args.argument or (spec.argument if spec else None)
     low = spec.min_value if spec and spec.min_value is not None else 0.0
@@ -778,18 +977,30 @@ def run_dir_option(cmd: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from hookwatch import __version__
 
-    parser = argparse.ArgumentParser(prog="hookwatch", description=__doc__)
+    parser = _Parser(
+        prog="hookwatch",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"hookwatch {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    exporter = sub.add_parser("exporter", help="serve merged multiprocess metrics over HTTP")
+    exporter = sub.add_parser(
+        "exporter", help="serve the workers' metrics to Prometheus, merged, over HTTP"
+    )
     exporter.add_argument(
         "--dir",
         default=os.environ.get("PROMETHEUS_MULTIPROC_DIR"),
         required="PROMETHEUS_MULTIPROC_DIR" not in os.environ,
+        help="the workers' PROMETHEUS_MULTIPROC_DIR (default: $PROMETHEUS_MULTIPROC_DIR)",
     )
-    exporter.add_argument("--port", type=int, default=9101)
-    exporter.add_argument("--addr", default="127.0.0.1")
+    exporter.add_argument(
+        "--port", type=_port, default=9101, help="port of /metrics (default 9101)"
+    )
+    exporter.add_argument(
+        "--addr", default="127.0.0.1", help="address to listen on (default 127.0.0.1)"
+    )
     exporter.add_argument(
         "--no-reap",
         action="store_true",
@@ -804,9 +1015,13 @@ def build_parser() -> argparse.ArgumentParser:
     exporter.set_defaults(func=_exporter)
 
     for name, func, text in (
-        ("build-demo", _build_demo, "train the demo CNN and archive it into model_store/"),
-        ("run", _run, "start the native stack, send traffic, print live metrics"),
-        ("stop", _stop, "stop the native stack recorded in .run/pids.json"),
+        (
+            "build-demo",
+            _build_demo,
+            "the demo: train a digits CNN and archive it into model_store/",
+        ),
+        ("run", _run, "the demo: serve it, send digits, then inverted ones, and watch it live"),
+        ("stop", _stop, "stop what `hookwatch serve` or `run` started (as Ctrl-C there does)"),
     ):
         cmd = sub.add_parser(name, help=text)
         cmd.add_argument("--root", type=Path, default=Path.cwd(), help=REPO_ROOT_HINT)
@@ -814,35 +1029,61 @@ def build_parser() -> argparse.ArgumentParser:
         if name in ("run", "stop"):
             run_dir_option(cmd)
         if name == "build-demo":
-            cmd.add_argument("--model-store", type=Path, default=None)
+            cmd.add_argument(
+                "--model-store",
+                type=Path,
+                default=None,
+                help="where digits.mar goes (default: model_store under --root)",
+            )
         if name in ("run", "stop"):
-            cmd.add_argument("--workers", type=int, default=2)
+            cmd.add_argument(
+                "--workers", type=_positive_int, default=2, help="TorchServe workers (default 2)"
+            )
         if name == "run":
-            cmd.add_argument("--rate", type=float, default=20.0, help="requests per second")
+            cmd.add_argument(
+                "--rate", type=_positive_number, default=20.0, help="requests per second"
+            )
             _drift_after(cmd, "inverted digits")
             cmd.add_argument(
                 "--seconds",
-                type=float,
-                default=float(os.environ.get("RUN_SECONDS", "0")),
-                help="stop after this long (0: until Ctrl-C)",
+                type=_seconds,
+                default=os.environ.get("RUN_SECONDS", "0"),
+                help="stop after this long (0: until Ctrl-C; default $RUN_SECONDS, else 0)",
             )
             report_options(cmd)
     prof = sub.add_parser(
-        "profile", help="run reference data through a .mar's model and write its drift profile"
+        "profile",
+        help="write a drift profile file from a .mar's model and reference data (to rebuild "
+        "a deployed reference, use `hookwatch archive`)",
     )
-    prof.add_argument("--mar", type=Path, default=Path("model_store/digits.mar"))
+    prof.add_argument(
+        "--mar",
+        type=Path,
+        default=Path("model_store/digits.mar"),
+        help="an eager-mode .mar (default: the demo's, model_store/digits.mar)",
+    )
     prof.add_argument(
         "--data",
-        type=Path,
+        type=_INPUTS,
         default=None,
         help=".npy/.npz array of inputs [N, *shape] (default: the demo's reference images)",
     )
-    prof.add_argument("--out", type=Path, default=None, help="default: drift.profile's name")
-    prof.add_argument("--bins", type=int, default=0, help="default: monitoring.drift.bins")
-    prof.add_argument("--batch-size", type=int, default=256)
+    prof.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="the profile file (default: monitoring.drift.profile's name); the .mar is not "
+        "changed: `hookwatch archive` puts a profile into one",
+    )
+    prof.add_argument(
+        "--bins", type=_count, default=0, help="bins per feature (0: monitoring.drift.bins)"
+    )
+    prof.add_argument(
+        "--batch-size", type=_positive_int, default=256, help="inputs per forward pass"
+    )
     prof.add_argument(
         "--max-reference",
-        type=int,
+        type=_positive_int,
         default=20_000,
         help="reservoir size: more reference data than this is sampled, keeping memory bounded",
     )
@@ -856,7 +1097,10 @@ def build_parser() -> argparse.ArgumentParser:
             "--model-args", default="{}", help="JSON object of constructor/factory arguments"
         )
         cmd.add_argument(
-            "--weights", type=Path, default=None, help="a state_dict or checkpoint (loaded to CPU)"
+            "--weights",
+            type=_file("a state_dict or checkpoint file", "check the path"),
+            default=None,
+            help="a state_dict or checkpoint (loaded to CPU)",
         )
 
     def dry_run_options(cmd: argparse.ArgumentParser) -> None:
@@ -865,19 +1109,19 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("--input-dtype", default="", help="float32 (default), int64, ...")
         cmd.add_argument("--argument", default="", help="pass the input as this keyword")
         cmd.add_argument(
-            "--config", type=Path, default=None, help="take the input from a model-config"
+            "--config", type=_MODEL_CONFIG, default=None, help="take the input from a model-config"
         )
 
     layers = sub.add_parser(
         "layers", help="list a model's layers from a dry run: type, output shape, parameters"
     )
     dry_run_options(layers)
-    layers.add_argument("--depth", type=int, default=None, help="at most this many dots deep")
+    layers.add_argument("--depth", type=_count, default=None, help="at most this many dots deep")
     layers.add_argument("--match", default=None, help="glob over the layer paths")
     layers.add_argument("--type", default=None, help="module class name, e.g. Conv2d")
     layers.add_argument(
         "--max-features",
-        type=int,
+        type=_positive_int,
         default=256,
         help="monitoring.max_features: wider layers are projected for drift",
     )
@@ -885,7 +1129,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     init = sub.add_parser("init", help="write a starting model-config.yaml from a dry run")
     dry_run_options(init)
-    init.add_argument("--out", type=Path, default=Path("model-config.yaml"))
+    init.add_argument(
+        "--out",
+        type=Path,
+        default=Path("model-config.yaml"),
+        help="the file to write (default model-config.yaml)",
+    )
     init.add_argument("--force", action="store_true", help="replace an existing file")
     init.set_defaults(func=_init)
 
@@ -894,14 +1143,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     model_options(archive)
     archive.add_argument("--name", required=True, help="the TorchServe model name")
-    archive.add_argument("--config", type=Path, required=True, help="model-config.yaml")
+    archive.add_argument("--config", type=_MODEL_CONFIG, required=True, help="model-config.yaml")
     archive.add_argument(
         "--reference",
-        type=Path,
+        type=_INPUTS,
         required=True,
         help="held-out inputs: .npy/.npz array [N, *shape] or .jsonl request bodies",
     )
-    archive.add_argument("--out", type=Path, default=Path("model_store"))
+    archive.add_argument(
+        "--out",
+        type=Path,
+        default=Path("model_store"),
+        help="directory of NAME.mar (default model_store)",
+    )
     archive.add_argument("--build", type=Path, default=None, help="work directory")
     archive.add_argument(
         "--extra-files",
@@ -913,25 +1167,30 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser(
         "serve", help="TorchServe + exporter + Prometheus on loopback for any .mar, live view"
     )
-    serve.add_argument("mar", type=Path)
-    serve.add_argument("--workers", type=int, default=1)
+    serve.add_argument("mar", type=Path, help="a .mar built by `hookwatch archive`")
+    serve.add_argument(
+        "--workers", type=_positive_int, default=1, help="TorchServe workers (default 1)"
+    )
     run_dir_option(serve)
     serve.add_argument(
         "--seconds",
-        type=float,
-        default=float(os.environ.get("RUN_SECONDS", "0")),
-        help="stop after this long (0: until Ctrl-C)",
+        type=_seconds,
+        default=os.environ.get("RUN_SECONDS", "0"),
+        help="stop after this long (0: until Ctrl-C; default $RUN_SECONDS, else 0)",
     )
     report_options(serve)
     serve.add_argument(
         "--traffic",
+        type=_traffic,
         default="none",
         help="send text traffic to a text model: 'fortunes' (held-out `computers` fortunes, "
         "then `literature`), 'fortunes:CATEGORY' or 'fortunes:CATEGORY:SHIFT' (SHIFT a "
         "category or 'mix': half each); the reference must be the other half of CATEGORY, "
         "as models/minilm/make_data.py writes it",
     )
-    serve.add_argument("--rate", type=float, default=10.0, help="requests per second")
+    serve.add_argument(
+        "--rate", type=_positive_number, default=10.0, help="requests per second of --traffic"
+    )
     _drift_after(serve, "the shifted texts")
     serve.set_defaults(func=_serve)
 
@@ -942,13 +1201,16 @@ def build_parser() -> argparse.ArgumentParser:
     source = units.add_mutually_exclusive_group(required=True)
     source.add_argument("--exporter", help="a hookwatch exporter's URL: counts since start")
     source.add_argument("--prometheus", help="Prometheus' URL: counts over --range, fleet-wide")
-    units.add_argument("--range", default="1h", help="PromQL duration (with --prometheus)")
+    units.add_argument(
+        "--range", type=_duration, default="1h", help="PromQL duration (with --prometheus)"
+    )
     units.add_argument("--model", default=None, help="one model only")
     units.set_defaults(func=_units)
 
     report = sub.add_parser(
         "report",
-        help="one HTML page with PNGs of what the dashboards show, from Prometheus' HTTP API",
+        help="what happened: one HTML page of the dashboards' panels and a summary, from "
+        "Prometheus",
     )
     report.add_argument(
         "--prometheus",
@@ -961,7 +1223,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--until", default=None, help="end: ISO 8601 time or Unix seconds")
     report.add_argument(
         "--minutes",
-        type=float,
+        type=_positive_number,
         default=60.0,
         help="without --since: look this far back from the end, and start at the first sample",
     )
@@ -984,18 +1246,23 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("mar", type=Path, help="a .mar built by `hookwatch archive`")
     bench.add_argument(
         "--request",
-        type=Path,
+        type=_file("request bodies (.json or .jsonl)", "write one JSON body, or one a line"),
         default=None,
         help="request bodies: one JSON body, or .jsonl with one body a line (default: bodies "
         "synthesized from the archived handler.input: shape, dtype, min/max; text models "
         "need --request)",
     )
     bench.add_argument(
-        "--seconds", type=float, default=10.0, help="measured seconds per variant per round"
+        "--seconds",
+        type=_positive_number,
+        default=10.0,
+        help="measured seconds per variant per round",
     )
-    bench.add_argument("--rounds", type=int, default=6, help="rounds, A B then B A, ...")
-    bench.add_argument("--clients", type=int, default=4, help="closed-loop clients")
-    bench.add_argument("--workers", type=int, default=1, help="TorchServe workers per variant")
+    bench.add_argument("--rounds", type=_positive_int, default=6, help="rounds, A B then B A, ...")
+    bench.add_argument("--clients", type=_positive_int, default=4, help="closed-loop clients")
+    bench.add_argument(
+        "--workers", type=_positive_int, default=1, help="TorchServe workers per variant"
+    )
     bench.add_argument(
         "--out", type=Path, default=None, help="also write the table (.md) or everything (.json)"
     )
@@ -1006,7 +1273,39 @@ def build_parser() -> argparse.ArgumentParser:
         help="TorchServe's run directory, kept (default: a temporary one, removed)",
     )
     bench.set_defaults(func=_bench)
+    _in_workflow_order(sub)
     return parser
+
+
+def _in_workflow_order(sub: Any) -> None:
+    """List the commands in :data:`WORKFLOW`'s order, each ``--help`` with what the command
+    does and an example."""
+    import textwrap
+
+    rank = {name: i for i, name in enumerate(WORKFLOW)}
+    sub._choices_actions.sort(key=lambda action: rank.get(action.dest, len(rank)))
+    parsers = sorted(sub.choices.items(), key=lambda item: rank.get(item[0], len(rank)))
+    sub.choices.clear()
+    sub.choices.update(parsers)
+    helps = {action.dest: action.help for action in sub._choices_actions}
+    for name, cmd in parsers:
+        cmd.formatter_class = argparse.RawDescriptionHelpFormatter
+        # Raw (the example keeps its lines), so the description is wrapped here.
+        cmd.description = textwrap.fill(cmd.description or helps.get(name) or "", 88)
+        if name in EXAMPLES:
+            cmd.epilog = "example:\n  " + _wrapped(EXAMPLES[name])
+
+
+def _wrapped(command: str, width: int = 88) -> str:
+    """A command line broken before options to fit ``width``, continued with backslashes."""
+    lines = [""]
+    for word in re.split(r" (?=--)", command):
+        if lines[-1] and len(lines[-1]) + len(word) + 1 > width:
+            lines[-1] += " \\"
+            lines.append("    " + word)
+        else:
+            lines[-1] = f"{lines[-1]} {word}" if lines[-1] else word
+    return "\n  ".join(lines)
 
 
 #: Errors a user's input causes: reported in one line, no traceback (HOOKWATCH_DEBUG=1 shows it).
@@ -1021,16 +1320,43 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str] | None, prog: s
     """Parse ``argv`` and run its subcommand; a user's mistake is one line naming ``prog`` and
     the subcommand, exit status 2 (HOOKWATCH_DEBUG=1 raises instead)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    args = parser.parse_args(argv)
+    try:
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            # As parse_args would, but from the command's parser: its name and its --help.
+            commands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+            chosen = commands[0].choices.get(getattr(args, "command", "")) if commands else None
+            (chosen or parser).error(f"unrecognized arguments: {' '.join(extra)}")
+    except SystemExit as exit_:  # --help, --version, or a mistake argparse found and said
+        return exit_.code if isinstance(exit_.code, int) else 0 if exit_.code is None else 2
     try:
         result: int = args.func(args)
     except USER_ERRORS as error:
         if os.environ.get("HOOKWATCH_DEBUG"):
             raise
-        lines = str(error).strip().splitlines() or [type(error).__name__]
-        print(f"{prog} {args.command}: error: {lines[0]}", file=sys.stderr)
+        print(f"{prog} {args.command}: error: {_said(error)}", file=sys.stderr)
         return 2
     return result
+
+
+def _said(error: BaseException) -> str:
+    """An error's first line; Python's own errors of files and connections in hookwatch's
+    form ("expected X, got Y" and what to check)."""
+    import urllib.error
+
+    if isinstance(error, urllib.error.URLError) and not isinstance(error, urllib.error.HTTPError):
+        reason = getattr(error.reason, "strerror", None) or error.reason
+        return (
+            f"expected an answer from the server, got {reason} (is it running, and is its URL "
+            "right?)"
+        )
+    if isinstance(error, OSError) and error.filename is not None and error.strerror:
+        return (
+            f"expected a usable {error.filename}, got {error.strerror.lower()} (check the path "
+            "and its permissions)"
+        )
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
 
 
 if __name__ == "__main__":

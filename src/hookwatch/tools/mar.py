@@ -42,7 +42,9 @@ def read_hookwatch_mar(mar: Path) -> HookwatchArchive:
     import yaml
 
     if not mar.is_file():
-        raise ConfigError(f"expected a .mar file at {mar}, got no such file")
+        raise ConfigError(
+            f"expected a .mar file at {mar}, got no such file: build one with `hookwatch archive`"
+        )
     if mar.suffix != ".mar":
         raise ConfigError(f"expected a .mar file (hookwatch archive writes one), got {mar.name}")
     try:
@@ -78,6 +80,16 @@ def load_mar_model(mar: Path) -> tuple[nn.Module, ModelConfig, str]:
     """Model, model-config and model name of an eager ``.mar`` (as TorchServe loads it)."""
     import yaml
 
+    if not mar.is_file():
+        raise ConfigError(
+            f"--mar: expected a .mar file at {mar}, got no such file: build one with `hookwatch "
+            "archive` (the demo's with `hookwatch build-demo`)"
+        )
+    if not zipfile.is_zipfile(mar):
+        raise ConfigError(
+            f"--mar: expected a .mar (a zip archive) at {mar}, got another kind of file: "
+            "`hookwatch archive` writes one"
+        )
     with zipfile.ZipFile(mar) as archive:
         manifest = json.loads(archive.read("MAR-INF/MANIFEST.json"))["model"]
         if MODEL_SPEC_FILE in archive.namelist():

@@ -15,6 +15,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from hookwatch._errors import ConfigError
 from hookwatch.tools.devstack import http_get
 
 __all__ = ["LayerUnits", "from_exporter", "from_prometheus", "table"]
@@ -99,20 +100,51 @@ def _samples(text: str) -> Iterable[tuple[str, dict[str, str], float]]:
         yield name, dict(_LABEL.findall(labels or "")), float(value)
 
 
+#: What to do when the source does not answer, by its option.
+_NEXT_STEP = {
+    "--exporter": "is the stack running (`hookwatch serve`)? else pass the exporter's URL",
+    "--prometheus": "is the stack running (`hookwatch serve`)? else pass Prometheus' URL",
+}
+
+
+def _get(option: str, what: str, base: str, path: str) -> tuple[int, bytes]:
+    """``base`` + ``path``, or a one-line :class:`ConfigError` saying who did not answer."""
+    if not base.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"{option}: expected an http:// or https:// URL ({what}), got {base!r}: "
+            "try http://127.0.0.1:9090 for Prometheus, http://127.0.0.1:9101 for the exporter"
+        )
+    try:
+        return http_get(base.rstrip("/") + path)
+    except OSError as error:  # urllib's URLError is one; its reason is the socket's error
+        reason = getattr(error, "reason", error)
+        reason = getattr(reason, "strerror", None) or reason
+        raise ConfigError(
+            f"expected {what} at {base}, got no answer ({reason}): {_NEXT_STEP[option]}"
+        ) from None
+
+
 def from_exporter(url: str) -> list[LayerUnits]:
     """Cumulative counts from an exporter's ``/metrics`` (every worker since it started)."""
-    status, body = http_get(url.rstrip("/") + "/metrics")
+    status, body = _get("--exporter", "a hookwatch exporter", url, "/metrics")
     if status != 200:
-        raise RuntimeError(f"expected 200 from {url}/metrics, got {status}")
-    return _collect(_samples(body.decode()))
+        raise ConfigError(
+            f"expected a hookwatch exporter at {url} (200 from /metrics), got HTTP {status}: "
+            "is that the exporter's port (9101 by default)?"
+        )
+    return _collect(_samples(body.decode(errors="replace")))
 
 
 def _query(url: str, promql: str) -> list[tuple[dict[str, str], float]]:
     query = urllib.parse.urlencode({"query": promql})
-    status, body = http_get(f"{url.rstrip('/')}/api/v1/query?{query}")
+    status, body = _get("--prometheus", "Prometheus", url, f"/api/v1/query?{query}")
     payload = json.loads(body) if body.startswith(b"{") else {}
     if status != 200 or payload.get("status") != "success":
-        raise RuntimeError(f"expected a successful query from {url}, got {status} {body[:200]!r}")
+        why = payload.get("error") or body[:120].decode(errors="replace").strip()
+        raise ConfigError(
+            f"expected Prometheus at {url} to answer a query, got HTTP {status} ({why}): is "
+            "that Prometheus' URL (port 9090 by default), and --range a PromQL duration (1h)?"
+        )
     return [(r["metric"], float(r["value"][1])) for r in payload["data"]["result"]]
 
 
