@@ -26,6 +26,7 @@ from hookwatch._names import (
 )
 
 __all__ = [
+    "ACCURACY_DROP_ALARMS",
     "ACTIVATION_NONFINITE",
     "ACTIVATION_STATISTIC",
     "BY_NAME",
@@ -49,6 +50,10 @@ __all__ = [
     "DRIFT_THRESHOLD",
     "DRIFT_WINDOWS",
     "DRIFT_WINDOW_SAMPLES",
+    "ESTIMATED_ACCURACY",
+    "ESTIMATED_CORRECT",
+    "ESTIMATE_OUTSIDE_SUPPORT",
+    "ESTIMATE_SAMPLES",
     "EXPORTER_CATALOGUE",
     "EXTRA_LABEL_VALUES",
     "FLEET_METRICS",
@@ -57,8 +62,10 @@ __all__ = [
     "METRICS_DIR_WRITABLE",
     "MONITOR_FAULTS",
     "MULTIPROCESS_MEANING",
+    "REFERENCE_ACCURACY",
     "REFERENCE_ACTIVATION_STATISTIC",
     "REFERENCE_DEAD_UNITS",
+    "REFERENCE_ESTIMATED_ACCURACY",
     "REFERENCE_NONFINITE",
     "REFERENCE_SATURATED_UNITS",
     "REQUESTS",
@@ -411,6 +418,66 @@ DRIFT_REFERENCE_BIN_SAMPLES = GaugeSpec(
     multiprocess_mode="livemax",
 )
 
+ESTIMATED_ACCURACY = GaugeSpec(
+    "hookwatch_estimated_accuracy",
+    ("model",),
+    "",
+    "Accuracy estimated without labels over the last monitoring.drift.window sampled requests "
+    "of a worker (a share, 0 to 1): agreement of the prediction with a k-NN vote of the "
+    "labelled reference in harm.layer's features, samples outside the reference's support "
+    "counted as errors (docs/drift.md). The minimum over live workers; the fleet's estimate is "
+    "rate(hookwatch_estimated_correct_total) / rate(hookwatch_estimate_samples_total). Absent "
+    "without reference labels or a logits head.",
+    multiprocess_mode="livemin",
+)
+REFERENCE_ACCURACY = GaugeSpec(
+    "hookwatch_reference_accuracy",
+    ("model",),
+    "",
+    "The model's accuracy on its labelled reference (a share, 0 to 1), from the profile: what "
+    "hookwatch_estimated_accuracy is compared with. Present only for a model with an estimate: "
+    "the alert rules tell those models by it.",
+    multiprocess_mode="livemax",
+)
+REFERENCE_ESTIMATED_ACCURACY = GaugeSpec(
+    "hookwatch_reference_estimated_accuracy",
+    ("model",),
+    "",
+    "The estimate on the labelled reference itself (leave-one-out, a share): what the estimate "
+    "reads on traffic like the reference; the accuracy-drop test compares the traffic's "
+    "estimate with it less harm.max_drop.",
+    multiprocess_mode="livemax",
+)
+ESTIMATED_CORRECT = CounterSpec(
+    "hookwatch_estimated_correct_total",
+    ("model",),
+    "samples",
+    "Sum of the per-sample estimates that the prediction was right (each in [0, 1]) over the "
+    "sampled requests judged: divided by hookwatch_estimate_samples_total it is the estimated "
+    "accuracy, and both add over workers and replicas.",
+)
+ESTIMATE_SAMPLES = CounterSpec(
+    "hookwatch_estimate_samples_total",
+    ("model",),
+    "samples",
+    "Sampled requests whose accuracy was estimated (finite features of harm.layer and logits).",
+)
+ESTIMATE_OUTSIDE_SUPPORT = CounterSpec(
+    "hookwatch_estimate_outside_support_total",
+    ("model",),
+    "samples",
+    "Sampled requests whose harm.layer features lay outside the labelled reference's support "
+    "(each counted as an error by the estimate): inputs unlike anything the reference had.",
+)
+ACCURACY_DROP_ALARMS = CounterSpec(
+    "hookwatch_accuracy_drop_alarms_total",
+    ("model",),
+    "alarms",
+    "Alarms of the anytime-valid test that the estimated accuracy fell more than harm.max_drop "
+    "below the reference's: on traffic whose estimate holds, at most one per harm.run_length "
+    "sampled requests per worker in expectation. HookwatchAccuracyDrop pages on it.",
+)
+
 CATALOGUE: tuple[MetricSpec, ...] = (
     REQUESTS,
     REQUESTS_SAMPLED,
@@ -446,6 +513,13 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     DRIFT_WINDOW_SAMPLES,
     DRIFT_BIN_SAMPLES,
     DRIFT_REFERENCE_BIN_SAMPLES,
+    ESTIMATED_ACCURACY,
+    REFERENCE_ACCURACY,
+    REFERENCE_ESTIMATED_ACCURACY,
+    ESTIMATED_CORRECT,
+    ESTIMATE_SAMPLES,
+    ESTIMATE_OUTSIDE_SUPPORT,
+    ACCURACY_DROP_ALARMS,
 )
 
 METRICS_DIR_WRITABLE = GaugeSpec(
