@@ -4,8 +4,8 @@ Every test serves the demo CNN through :class:`ModelService` with monitoring and
 answer with the same model served unmonitored; then it checks that the fault shows in a state
 metric and in one log line, and that what was counted before the fault is still there.
 A metrics directory that is unwritable or full needs prometheus-client's multiprocess mode,
-which a process chooses once: those run in a child process (``tests/unit/metrics_dir_child.py``)
-on a small tmpfs of its own.
+which a process chooses once: those run in a child process on a small tmpfs of its own
+(tests/integration/test_metrics_dir_faults.py).
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ import copy
 import json
 import logging
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,7 +32,6 @@ from hookwatch._profile import build_profile
 from hookwatch._service import ModelService
 from hookwatch.tools.demo.data import load_split
 from hookwatch.tools.demo.digits_cnn import DigitsCNN
-from tests.conftest import require
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = yaml.safe_load((ROOT / "models/digits/model-config.yaml").read_text())
@@ -323,62 +320,6 @@ def test_the_intact_profile_loads(
     assert s.monitor._drift is not None
     assert s.value("hookwatch_drift_profile_loaded") == 1
     assert s.value("hookwatch_monitor_faults_total", layer="all") == 0
-
-
-# -- an unwritable or full metrics directory (child process, tmpfs) ----------------------------
-
-SCENARIOS = ("missing", "read-only", "full", "fills-up")
-
-
-def _unshare() -> list[str]:
-    """A command prefix that gives the child a mount namespace where it may mount a tmpfs."""
-    binary = shutil.which("unshare")
-    require(binary is not None, "unshare (util-linux), to mount a small tmpfs without root")
-    assert binary is not None
-    probe = [binary, "--user", "--map-root-user", "--mount", "true"]
-    ok = subprocess.run(probe, capture_output=True).returncode == 0
-    require(ok, "user and mount namespaces (unshare --user --map-root-user --mount)")
-    return probe[:-1]
-
-
-@pytest.mark.parametrize("scenario", SCENARIOS)
-def test_an_unwritable_or_full_metrics_directory_never_stops_serving(
-    scenario: str, tmp_path: Path
-) -> None:
-    """The child serves through the failure, then the directory recovers: no crash (a full
-    tmpfs under an mmap'd file used to kill the process with SIGBUS), every answer equal to
-    the unmonitored one, and every request counted once the files can be written."""
-    mount = tmp_path / "metrics"
-    mount.mkdir()
-    command = [*_unshare(), sys.executable, "-m", "tests.unit.metrics_dir_child", scenario]
-    done = subprocess.run(
-        [*command, str(mount)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**_clean_env(), "PROMETHEUS_MULTIPROC_DIR": str(mount / "dir")},
-    )
-    assert done.returncode == 0, (done.returncode, done.stderr[-3000:])
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["answers_equal"], result
-    assert result["writable_during"] == 0 and result["writable_after"] == 1, result
-    assert result["requests_counted"] == result["requests_sent"], result
-    assert result["rejected_counted"] == result["rejected_sent"] > 0, result
-    if scenario == "fills-up":
-        # Files created before the disk filled keep working; a new series that needs its file
-        # to grow is an OSError where it is created, not SIGBUS.
-        assert result["growth_error"] == "OSError", result
-    else:
-        # The load said so once; every publish that could not write counted a fault.
-        assert result["warned"] == 1, result
-        assert result["faults_all"] >= 1, result
-
-
-def _clean_env() -> dict[str, str]:
-    import os
-
-    return {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
 
 
 # -- the exporter's housekeeping fails or a file is damaged ------------------------------------

@@ -1,6 +1,6 @@
 """Child process of test_faults.py: a monitored service whose metrics directory fails.
 
-Run as ``python -m tests.unit.metrics_dir_child SCENARIO MOUNT`` inside a mount namespace
+Run as ``python -m tests.integration.metrics_dir_child SCENARIO MOUNT`` inside a mount namespace
 where it may mount a tmpfs (``unshare --user --map-root-user --mount``), with
 ``PROMETHEUS_MULTIPROC_DIR=MOUNT/dir``. It breaks the directory as SCENARIO says, serves
 through it, repairs it, and prints one JSON line of what it saw. A crash (SIGBUS on a full
