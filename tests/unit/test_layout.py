@@ -85,7 +85,10 @@ def test_the_runtime_never_imports_the_tools_or_the_adapter() -> None:
 
 
 def test_runtime_third_party_imports_are_the_core_dependencies() -> None:
-    allowed = {"torch", "numpy", "prometheus_client", "yaml", "hookwatch", "ts", "tqdm"}
+    allowed = {
+        *("torch", "numpy", "prometheus_client", "yaml", "hookwatch", "ts", "tqdm"),
+        "threadpoolctl",
+    }
     for name in RUNTIME:
         third_party = {
             i.split(".")[0]
@@ -93,6 +96,7 @@ def test_runtime_third_party_imports_are_the_core_dependencies() -> None:
             if i.split(".")[0] not in __import__("sys").stdlib_module_names
         }
         # tqdm: an optional progress bar in build_profile, imported only when installed;
+        # threadpoolctl: one BLAS thread for the accuracy estimate, likewise optional;
         # transformers: the text extra, in hookwatch._text only.
         extra = {"transformers"} if name == "hookwatch._text" else set()
         assert third_party <= allowed | extra, (name, third_party - allowed)

@@ -12,6 +12,7 @@ from hookwatch._drift.accuracy import (
     AccuracyDropTest,
     AccuracyEstimate,
     AccuracyEstimator,
+    AccuracyTracker,
     DropAlarm,
 )
 from hookwatch._drift.bins import (
@@ -37,6 +38,7 @@ __all__ = [
     "AccuracyDropTest",
     "AccuracyEstimate",
     "AccuracyEstimator",
+    "AccuracyTracker",
     "BinnedReference",
     "Calibration",
     "ChiSquare",

@@ -22,8 +22,10 @@ Pure numpy: no Prometheus, TorchServe or torch imports.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -36,6 +38,7 @@ __all__ = [
     "AccuracyDropTest",
     "AccuracyEstimate",
     "AccuracyEstimator",
+    "AccuracyTracker",
     "DropAlarm",
 ]
 
@@ -494,3 +497,102 @@ class AccuracyDropTest:
             done += at + 1
         self.seen += len(s)
         return alarms
+
+
+class _OneBlasThread:
+    """numpy's BLAS on one thread while the estimate runs, where threadpoolctl is installed.
+
+    The k-NN distances are one small matrix product per drain; numpy's BLAS would spread it
+    over every core of a machine whose cores serve requests, and costs 20 times more so on a
+    busy 2-core machine (docs/accuracy-estimators.md, "Cost and state"). The limit is the BLAS
+    libraries threadpoolctl finds (numpy's; torch's intra-op pool is set by the monitor, and on
+    x86 its BLAS is linked into torch), process-wide for the few microseconds it is held.
+    Without threadpoolctl the estimate runs with numpy's default BLAS threads (docs/drift.md).
+    """
+
+    def __init__(self) -> None:
+        self._controller: object | None = None
+        self._checked = False
+
+    def __call__(self) -> AbstractContextManager[object]:
+        if not self._checked:
+            self._checked = True
+            try:
+                from threadpoolctl import ThreadpoolController  # type: ignore[import-untyped]
+            except ImportError:
+                self._controller = None
+            else:
+                self._controller = ThreadpoolController()
+        if self._controller is None:
+            return contextlib.nullcontext()
+        limit: AbstractContextManager[object] = self._controller.limit(  # type: ignore[attr-defined]
+            limits=1, user_api="blas"
+        )
+        return limit
+
+
+class AccuracyTracker:
+    """A worker's running estimate: the last ``window`` per-sample scores, cumulative sums that
+    add over workers, and the drop test, fed from the capture thread.
+
+    ``layer`` is the hidden layer whose features the estimator was fitted on.
+    """
+
+    def __init__(
+        self,
+        estimator: AccuracyEstimator,
+        layer: str,
+        window: int = 100,
+        max_drop: float = 0.05,
+        run_length: float = 10_000.0,
+        delta: float = 0.01,
+    ) -> None:
+        expect(window >= 1, "a window of at least 1 sample", window)
+        self.estimator = estimator
+        self.layer = layer
+        self.window = int(window)
+        self.max_drop = float(max_drop)
+        self.test = estimator.drop_test(max_drop, run_length, delta)
+        self._scores = np.zeros(self.window)
+        self._filled = 0
+        self._position = 0
+        #: Cumulative since the worker started: summed scores, samples, outside the support.
+        self.correct_sum = 0.0
+        self.count = 0
+        self.outside_support = 0
+        self._one_thread = _OneBlasThread()
+
+    @property
+    def reference_accuracy(self) -> float:
+        return self.estimator.reference_accuracy
+
+    @property
+    def estimated_accuracy(self) -> float:
+        """Mean score over the last ``window`` samples (nan before the first)."""
+        if not self._filled:
+            return math.nan
+        return float(self._scores[: self._filled].mean())
+
+    @property
+    def alarms(self) -> int:
+        return self.test.alarms
+
+    def update(self, features: object, logits: object) -> list[DropAlarm]:
+        """Estimate a drain's samples (rows in arrival order) and advance the drop test."""
+        with self._one_thread():
+            result = self.estimator.estimate(features, logits)
+        scores = result.scores
+        self.correct_sum += result.correct_sum
+        self.count += result.count
+        self.outside_support += result.outside_support
+        tail = scores[-self.window :]
+        end = self._position + len(tail)
+        if end <= self.window:
+            self._scores[self._position : end] = tail
+        else:
+            first = self.window - self._position
+            self._scores[self._position :] = tail[:first]
+            self._scores[: end - self.window] = tail[first:]
+        self._position = end % self.window
+        self._filled = min(self.window, self._filled + len(tail))
+        return self.test.update(scores)

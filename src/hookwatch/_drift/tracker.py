@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from hookwatch._drift.accuracy import AccuracyTracker
 from hookwatch._drift.bins import BinnedReference, CodeArray, IntArray, bin_counts, expect
 from hookwatch._drift.calibration import Calibration
 from hookwatch._drift.features import derive
@@ -149,6 +150,9 @@ class DriftTracker:
     units: Mapping[str, UnitReference] = field(default_factory=dict)
     #: Per detector, its anytime-valid test (fed the same codes as its window); empty: off.
     sequential: Mapping[str, SequentialTest] = field(default_factory=dict)
+    #: The accuracy estimate without labels (a profile with a labelled reference and a logits
+    #: head), fed the harm layer's features and the logits; None: no estimate.
+    accuracy: AccuracyTracker | None = None
     _windows: dict[str, SlidingWindow] = field(default_factory=dict)
     _tally: dict[str, IntArray] = field(default_factory=dict)
     #: Sequential alarms not yet taken, oldest first (at most MAX_PENDING_ALARMS).

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from hookwatch._capture import RateLimitedLog
-from hookwatch._drift import DriftResult, DriftTracker, IntArray
+from hookwatch._drift import AccuracyTracker, DriftResult, DriftTracker, IntArray
 from hookwatch._hooks import Held, as_array
 from hookwatch._monitor.gate import PlainCapture, Record
 from hookwatch._names import (
@@ -33,7 +33,7 @@ from hookwatch._names import (
 from hookwatch._stats import INF_COLUMN, NAN_COLUMN, feature_rows, reduce_rows
 from hookwatch._views import ClassSlots, UnitReference, active_counts
 
-__all__ = ["CaptureProcessor", "DriftTally", "LayerTally", "Processed"]
+__all__ = ["AccuracyTally", "CaptureProcessor", "DriftTally", "LayerTally", "Processed"]
 
 log = logging.getLogger("hookwatch")
 
@@ -105,6 +105,18 @@ class DriftTally:
     alarms: int = 0
 
 
+@dataclass(frozen=True)
+class AccuracyTally:
+    """The accuracy estimate as of the last drain: the window's estimate and the cumulative
+    sums since the worker started (the publisher turns them into counter increments)."""
+
+    estimated_accuracy: float
+    correct_sum: float
+    count: int
+    outside_support: int
+    alarms: int
+
+
 @dataclass
 class Processed:
     """What accumulated between two takes."""
@@ -119,6 +131,8 @@ class Processed:
     #: Per detector with a sequential test: its alarms so far (cumulative) and its current
     #: log evidence, as of the last drain.
     sequential: dict[str, tuple[int, float]] = field(default_factory=dict)
+    #: The accuracy estimate as of the last drain that had one (None: none since the take).
+    accuracy: AccuracyTally | None = None
 
 
 class CaptureProcessor:
@@ -158,6 +172,9 @@ class CaptureProcessor:
         self._log = RateLimitedLog(log)
         self._disabled: set[str] = set()
         self._drift_off: set[str] = set()
+        #: The accuracy estimate (a profile with a labelled reference); None: none, or off
+        #: after a fault.
+        self.accuracy = drift.accuracy if drift is not None else None
         # One lock for what take() swaps out and the fault counts; held only to add or copy.
         self._lock = threading.Lock()
         self._pending = Processed()
@@ -171,18 +188,24 @@ class CaptureProcessor:
         order = sorted(by_layer, key=lambda layer: layer != OUTPUT_LAYER)
         # Filled by the output layer, even when a later step of its own processing fails.
         predicted: list[_Predictions] = []
+        # The accuracy estimate's inputs: the logits' and the harm layer's rows of this drain.
+        estimated: dict[str, _Rows] = {}
         for layer in order:
             if layer in self._disabled:
                 continue
             if self._pause is not None:
                 self._pause()
             try:
-                self._process_layer(layer, len(records), *by_layer[layer], predicted)
+                self._process_layer(layer, len(records), *by_layer[layer], predicted, estimated)
             except Exception as error:
                 self._disabled.add(layer)
                 if self._on_layer_off is not None:
                     self._on_layer_off(layer)
                 self._fault("processing", layer, error, "capture for that layer is off")
+        if self.accuracy is not None and len(estimated) == 2:
+            if self._pause is not None:
+                self._pause()
+            self._update_accuracy(self.accuracy, len(records), estimated)
         if self.drift is not None:
             counts = self.drift.take_counts()
             sequential = self.drift.sequential_state()
@@ -317,8 +340,16 @@ class CaptureProcessor:
         records: IntArray,
         items: Sequence[PlainCapture],
         predicted: list[_Predictions],
+        estimated: dict[str, _Rows] | None = None,
     ) -> None:
         stats, features, sizes = self._reduce(layer, items)
+        if (
+            estimated is not None
+            and self.accuracy is not None
+            and features is not None
+            and layer in (OUTPUT_LAYER, self.accuracy.layer)
+        ):
+            estimated[layer] = _Rows(records, np.asarray(sizes, dtype=np.int64), features)
         nonfinite = (stats[:, NAN_COLUMN] != 0) | (stats[:, INF_COLUMN] != 0)
         finite = stats[~nonfinite] if nonfinite.any() else stats
         sums = finite[:, : len(SUMMARY_STATISTICS)].sum(axis=0, dtype=np.float64)
@@ -416,6 +447,54 @@ class CaptureProcessor:
                 "drift tests", layer, error, "drift for that layer is off, statistics continue"
             )
 
+    def _update_accuracy(
+        self, accuracy: AccuracyTracker, count: int, estimated: Mapping[str, _Rows]
+    ) -> None:
+        """Estimate the drain's samples that have both the harm layer's features and logits;
+        a failure ends the estimate for this worker (counted on the harm layer, logged)."""
+        try:
+            hidden, output = estimated[accuracy.layer], estimated[OUTPUT_LAYER]
+            rows, out_rows = _aligned(count, hidden, output)
+            features = hidden.features[rows]
+            logits = output.features[out_rows]
+            # Non-finite rows are counted by the statistics; they have no estimate.
+            finite = np.isfinite(features).all(axis=1) & np.isfinite(logits).all(axis=1)
+            if not finite.all():
+                features, logits = features[finite], logits[finite]
+            if not len(features):
+                return
+            for alarm in accuracy.update(features, logits):
+                self._log.warning(
+                    "alarm:accuracy",
+                    "hookwatch: accuracy-drop alarm on model %r: its estimated accuracy (%.3f "
+                    "over the last %d sampled requests, reference %.3f) fell more than %.3f "
+                    "below the reference's; evidence e^%.1f after %d sampled requests",
+                    self.model_name,
+                    accuracy.estimated_accuracy,
+                    accuracy.window,
+                    accuracy.reference_accuracy,
+                    accuracy.max_drop,
+                    alarm.log_evidence,
+                    alarm.position,
+                )
+            tally = AccuracyTally(
+                accuracy.estimated_accuracy,
+                accuracy.correct_sum,
+                accuracy.count,
+                accuracy.outside_support,
+                accuracy.alarms,
+            )
+            with self._lock:
+                self._pending.accuracy = tally
+        except Exception as error:
+            self.accuracy = None
+            self._fault(
+                "accuracy estimate",
+                accuracy.layer,
+                error,
+                "the accuracy estimate is off in this worker, statistics and drift continue",
+            )
+
     def _fault(self, what: str, layer: str, error: Exception, consequence: str) -> None:
         """Count a fault on ``layer`` and log it, rate-limited per kind."""
         with self._lock:
@@ -456,6 +535,36 @@ def _by_layer(records: Sequence[Record]) -> dict[str, tuple[IntArray, list[Plain
     return {
         layer: (np.asarray(indices[layer], dtype=np.int64), captures[layer]) for layer in indices
     }
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """A layer's rows of a drain: the records they belong to, rows per record, features."""
+
+    records: IntArray
+    sizes: IntArray
+    features: np.ndarray[Any, Any]
+
+
+def _aligned(count: int, layer: _Rows, output: _Rows) -> tuple[IntArray, IntArray]:
+    """Rows of ``layer`` and of ``output`` that belong to the same sample, in record order.
+
+    A record whose output was not captured, or whose layer rows differ in number from its
+    output rows (another leading dimension), contributes none.
+    """
+    if np.array_equal(layer.records, output.records) and np.array_equal(layer.sizes, output.sizes):
+        everything: IntArray = np.arange(int(layer.sizes.sum()), dtype=np.int64)
+        return everything, everything
+    starts = np.zeros(count, dtype=np.int64)
+    per_record = np.full(count, -1, dtype=np.int64)
+    starts[output.records] = np.cumsum(output.sizes) - output.sizes
+    per_record[output.records] = output.sizes
+    match = per_record[layer.records] == layer.sizes
+    m = layer.sizes[match]
+    within = np.arange(int(m.sum()), dtype=np.int64) - np.repeat(np.cumsum(m) - m, m)
+    layer_rows: IntArray = np.repeat((np.cumsum(layer.sizes) - layer.sizes)[match], m) + within
+    output_rows: IntArray = np.repeat(starts[layer.records[match]], m) + within
+    return layer_rows, output_rows
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import numpy as np
 from hookwatch import _catalogue as metric
 from hookwatch._drift import DriftTracker, IntArray
 from hookwatch._metrics import CounterChild, MetricSet
-from hookwatch._monitor.processor import DriftTally, LayerTally, Processed
+from hookwatch._monitor.processor import AccuracyTally, DriftTally, LayerTally, Processed
 from hookwatch._names import (
     ALL_LAYERS,
     CLASS_STATISTICS,
@@ -57,6 +57,8 @@ class Publisher:
         #: Per-unit counters per hidden layer, bound on first sight of the layer's units.
         self._unit_counters: dict[tuple[str, str], list[CounterChild]] = {}
         self._classes: ClassSlots | None = None
+        #: The estimate's summed scores as of the last publish (a float: not in _published).
+        self._correct_published = 0.0
         # Publishing runs on the capture thread's tick and from flush(): one lock keeps the
         # differences exact.
         self._lock = threading.Lock()
@@ -131,6 +133,18 @@ class Publisher:
                 m.set(metric.DRIFT_EVIDENCE, 0, **labels)
                 m.set(metric.DRIFT_EVIDENCE_THRESHOLD, test.log_threshold, **labels)
         m.set(metric.DRIFT_WINDOW_SAMPLES, drift.window, model=name)
+        if drift.accuracy is not None:
+            # Their presence tells the alert rules this model pages on harm, not on drift.
+            estimator = drift.accuracy.estimator
+            m.set(metric.REFERENCE_ACCURACY, estimator.reference_accuracy, model=name)
+            m.set(metric.REFERENCE_ESTIMATED_ACCURACY, estimator.reference_score, model=name)
+            for spec in (
+                metric.ESTIMATED_CORRECT,
+                metric.ESTIMATE_SAMPLES,
+                metric.ESTIMATE_OUTSIDE_SUPPORT,
+                metric.ACCURACY_DROP_ALARMS,
+            ):
+                m.touch(spec, model=name)
         for layer, values in drift.statistics.items():
             if layer not in watched:
                 continue
@@ -203,6 +217,8 @@ class Publisher:
             # Below 1 (log < 0, or -inf just after an alarm) the test holds no evidence.
             m.set(metric.DRIFT_EVIDENCE, max(evidence, 0.0), **labels)
         self._publish_bins(processed.bins)
+        if processed.accuracy is not None:
+            self._publish_accuracy(processed.accuracy)
         m.set(metric.CAPTURE_QUEUE_DEPTH, snapshot.queue_depth, model=name)
         for layer, count in snapshot.faults.items():
             m.inc(
@@ -213,6 +229,21 @@ class Publisher:
             )
         for layer, enabled in snapshot.layers_enabled.items():
             m.set(metric.LAYER_ENABLED, 1 if enabled else 0, model=name, layer=layer)
+
+    def _publish_accuracy(self, tally: AccuracyTally) -> None:
+        m, name = self.metrics, self.model_name
+        if tally.count:
+            m.set(metric.ESTIMATED_ACCURACY, tally.estimated_accuracy, model=name)
+        correct = tally.correct_sum - self._correct_published
+        self._correct_published = tally.correct_sum
+        m.inc(metric.ESTIMATED_CORRECT, correct, model=name)
+        m.inc(metric.ESTIMATE_SAMPLES, self._delta("accuracy:count", tally.count), model=name)
+        m.inc(
+            metric.ESTIMATE_OUTSIDE_SUPPORT,
+            self._delta("accuracy:outside", tally.outside_support),
+            model=name,
+        )
+        m.inc(metric.ACCURACY_DROP_ALARMS, self._delta("accuracy:alarms", tally.alarms), model=name)
 
     def _publish_layer(self, layer: str, tally: LayerTally) -> None:
         labels = {"model": self.model_name, "layer": layer}

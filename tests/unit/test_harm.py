@@ -1,0 +1,182 @@
+"""The accuracy estimate without labels, through the serving path: a Monitor on a small real
+model with a labelled reference, sampled requests, the metrics it exports (issue 29)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+import torch
+from prometheus_client import CollectorRegistry
+from torch import nn
+
+from hookwatch._config import MonitoringConfig
+from hookwatch._drift import AccuracyEstimator, AccuracyTracker, DriftTracker
+from hookwatch._metrics import MetricSet
+from hookwatch._monitor import Monitor
+from hookwatch._profile import build_profile, tracker_for
+from hookwatch._profile.builder import capture_features
+
+MODEL = {"model": "m"}
+GAUGES = ("hookwatch_estimated_accuracy", "hookwatch_reference_accuracy")
+COUNTERS = (
+    "hookwatch_estimated_correct_total",
+    "hookwatch_estimate_samples_total",
+    "hookwatch_estimate_outside_support_total",
+    "hookwatch_accuracy_drop_alarms_total",
+)
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        OrderedDict(fc=nn.Linear(4, 16), act=nn.ReLU(), out=nn.Linear(16, 3))
+    ).eval()
+
+
+def _config() -> MonitoringConfig:
+    return MonitoringConfig.from_mapping(
+        {"layers": ["act"], "sample_rate": 1.0, "drift": {"window": 50}}
+    )
+
+
+def _reference(net: nn.Module) -> tuple[list[torch.Tensor], np.ndarray]:
+    """Reference batches and their labels: the model is right on 95 % of them."""
+    x = torch.randn(1000, 4, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        y = net(x).argmax(1).numpy()
+    y[:50] = (y[:50] + 1) % 3
+    return [x[i : i + 100] for i in range(0, 1000, 100)], y
+
+
+def _tracker(net: nn.Module, config: MonitoringConfig) -> DriftTracker:
+    batches, y = _reference(net)
+    profile = build_profile(net, config, batches, "m")
+    parts: dict[str, list[np.ndarray]] = {}
+    for batch in capture_features(net, config, batches):
+        for layer, values in batch.items():
+            parts.setdefault(layer, []).append(values)
+    features = {layer: np.concatenate(v) for layer, v in parts.items()}
+    tracker = tracker_for(profile, config, "m")
+    estimator = AccuracyEstimator.fit(features["act"], features["output"], y)
+    tracker.accuracy = AccuracyTracker(estimator, "act", window=config.drift.window)
+    return tracker
+
+
+def value(metrics: MetricSet, name: str) -> float:
+    return metrics.sample_values().get((name, tuple(MODEL.items())), math.nan)
+
+
+def serve(monitor: Monitor, net: nn.Module, batches: int, scale: float = 1.0) -> None:
+    g = torch.Generator().manual_seed(batches)
+    for _ in range(batches):
+        with torch.inference_mode(), monitor.request(20):
+            net(torch.randn(20, 4, generator=g) * scale + (scale - 1.0))
+    monitor.flush()
+
+
+def test_the_estimate_and_its_counters_are_exported() -> None:
+    net, config = _net(), _config()
+    tracker = _tracker(net, config)
+    metrics = MetricSet(CollectorRegistry())
+    monitor = Monitor(net, config, "m", metrics, drift=tracker)
+    # Declared at load: the reference's accuracy and every counter at 0, the estimate not yet.
+    assert value(metrics, "hookwatch_reference_accuracy") == pytest.approx(0.95)
+    assert all(value(metrics, name) == 0 for name in COUNTERS)
+    assert math.isnan(value(metrics, "hookwatch_estimated_accuracy"))
+    serve(monitor, net, 10)
+    monitor.close()
+    assert value(metrics, "hookwatch_estimate_samples_total") == 200
+    correct = value(metrics, "hookwatch_estimated_correct_total")
+    # Clean traffic: the estimate is near the reference's own.
+    assert abs(correct / 200 - tracker.accuracy.estimator.reference_score) < 0.1  # type: ignore[union-attr]
+    assert 0.8 <= value(metrics, "hookwatch_estimated_accuracy") <= 1.0
+    assert value(metrics, "hookwatch_accuracy_drop_alarms_total") == 0
+
+
+def test_a_harmful_shift_raises_the_drop_alarm(caplog: pytest.LogCaptureFixture) -> None:
+    net, config = _net(), _config()
+    metrics = MetricSet(CollectorRegistry())
+    monitor = Monitor(net, config, "m", metrics, drift=_tracker(net, config))
+    with caplog.at_level(logging.WARNING, logger="hookwatch"):
+        serve(monitor, net, 30, scale=5.0)
+    monitor.close()
+    assert value(metrics, "hookwatch_accuracy_drop_alarms_total") >= 1
+    assert value(metrics, "hookwatch_estimate_outside_support_total") > 0
+    assert value(metrics, "hookwatch_estimated_accuracy") < 0.5
+    assert any("accuracy-drop alarm on model 'm'" in r.getMessage() for r in caplog.records)
+
+
+def test_without_an_estimate_nothing_of_it_is_exported() -> None:
+    net, config = _net(), _config()
+    batches, _ = _reference(net)
+    tracker = tracker_for(build_profile(net, config, batches, "m"), config, "m")
+    metrics = MetricSet(CollectorRegistry())
+    monitor = Monitor(net, config, "m", metrics, drift=tracker)
+    serve(monitor, net, 5)
+    monitor.close()
+    exported = {name for name, _ in metrics.sample_values()}
+    assert not exported & {*GAUGES, *COUNTERS}
+
+
+def test_a_fault_turns_the_estimate_off_visibly_and_serving_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    net, config = _net(), _config()
+    tracker = _tracker(net, config)
+    assert tracker.accuracy is not None
+    # An estimator for another layer width: every estimate fails.
+    broken = AccuracyEstimator.fit(
+        np.random.default_rng(0).normal(size=(100, 5)),
+        np.random.default_rng(1).normal(size=(100, 3)),
+        np.arange(100) % 3,
+    )
+    tracker.accuracy = AccuracyTracker(broken, "act")
+    metrics = MetricSet(CollectorRegistry())
+    monitor = Monitor(net, config, "m", metrics, drift=tracker)
+    with caplog.at_level(logging.WARNING, logger="hookwatch"):
+        serve(monitor, net, 5)
+        serve(monitor, net, 5)
+    monitor.close()
+    faults = metrics.sample_values()[
+        ("hookwatch_monitor_faults_total", (("layer", "act"), ("model", "m")))
+    ]
+    assert faults == 1
+    assert value(metrics, "hookwatch_estimate_samples_total") == 0
+    # The layer's statistics and drift go on.
+    captures = metrics.sample_values()[
+        ("hookwatch_captures_total", (("layer", "act"), ("model", "m")))
+    ]
+    assert captures == 200
+    logged = [r.getMessage() for r in caplog.records if "accuracy estimate" in r.getMessage()]
+    assert logged and "is off in this worker" in logged[0]
+
+
+def test_the_window_keeps_the_last_samples() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(200, 4))
+    logits = np.stack([-x[:, 0], x[:, 0]], axis=1)
+    estimator = AccuracyEstimator.fit(x, logits, (x[:, 0] > 0).astype(np.int64))
+    tracker = AccuracyTracker(estimator, "act", window=30)
+    assert math.isnan(tracker.estimated_accuracy)
+    right = tracker.estimator.estimate(x[:25], logits[:25]).scores
+    wrong = tracker.estimator.estimate(x[:25], -logits[:25]).scores
+    tracker.update(x[:25], logits[:25])
+    tracker.update(x[:25], -logits[:25])
+    # The last 30: 5 of the first drain's, all 25 of the second's.
+    assert tracker.estimated_accuracy == pytest.approx(np.concatenate([right[-5:], wrong]).mean())
+    assert tracker.count == 50 and tracker.correct_sum == pytest.approx(right.sum() + wrong.sum())
+
+
+def test_rows_of_records_that_lack_the_output_are_left_out() -> None:
+    from hookwatch._monitor.processor import _aligned, _Rows
+
+    # Records 0..3; the output of record 1 was not captured, record 2 has 2 rows in both.
+    layer = _Rows(np.array([0, 1, 2, 3]), np.array([1, 1, 2, 1]), np.arange(5)[:, None] * 1.0)
+    output = _Rows(np.array([0, 2, 3]), np.array([1, 2, 1]), np.arange(4)[:, None] * 10.0)
+    rows, out_rows = _aligned(4, layer, output)
+    assert rows.tolist() == [0, 2, 3, 4]
+    assert out_rows.tolist() == [0, 1, 2, 3]
