@@ -15,6 +15,7 @@ from typing import Any
 
 from hookwatch._config import (
     DriftConfig,
+    HarmConfig,
     MonitoringConfig,
     Option,
     OutputSpec,
@@ -28,7 +29,7 @@ __all__ = ["BLOCKS", "render", "table"]
 #: Generated block name -> (the section's dataclass, the key prefix its rows get, and the
 #: nested sections whose rows are spliced in where their field stands).
 BLOCKS: dict[str, tuple[type, str, dict[str, type]]] = {
-    "monitoring": (MonitoringConfig, "", {"output": OutputSpec}),
+    "monitoring": (MonitoringConfig, "", {"output": OutputSpec, "harm": HarmConfig}),
     "drift": (DriftConfig, "", {}),
     "text": (TextSpec, "input.text.", {}),
 }

@@ -22,6 +22,7 @@ __all__ = [
     "OPTION",
     "DriftConfig",
     "HandlerConfig",
+    "HarmConfig",
     "InputSpec",
     "ModelConfig",
     "MonitoringConfig",
@@ -350,6 +351,64 @@ class DriftConfig:
 
 
 @dataclass(frozen=True)
+class HarmConfig:
+    """``monitoring.harm``: the accuracy estimate without labels, and the page on its drop.
+
+    Needs a profile built with reference labels and a ``logits`` head
+    ([drift.md](drift.md#harm-pages-drift-warns)); without them the model pages on drift.
+    """
+
+    enabled: bool = _option(
+        True,
+        "false: no accuracy estimate even with a labelled reference (the model then pages on "
+        "drift, HookwatchDrift)",
+    )
+    layer: str | None = _option(
+        None,
+        "the watched hidden layer whose features the estimate reads when a profile is built "
+        "with labels; null: the last watched hidden layer. The profile records it and serving "
+        "follows the profile",
+        check=lambda v: v is None or (isinstance(v, str) and bool(v)),
+        expected="a watched layer's name or null",
+        type_doc="layer name or null",
+    )
+    max_drop: float = _option(
+        0.05,
+        "how far (a share: 0.05 is 5 points) the estimated accuracy may fall below the "
+        "reference's before the anytime-valid drop test pages (HookwatchAccuracyDrop)",
+        bounds=(0.0, 0.5),
+        open_end="lo",
+    )
+    run_length: int = _option(
+        25_920_000,
+        "expected sampled requests between two false alarms of the drop test, per worker, "
+        "while the estimate holds (as `drift.run_length`: 30 days at 10 sampled requests/s)",
+        bounds=(100, 10**15),
+    )
+    neighbours: int = _option(
+        10,
+        "labelled reference samples voting on each sampled request (k of the k-NN) when a "
+        "profile is built",
+        bounds=(1, 100),
+    )
+    support_quantile: float = _option(
+        0.99,
+        "a sampled request farther from its neighbours than this quantile of the reference's "
+        "own distances counts as an error (outside the reference's support); 1 switches the "
+        "gate off. Read when a profile is built",
+        bounds=(0.5, 1.0),
+        open_end="lo",
+    )
+
+    def __post_init__(self) -> None:
+        _validate(self, "monitoring.harm")
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any] | None) -> HarmConfig:
+        return cls(**_given(cls, _section(cls, raw, "monitoring.harm")))
+
+
+@dataclass(frozen=True)
 class OutputSpec:
     """``monitoring.output``: what the output is, and which part of it to watch and answer."""
 
@@ -479,6 +538,7 @@ class MonitoringConfig:
         bounds=(1, 1024),
     )
     output: OutputSpec = OutputSpec()
+    harm: HarmConfig = HarmConfig()
     max_units: int = _option(
         64,
         "units (channels of a conv map, units of a flat layer) per hidden layer whose activity "
@@ -522,7 +582,11 @@ class MonitoringConfig:
 
     def __post_init__(self) -> None:
         _validate(self, "monitoring")
-        for name, section in (("drift", DriftConfig), ("output", OutputSpec)):
+        for name, section in (
+            ("drift", DriftConfig),
+            ("output", OutputSpec),
+            ("harm", HarmConfig),
+        ):
             value = getattr(self, name)
             _expect(
                 isinstance(value, section),
@@ -583,6 +647,7 @@ class MonitoringConfig:
                 **_given(cls, raw),
                 "drift": DriftConfig.from_mapping(raw.get("drift")),
                 "output": OutputSpec.from_mapping(raw.get("output")),
+                "harm": HarmConfig.from_mapping(raw.get("harm")),
             }
         )
 

@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 from dev.config_docs import BLOCKS, render, table
-from hookwatch._config import DriftConfig, MonitoringConfig, OutputSpec, TextSpec, options
+from hookwatch._config import (
+    DriftConfig,
+    HarmConfig,
+    MonitoringConfig,
+    OutputSpec,
+    TextSpec,
+    options,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "configuration.md"
@@ -32,10 +39,10 @@ def test_a_stale_or_missing_block_is_caught() -> None:
         render(without)
 
 
-@pytest.mark.parametrize("cls", [MonitoringConfig, DriftConfig, OutputSpec, TextSpec])
+@pytest.mark.parametrize("cls", [MonitoringConfig, DriftConfig, OutputSpec, HarmConfig, TextSpec])
 def test_every_option_has_a_row(cls: type) -> None:
     generated = "".join(table(name) for name in BLOCKS)
-    nested = {"drift", "output"}
+    nested = {"drift", "output", "harm"}
     for f in dataclasses.fields(cls):
         if f.name not in nested:
             assert any(f.name == g.name for g, _ in options(cls)), f"{cls.__name__}.{f.name}"
