@@ -3,9 +3,11 @@ model with a labelled reference, sampled requests, the metrics it exports (issue
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections import OrderedDict
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,7 +19,7 @@ from hookwatch._config import MonitoringConfig
 from hookwatch._drift import AccuracyEstimator, AccuracyTracker, DriftTracker
 from hookwatch._metrics import MetricSet
 from hookwatch._monitor import Monitor
-from hookwatch._profile import build_profile, tracker_for
+from hookwatch._profile import DriftProfile, build_profile, tracker_for
 from hookwatch._profile.builder import capture_features
 
 MODEL = {"model": "m"}
@@ -37,10 +39,11 @@ def _net() -> nn.Module:
     ).eval()
 
 
+_RAW = {"layers": ["act"], "sample_rate": 1.0, "drift": {"window": 50}}
+
+
 def _config() -> MonitoringConfig:
-    return MonitoringConfig.from_mapping(
-        {"layers": ["act"], "sample_rate": 1.0, "drift": {"window": 50}}
-    )
+    return MonitoringConfig.from_mapping(_RAW)
 
 
 def _reference(net: nn.Module) -> tuple[list[torch.Tensor], np.ndarray]:
@@ -52,7 +55,7 @@ def _reference(net: nn.Module) -> tuple[list[torch.Tensor], np.ndarray]:
     return [x[i : i + 100] for i in range(0, 1000, 100)], y
 
 
-def _tracker(net: nn.Module, config: MonitoringConfig) -> DriftTracker:
+def _profile(net: nn.Module, config: MonitoringConfig) -> DriftProfile:
     batches, y = _reference(net)
     profile = build_profile(net, config, batches, "m")
     parts: dict[str, list[np.ndarray]] = {}
@@ -60,10 +63,40 @@ def _tracker(net: nn.Module, config: MonitoringConfig) -> DriftTracker:
         for layer, values in batch.items():
             parts.setdefault(layer, []).append(values)
     features = {layer: np.concatenate(v) for layer, v in parts.items()}
-    tracker = tracker_for(profile, config, "m")
     estimator = AccuracyEstimator.fit(features["act"], features["output"], y)
-    tracker.accuracy = AccuracyTracker(estimator, "act", window=config.drift.window)
-    return tracker
+    return dataclasses.replace(profile, accuracy=estimator, accuracy_layer="act")
+
+
+def _tracker(net: nn.Module, config: MonitoringConfig) -> DriftTracker:
+    return tracker_for(_profile(net, config), config, "m")
+
+
+def test_the_estimator_travels_in_the_profile_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    net, config = _net(), _config()
+    profile = _profile(net, config)
+    loaded = DriftProfile.load(profile.save(tmp_path / "p.npz"))
+    assert loaded.accuracy_layer == "act" and loaded.accuracy is not None
+    assert profile.accuracy is not None
+    for name, array in profile.accuracy.to_arrays().items():
+        np.testing.assert_array_equal(loaded.accuracy.to_arrays()[name], array, err_msg=name)
+    with caplog.at_level(logging.INFO, logger="hookwatch"):
+        tracker = tracker_for(loaded, config, "m")
+    assert tracker.accuracy is not None and tracker.accuracy.layer == "act"
+    assert tracker.accuracy.test.run_length == config.harm.run_length
+    assert any(
+        "estimated without labels from layer 'act'" in r.getMessage() for r in caplog.records
+    )
+    # Off by configuration, and absent without labels: said once, at load.
+    off = MonitoringConfig.from_mapping({**_RAW, "harm": {"enabled": False}})
+    assert tracker_for(loaded, off, "m").accuracy is None
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="hookwatch"):
+        plain = tracker_for(dataclasses.replace(loaded, accuracy=None), config, "m")
+    assert plain.accuracy is None
+    said = [r.getMessage() for r in caplog.records if "no accuracy estimate" in r.getMessage()]
+    assert len(said) == 1 and "without reference labels" in said[0]
 
 
 def value(metrics: MetricSet, name: str) -> float:

@@ -25,6 +25,7 @@ from numpy.typing import NDArray
 
 from hookwatch._config import MonitoringConfig
 from hookwatch._drift import (
+    AccuracyEstimator,
     BinnedReference,
     Calibration,
     DriftTracker,
@@ -47,6 +48,9 @@ VERSION = 4
 READABLE = (1, 2, 3, 4)
 _FIELDS = ("edges", "counts", "codes")
 _UNIT_FIELDS = ("active", "low", "high")
+#: Prefix of the accuracy estimator's arrays (``AccuracyEstimator.to_arrays``); profiles
+#: without one, and readers that predate it, simply have none (same format version).
+_ACCURACY = "a."
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,10 @@ class DriftProfile:
     left_out: Mapping[str, str] = field(default_factory=dict)
     #: Per hidden layer, its units on the reference (activity and range).
     units: Mapping[str, UnitReference] = field(default_factory=dict)
+    #: The label-free accuracy estimator fitted on a labelled reference (logits head only),
+    #: and the hidden layer whose features it reads; None: built without labels.
+    accuracy: AccuracyEstimator | None = None
+    accuracy_layer: str | None = None
 
     def header(self) -> dict[str, Any]:
         return {
@@ -110,6 +118,7 @@ class DriftProfile:
                 for r in self.references.values()
             ],
             "units": [{"layer": u.layer, "width": u.width} for u in self.units.values()],
+            "accuracy": None if self.accuracy is None else {"layer": self.accuracy_layer},
             "projections": [
                 {
                     "layer": p.layer,
@@ -145,6 +154,9 @@ class DriftProfile:
         for i, unit in enumerate(self.units.values()):
             for name in _UNIT_FIELDS:
                 arrays[f"u{i}.{name}"] = getattr(unit, name).astype(np.float64)
+        if self.accuracy is not None:
+            for name, value in self.accuracy.to_arrays().items():
+                arrays[f"{_ACCURACY}{name}"] = value
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("wb") as handle:
             np.savez_compressed(handle, **arrays)  # type: ignore[arg-type]
@@ -201,6 +213,16 @@ class DriftProfile:
             )
             for i, meta in enumerate(header.get("units", []))
         }
+        accuracy, accuracy_layer = None, None
+        if header.get("accuracy") is not None:
+            state = {
+                k.removeprefix(_ACCURACY): v for k, v in arrays.items() if k.startswith(_ACCURACY)
+            }
+            try:
+                accuracy = AccuracyEstimator.from_arrays(state)
+            except ValueError as error:
+                raise ProfileError(f"{path}: its accuracy estimator: {error}") from None
+            accuracy_layer = str(header["accuracy"]["layer"])
         return cls(
             model=header["model"],
             references=references,
@@ -218,6 +240,8 @@ class DriftProfile:
                 for layer, values in header.get("statistics", {}).items()
             },
             left_out={str(k): str(v) for k, v in header.get("left_out", {}).items()},
+            accuracy=accuracy,
+            accuracy_layer=accuracy_layer,
         )
 
     def check(self, config: MonitoringConfig) -> None:

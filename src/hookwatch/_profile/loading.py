@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from hookwatch._config import MonitoringConfig
-from hookwatch._drift import DriftTracker
+from hookwatch._drift import AccuracyTracker, DriftTracker
 from hookwatch._profile.format import DriftProfile
 
 __all__ = ["load_tracker", "serving_tracker", "tracker_for"]
@@ -90,6 +90,7 @@ def tracker_for(profile: DriftProfile, config: MonitoringConfig, model_name: str
             model_name,
             reason,
         )
+    tracker.accuracy = _accuracy(profile, config, model_name)
     log.info(
         "hookwatch: drift profile of model %r loaded (%d detectors, window %d, false alarm "
         "rate %g, calibrated in %.1f s)",
@@ -100,3 +101,53 @@ def tracker_for(profile: DriftProfile, config: MonitoringConfig, model_name: str
         time.perf_counter() - started,
     )
     return tracker
+
+
+def _accuracy(
+    profile: DriftProfile, config: MonitoringConfig, model_name: str
+) -> AccuracyTracker | None:
+    """The accuracy estimate of a profile built with reference labels, or None, said once."""
+    harm, estimator, layer = config.harm, profile.accuracy, profile.accuracy_layer
+    if estimator is None or layer is None:
+        log.info(
+            "hookwatch: model %r has no accuracy estimate (%s); it pages on drift "
+            "(HookwatchDrift). Archive it with --reference-labels for an estimate and pages on "
+            "harm",
+            model_name,
+            "its output head is not logits"
+            if config.output.head != "logits"
+            else "its profile was built without reference labels",
+        )
+        return None
+    if not harm.enabled:
+        log.info(
+            "hookwatch: the accuracy estimate of model %r is off (monitoring.harm.enabled); it "
+            "pages on drift (HookwatchDrift)",
+            model_name,
+        )
+        return None
+    if layer not in config.watched:
+        # profile.check matched the layers already; a profile written by hand could differ.
+        log.warning(
+            "hookwatch: the accuracy estimate of model %r reads layer %r, which is not watched; "
+            "no estimate, it pages on drift (HookwatchDrift)",
+            model_name,
+            layer,
+        )
+        return None
+    log.info(
+        "hookwatch: accuracy of model %r estimated without labels from layer %r (reference "
+        "accuracy %.3f, k = %d); it pages when the estimate falls %.3f below it",
+        model_name,
+        layer,
+        estimator.reference_accuracy,
+        estimator.k,
+        harm.max_drop,
+    )
+    return AccuracyTracker(
+        estimator,
+        layer,
+        window=config.drift.window,
+        max_drop=harm.max_drop,
+        run_length=harm.run_length,
+    )
