@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from hookwatch._config import GLOB_CHARS, MonitoringConfig
+from hookwatch._config import GLOB_CHARS, MonitoringConfig, as_monitoring_config
 from hookwatch._errors import ConfigError
 from hookwatch._names import ALL_LAYERS, INPUT_LAYER, OUTPUT_LAYER
 from hookwatch._stats import (
@@ -259,6 +259,56 @@ def resolve_layers(
         "hookwatch: model %r: watching %d layers: %s", model_name, len(layers), ", ".join(layers)
     )
     return dataclasses.replace(config, layers=layers, layer_types=())
+
+
+@dataclasses.dataclass(frozen=True)
+class WatchPlan:
+    """What is watched on one model, resolved against it once by :func:`plan_watch`.
+
+    ``config.layers`` are the model's module paths (patterns and types matched, checked); the
+    model it was resolved against is held weakly, as the hooks hold modules. The Monitor takes
+    a plan and never resolves; :func:`hookwatch.watch`, the serving adapter and the profile
+    builder each make one, once.
+    """
+
+    #: The monitoring config, its ``layers`` resolved into module paths of the model.
+    config: MonitoringConfig
+    #: The ``model`` label of the model's series.
+    model_name: str
+    #: The model the plan was resolved against.
+    model_ref: weakref.ReferenceType[nn.Module] = dataclasses.field(repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.config.resolved:
+            raise ConfigError(
+                f"monitoring.layers: expected module paths resolved against the model "
+                f"(plan_watch), got patterns {list(self.config.layers)} and types "
+                f"{list(self.config.layer_types)}"
+            )
+
+    @property
+    def watched(self) -> tuple[str, ...]:
+        """Every ``layer`` label: the input, the resolved layers, the output, as configured."""
+        return self.config.watched
+
+    def check(self, model: nn.Module) -> None:
+        """Fail when ``model`` is not the model this plan was resolved against."""
+        if self.model_ref() is not model:
+            raise ValueError(
+                f"expected the model the watch plan of {self.model_name!r} was resolved "
+                "against (plan_watch(model, config)), got another"
+            )
+
+
+def plan_watch(
+    model: nn.Module,
+    config: MonitoringConfig | Mapping[str, Any] | None = None,
+    model_name: str = "model",
+) -> WatchPlan:
+    """Resolve ``config`` (a :class:`MonitoringConfig` or a ``monitoring:`` mapping) against
+    ``model``, once: the plan a Monitor takes (:func:`resolve_layers` says what is checked)."""
+    resolved = resolve_layers(model, as_monitoring_config(config), model_name)
+    return WatchPlan(resolved, model_name, weakref.ref(model))
 
 
 def _inside_script(root: nn.Module, path: str) -> bool:

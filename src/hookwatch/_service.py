@@ -27,7 +27,7 @@ from hookwatch._body import check_body_size
 from hookwatch._capture import RateLimitedLog
 from hookwatch._config import HandlerConfig, InputSpec, OutputSpec
 from hookwatch._errors import BadInputError, ConfigError
-from hookwatch._hooks import resolve_layers, select_tensor
+from hookwatch._hooks import plan_watch, select_tensor
 from hookwatch._metrics import MetricSet
 from hookwatch._monitor import Monitor, ReceivedRequests
 from hookwatch._profile import serving_tracker
@@ -459,11 +459,10 @@ class ModelService:
         config = handler.monitoring
         monitor = None
         if monitored:
-            config = resolve_layers(model, config, model_name)
+            plan = plan_watch(model, config, model_name)
+            config = plan.config
             drift, faulted = serving_tracker(config, model_dir, model_name)
-            monitor = Monitor(
-                model, config, model_name, metrics, drift=drift, load_faults=int(faulted)
-            )
+            monitor = Monitor(model, plan, metrics=metrics, drift=drift, load_faults=int(faulted))
         return cls(model, handler.input, monitor, handler.labels, device, config.output, model_dir)
 
     def decode(self, bodies: Sequence[Any]) -> DecodedBatch:

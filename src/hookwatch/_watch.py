@@ -8,8 +8,8 @@ from typing import Any
 
 from torch import nn
 
-from hookwatch._config import MonitoringConfig, as_monitoring_config
-from hookwatch._hooks import resolve_layers
+from hookwatch._config import MonitoringConfig
+from hookwatch._hooks import plan_watch
 from hookwatch._metrics import MetricSet
 from hookwatch._monitor import Monitor
 from hookwatch._profile import DriftProfile, tracker_for
@@ -36,13 +36,14 @@ def watch(
 
         monitor = hookwatch.watch(model, {"layers": ["act"]}, "tabular", profile=profile)
     """
-    # Patterns and types resolved first: the profile is matched to the layers they name.
-    parsed = resolve_layers(model, as_monitoring_config(config), name)
+    # Patterns and types resolved once, first: the profile is matched to the layers they name,
+    # and the monitor takes the same plan.
+    plan = plan_watch(model, config, name)
     tracker = None
-    if profile is not None and parsed.enabled and parsed.drift.enabled:
+    if profile is not None and plan.config.enabled and plan.config.drift.enabled:
         loaded = profile if isinstance(profile, DriftProfile) else DriftProfile.load(profile)
-        tracker = tracker_for(loaded, parsed, name)
-    return Monitor(model, parsed, name, metrics, drift=tracker)
+        tracker = tracker_for(loaded, plan.config, name)
+    return Monitor(model, plan, metrics=metrics, drift=tracker)
 
 
 watch.__module__ = "hookwatch"  # public as hookwatch.watch (reprs, tracebacks)

@@ -87,6 +87,60 @@ def test_layer_patterns_and_types_resolve_in_model_order_and_are_bounded() -> No
         resolve_layers(model, MonitoringConfig.from_mapping({"layer_types": ["Conv2d"]}))
 
 
+def test_layers_are_resolved_once_per_watch_profile_and_service(
+    metrics: MetricSet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hookwatch
+    from hookwatch import _hooks
+
+    calls: list[str] = []
+    resolve = _hooks.resolve_layers
+
+    def counted(model: nn.Module, config: MonitoringConfig, name: str = "model") -> Any:
+        calls.append(name)
+        return resolve(model, config, name)
+
+    monkeypatch.setattr(_hooks, "resolve_layers", counted)
+    model = DictOutput().eval()
+    mapping = {"layer_types": ["ReLU"], "sample_rate": 1.0, "output": {"select": "logits"}}
+    profile = build_profile(model, mapping, [torch.randn(40, 4)], "once")
+    assert calls == ["once"]  # by build_profile's first step; capture and fit take the plan
+    calls.clear()
+    monitor = hookwatch.watch(model, mapping, "once", profile=profile, metrics=metrics)
+    try:
+        assert calls == ["once"]  # the profile matched and the monitor built on one plan
+        assert monitor.config.layers == ("act",) and monitor.config.resolved
+    finally:
+        monitor.close()
+    calls.clear()
+    handler = HandlerConfig.from_mapping({"input": {"shape": [4]}, "monitoring": mapping})
+    service = ModelService.from_handler_config(model, handler, "once", metrics)
+    try:
+        assert calls == ["once"]
+    finally:
+        assert service.monitor is not None
+        service.monitor.close()
+
+
+def test_a_watch_plan_is_resolved_and_belongs_to_its_model(metrics: MetricSet) -> None:
+    from hookwatch._hooks import WatchPlan, plan_watch
+
+    model = DictOutput().eval()
+    plan = plan_watch(model, {"layers": ["a*"], "output": {"select": "logits"}}, "planned")
+    assert plan.config.layers == ("act",) and plan.watched == ("input", "act", "output")
+    with pytest.raises(ConfigError, match=r"resolved against the model \(plan_watch\)"):
+        WatchPlan(MonitoringConfig.from_mapping({"layers": ["a*"]}), "raw", plan.model_ref)
+    with pytest.raises(ValueError, match="expected the model the watch plan of 'planned'"):
+        Monitor(DictOutput(), plan, metrics=metrics)
+    with pytest.raises(ValueError, match="expected model_name 'planned'"):
+        Monitor(model, plan, "other", metrics)
+    monitor = Monitor(model, plan, metrics=metrics)
+    try:
+        assert monitor.config is plan.config and monitor.model_name == "planned"
+    finally:
+        monitor.close()
+
+
 def test_keyword_forward_values_head_end_to_end(metrics: MetricSet) -> None:
     torch.manual_seed(0)
     model = KeywordMLP().eval()

@@ -20,7 +20,14 @@ from torch import nn
 from hookwatch._capture import CaptureWorker, RateLimitedLog
 from hookwatch._config import MonitoringConfig
 from hookwatch._drift import DriftTracker
-from hookwatch._hooks import HookSet, HookState, describe_model, hookable_root, resolve_layers
+from hookwatch._hooks import (
+    HookSet,
+    HookState,
+    WatchPlan,
+    describe_model,
+    hookable_root,
+    plan_watch,
+)
 from hookwatch._metrics import MetricSet, default_metrics
 from hookwatch._monitor.gate import Record, RequestGate, RequestScope
 from hookwatch._monitor.processor import CaptureProcessor, yield_gil
@@ -75,13 +82,22 @@ class Monitor:
     def __init__(
         self,
         model: nn.Module,
-        config: MonitoringConfig,
-        model_name: str,
+        plan: WatchPlan | MonitoringConfig,
+        model_name: str | None = None,
         metrics: MetricSet | None = None,
         drift: DriftTracker | None = None,
         load_faults: int = 0,
     ) -> None:
-        config = resolve_layers(model, config, model_name)
+        if isinstance(plan, MonitoringConfig):
+            # Transitional, for the call sites outside the package's own (tests, dev/bench)
+            # that still pass a config: planned here, once. watch() and the service pass a plan.
+            plan = plan_watch(model, plan, model_name or "model")
+        elif model_name not in (None, plan.model_name):
+            raise ValueError(
+                f"expected model_name {plan.model_name!r} (the plan's), got {model_name!r}"
+            )
+        plan.check(model)
+        config, model_name = plan.config, plan.model_name
         note = describe_model(model)
         if note is not None and config.enabled:
             log.info("hookwatch: model %r is %s", model_name, note)

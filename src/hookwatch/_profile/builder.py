@@ -20,17 +20,25 @@ import torch
 from numpy.typing import NDArray
 from torch import nn
 
-from hookwatch._config import MonitoringConfig, as_monitoring_config
+from hookwatch._config import MonitoringConfig
 from hookwatch._drift import BinnedReference, DegenerateReference, Projection, derive
 from hookwatch._drift.projection import SAMPLES_PER_COMPONENT, component_count
 from hookwatch._errors import ConfigError, ProfileError
-from hookwatch._hooks import Capture, Gate, HookSet, as_array, resolve_layers, select_tensor
+from hookwatch._hooks import (
+    Capture,
+    Gate,
+    HookSet,
+    WatchPlan,
+    as_array,
+    plan_watch,
+    select_tensor,
+)
 from hookwatch._names import OUTPUT_LAYER, STATISTICS, level_of, unit_layers
 from hookwatch._profile.format import DriftProfile
 from hookwatch._stats import INF_COLUMN, NAN_COLUMN
 from hookwatch._views import UnitReference
 
-__all__ = ["build_profile", "capture_features"]
+__all__ = ["build_profile", "capture_features", "profile_for"]
 
 log = logging.getLogger("hookwatch")
 
@@ -143,25 +151,28 @@ def build_widths(config: MonitoringConfig) -> dict[str, int]:
 
 def capture_features(
     model: nn.Module,
-    config: MonitoringConfig,
+    config: MonitoringConfig | WatchPlan,
     batches: Iterable[torch.Tensor | Mapping[str, torch.Tensor]],
     collector: _Collector | None = None,
 ) -> Iterable[dict[str, NDArray[np.float32]]]:
     """Yield, per batch, the features the serving hooks capture for every watched layer.
 
     A batch is the model's input tensor, or a mapping of keyword arguments to call it with.
+    ``config`` is a plan made for ``model`` (:func:`~hookwatch._hooks.plan_watch`) or a config,
+    then planned here.
     """
+    plan = config if isinstance(config, WatchPlan) else plan_watch(model, config)
+    plan.check(model)
     collector = collector if collector is not None else _Collector()
-    config = resolve_layers(model, config)
     gate = Gate()
-    hooks = HookSet(gate, collector, config.max_features)
+    hooks = HookSet(gate, collector, plan.config.max_features)
     # Profiled in eval mode, as served; each module's own mode is given back afterwards (a
     # model profiled between training steps keeps training, frozen parts stay frozen).
     modes = [(module, module.training) for module in model.modules()]
     model.eval()
     with contextlib.ExitStack() as restore:
         restore.callback(_set_modes, modes)
-        yield from _captured(model, config, batches, collector, gate, hooks)
+        yield from _captured(model, plan.config, batches, collector, gate, hooks)
 
 
 def _set_modes(modes: list[tuple[nn.Module, bool]]) -> None:
@@ -239,147 +250,259 @@ def build_profile(
 
         profile = hookwatch.build_profile(model, {"layers": ["act"]}, held_out, "tabular")
     """
-    config = resolve_layers(model, as_monitoring_config(config), model_name)
-    bins = config.drift.bins if bins is None else bins
-    collector = _Collector()
-    reservoir = _Reservoir(max_reference, seed)
-    iterator: Iterable[torch.Tensor | Mapping[str, torch.Tensor]] = batches
+    # 1. What is watched, resolved against the model once; then the steps of profile_for.
+    plan = plan_watch(model, config, model_name)
+    batches = _with_progress(batches, progress, total)
+    return profile_for(model, plan, batches, bins, max_reference, max_codes, aggregation, seed)
+
+
+def profile_for(
+    model: nn.Module,
+    plan: WatchPlan,
+    batches: Iterable[torch.Tensor | Mapping[str, torch.Tensor]],
+    bins: int | None = None,
+    max_reference: int = 20_000,
+    max_codes: int = 4096,
+    aggregation: str = "mean",
+    seed: int = 0,
+) -> DriftProfile:
+    """:func:`build_profile` for a model planned already (``hookwatch archive`` checks the
+    plan before it profiles): the same steps after the first, nothing resolved again."""
+    plan.check(model)
+    bins = plan.config.drift.bins if bins is None else bins
+    # 2. The reference through the serving hooks: a uniform sample of its features per layer.
+    reference = _collect_reference(model, plan, batches, max_reference, seed)
+    # 3. Each detector fitted on it: projections of wide layers, bins, the calibration rows.
+    fitted = _fit_detectors(plan, reference, bins, max_codes, aggregation, seed)
+    # 4. The profile, refused unless it bins its own reference as built once stored.
+    return _assemble_profile(plan, reference, fitted, bins)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Reference:
+    """The reference as the serving hooks captured it (:func:`_collect_reference`)."""
+
+    #: Per layer that ran on every reference batch, its sampled rows, aligned across layers.
+    rows: dict[str, NDArray[np.float32]]
+    #: Reference samples seen, and kept (at most ``max_reference``).
+    seen: int
+    kept: int
+    #: Every layer's reference statistics (the values alert thresholds compare with).
+    statistics: dict[str, tuple[float, ...]]
+    #: The output was per-position logits ``[B, T, C]``.
+    positions: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class _Fitted:
+    """The detectors fitted on the reference (:func:`_fit_detectors`)."""
+
+    references: dict[str, BinnedReference]
+    projections: dict[str, Projection]
+    #: Detectors left out, and why.
+    left_out: dict[str, str]
+    #: The calibration sample: reference rows every detector keeps codes for.
+    pick: NDArray[Any]
+
+
+def _with_progress(
+    batches: Iterable[torch.Tensor | Mapping[str, torch.Tensor]], progress: bool, total: int | None
+) -> Iterable[torch.Tensor | Mapping[str, torch.Tensor]]:
     if progress:
         try:
             from tqdm import tqdm
         except ImportError:  # a progress bar is a nicety of the tools extra
             pass
         else:
-            iterator = tqdm(batches, total=total, unit="batch", desc="profile")
-    for features in capture_features(model, config, iterator, collector):
+            shown: Iterable[torch.Tensor | Mapping[str, torch.Tensor]] = tqdm(
+                batches, total=total, unit="batch", desc="profile"
+            )
+            return shown
+    return batches
+
+
+def _collect_reference(
+    model: nn.Module,
+    plan: WatchPlan,
+    batches: Iterable[torch.Tensor | Mapping[str, torch.Tensor]],
+    max_reference: int,
+    seed: int,
+) -> _Reference:
+    """Step 2: ``batches`` through the serving hooks into a reservoir of ``max_reference``."""
+    collector = _Collector()
+    reservoir = _Reservoir(max_reference, seed)
+    for features in capture_features(model, plan, batches, collector):
         reservoir.add(features)
-    # Only layers that ran on every reference batch: the others' rows are not aligned.
-    sample = {k: v for k, v in reservoir.take().items() if k not in reservoir.partial}
-    references: dict[str, BinnedReference] = {}
+    kept = min(reservoir.seen, max_reference)
+    if kept < 2:
+        raise ProfileError(f"expected at least 2 reference samples, got {kept}")
+    return _Reference(
+        # Only layers that ran on every reference batch: the others' rows are not aligned.
+        rows={k: v for k, v in reservoir.take().items() if k not in reservoir.partial},
+        seen=reservoir.seen,
+        kept=kept,
+        statistics=collector.statistics(),
+        positions=collector.positions,
+    )
+
+
+def _fit_detectors(
+    plan: WatchPlan,
+    reference: _Reference,
+    bins: int,
+    max_codes: int,
+    aggregation: str,
+    seed: int,
+) -> _Fitted:
+    """Step 3: per watched layer, its projection when wide, then its detectors' bins."""
+    config, n = plan.config, reference.kept
     codes_rng = np.random.default_rng(seed + 1)
-    n = min(reservoir.seen, max_reference)
-    if n < 2:
-        raise ProfileError(f"expected at least 2 reference samples, got {n}")
     pick = np.sort(codes_rng.choice(n, size=min(n, max_codes), replace=False))
-    projections: dict[str, Projection] = {}
-    left_out: dict[str, str] = {}
-    head = config.output.head
-    positions = collector.positions
-    logits = sample.get(OUTPUT_LAYER)
+    classes = _class_count(plan, reference)
+    fitted = _Fitted({}, {}, {}, pick)
+    for layer in config.watched:
+        if layer not in reference.rows:
+            # Its rows are not every reference sample's: bins and a calibration built from
+            # them would describe other data than the detector would be tested on.
+            _leave_out(
+                fitted,
+                plan,
+                layer,
+                "the layer did not run on every reference batch (a module on a conditional "
+                "path); its statistics are watched, its drift is not",
+            )
+            continue
+        values = _project(plan, layer, reference.rows[layer], n, fitted.projections)
+        head, positions = config.output.head, reference.positions
+        for name, x in derive(layer, values, OUTPUT_LAYER, head, positions).items():
+            if name != layer and name in config.watched:
+                raise ValueError(f"expected no watched layer named like detector {name!r}")
+            try:
+                ref = _bin(name, x, config, classes, bins, n, aggregation)
+            except DegenerateReference as error:
+                # A dead layer, or a softmax at exactly 1.0: nothing to test. Leave it out
+                # and say so, rather than serve a detector that can never move (or crash).
+                _leave_out(fitted, plan, name, str(error))
+                continue
+            # Aligned calibration sample: the same reference rows for every detector.
+            fitted.references[name] = dataclasses.replace(ref, codes=ref.codes[pick])
+    return fitted
+
+
+def _class_count(plan: WatchPlan, reference: _Reference) -> int:
+    """The output's classes (0 without a captured output); a ``logits`` head needs two."""
+    logits = reference.rows.get(OUTPUT_LAYER)
     # Per-position logits' features are the C class shares and two means (position_summary).
-    classes = 0 if logits is None else logits.shape[1] - (2 if positions else 0)
-    if head == "logits" and logits is not None and classes < 2:
+    classes = 0 if logits is None else logits.shape[1] - (2 if reference.positions else 0)
+    if plan.config.output.head == "logits" and logits is not None and classes < 2:
         raise ConfigError(
             "monitoring.output.head: expected the model's output to be logits [batch, classes] "
             f"with at least 2 classes for head 'logits', got {classes} value per "
             "sample; set output.head to 'values' (regression, or class ids) or 'none'"
         )
-    for layer in config.watched:
-        if layer not in sample:
-            # Its rows are not every reference sample's: bins and a calibration built from
-            # them would describe other data than the detector would be tested on.
-            left_out[layer] = (
-                "the layer did not run on every reference batch (a module on a conditional "
-                "path); its statistics are watched, its drift is not"
-            )
-            log.warning(
-                "hookwatch: drift detector %r of model %r is left out: %s",
-                layer,
-                model_name,
-                left_out[layer],
-            )
-            continue
-        values: NDArray[Any] = sample[layer]
-        # Logits stay per class: their softmax and the predictions need every logit.
-        projectable = layer != OUTPUT_LAYER or head in ("values", "embedding")
-        if projectable and values.shape[1] > config.max_features:
-            requested = config.drift.components
-            components = component_count(n, config.max_features, requested)
-            projection = projections[layer] = Projection.fit(layer, values, components + 1)
-            values = projection.apply(values)
-            kept = projection.components.shape[1]
-            log.info(
-                "hookwatch: layer %r has %d features; drift tests %d principal components "
-                "(%s; %.1f %% of the reference variance)%s",
-                layer,
-                projection.input_width,
-                kept,
-                f"drift.components: {requested}"
-                if requested is not None
-                else f"sized from the reference: one per {SAMPLES_PER_COMPONENT} of its {n} "
-                f"samples, at most max_features - 1 = {config.max_features - 1}",
-                100 * projection.explained,
-                " and the residual distance" if projection.residual else "",
-            )
-            if requested is not None and kept * SAMPLES_PER_COMPONENT > n:
-                # Only an explicit count asks for more than the reference supports: a sized
-                # one keeps SAMPLES_PER_COMPONENT samples per component (or keeps one
-                # component, of a reference too small for any).
-                log.warning(
-                    "hookwatch: layer %r is projected to %d components (drift.components) from "
-                    "%d reference samples; fewer than %d samples per component overfit the "
-                    "reference and clean traffic will alarm: lower drift.components (null "
-                    "sizes it from the reference) or add reference data",
-                    layer,
-                    kept,
-                    n,
-                    SAMPLES_PER_COMPONENT,
-                )
-        for name, x in derive(layer, values, OUTPUT_LAYER, head, positions).items():
-            if name != layer and name in config.watched:
-                raise ValueError(f"expected no watched layer named like detector {name!r}")
-            try:
-                if name == "class_mix":
-                    ref = BinnedReference.categorical(name, level_of(name), x[:, 0], classes, n)
-                elif name == "output" and head == "logits" and x.shape[1] > config.max_features:
-                    ref = _top_classes(x, config.max_features, bins, n, aggregation)
-                else:
-                    ref = BinnedReference.fit(
-                        name, level_of(name), x, bins, max_codes=n, aggregation=aggregation
-                    )
-            except DegenerateReference as error:
-                # A dead layer, or a softmax at exactly 1.0: nothing to test. Leave it out
-                # and say so, rather than serve a detector that can never move (or crash).
-                left_out[name] = str(error)
-                log.warning(
-                    "hookwatch: drift detector %r of model %r is left out: %s",
-                    name,
-                    model_name,
-                    error,
-                )
-                continue
-            # Aligned calibration sample: the same reference rows for every detector.
-            references[name] = BinnedReference(
-                ref.name,
-                ref.level,
-                ref.edges,
-                ref.counts,
-                ref.codes[pick],
-                ref.aggregation,
-                ref.dropped,
-                ref.kept,
-                ref.categories,
-            )
+    return classes
+
+
+def _leave_out(fitted: _Fitted, plan: WatchPlan, detector: str, reason: str) -> None:
+    fitted.left_out[detector] = reason
+    log.warning(
+        "hookwatch: drift detector %r of model %r is left out: %s",
+        detector,
+        plan.model_name,
+        reason,
+    )
+
+
+def _project(
+    plan: WatchPlan,
+    layer: str,
+    values: NDArray[Any],
+    n: int,
+    projections: dict[str, Projection],
+) -> NDArray[Any]:
+    """A layer's features as its detector tests them: a layer wider than ``max_features``
+    (not the logits: their softmax and the predictions need every logit) is projected on its
+    principal components, their count sized from the ``n`` reference samples."""
+    config = plan.config
+    projectable = layer != OUTPUT_LAYER or config.output.head in ("values", "embedding")
+    if not projectable or values.shape[1] <= config.max_features:
+        return values
+    requested = config.drift.components
+    components = component_count(n, config.max_features, requested)
+    projection = projections[layer] = Projection.fit(layer, values, components + 1)
+    kept = projection.components.shape[1]
+    log.info(
+        "hookwatch: layer %r has %d features; drift tests %d principal components "
+        "(%s; %.1f %% of the reference variance)%s",
+        layer,
+        projection.input_width,
+        kept,
+        f"drift.components: {requested}"
+        if requested is not None
+        else f"sized from the reference: one per {SAMPLES_PER_COMPONENT} of its {n} "
+        f"samples, at most max_features - 1 = {config.max_features - 1}",
+        100 * projection.explained,
+        " and the residual distance" if projection.residual else "",
+    )
+    if requested is not None and kept * SAMPLES_PER_COMPONENT > n:
+        # Only an explicit count asks for more than the reference supports: a sized one
+        # keeps SAMPLES_PER_COMPONENT samples per component (or keeps one component, of a
+        # reference too small for any).
+        log.warning(
+            "hookwatch: layer %r is projected to %d components (drift.components) from %d "
+            "reference samples; fewer than %d samples per component overfit the reference and "
+            "clean traffic will alarm: lower drift.components (null sizes it from the "
+            "reference) or add reference data",
+            layer,
+            kept,
+            n,
+            SAMPLES_PER_COMPONENT,
+        )
+    return projection.apply(values)
+
+
+def _bin(
+    name: str,
+    x: NDArray[Any],
+    config: MonitoringConfig,
+    classes: int,
+    bins: int,
+    n: int,
+    aggregation: str,
+) -> BinnedReference:
+    """One detector's reference bins (raises :class:`DegenerateReference`)."""
+    if name == "class_mix":
+        return BinnedReference.categorical(name, level_of(name), x[:, 0], classes, n)
+    if name == "output" and config.output.head == "logits" and x.shape[1] > config.max_features:
+        return _top_classes(x, config.max_features, bins, n, aggregation)
+    return BinnedReference.fit(name, level_of(name), x, bins, max_codes=n, aggregation=aggregation)
+
+
+def _assemble_profile(
+    plan: WatchPlan, reference: _Reference, fitted: _Fitted, bins: int
+) -> DriftProfile:
+    """Step 4: the profile of the fitted detectors, checked against its stored form."""
+    config = plan.config
     profile = DriftProfile(
-        model=model_name,
-        references=references,
+        model=plan.model_name,
+        references=fitted.references,
         layers=tuple(config.watched),
-        n_seen=reservoir.seen,
+        n_seen=reference.seen,
         bins=bins,
         max_features=config.max_features,
         created=time.time(),
-        projections=projections,
-        head=head,
-        positions=positions,
-        statistics=collector.statistics(),
-        left_out=left_out,
+        projections=fitted.projections,
+        head=config.output.head,
+        positions=reference.positions,
+        statistics=reference.statistics,
+        left_out=fitted.left_out,
         units={
-            layer: UnitReference.fit(layer, sample[layer], config.max_units)
+            layer: UnitReference.fit(layer, reference.rows[layer], config.max_units)
             for layer in unit_layers(config.watched)
-            if config.max_units and layer in sample
+            if config.max_units and layer in reference.rows
         },
     )
-    verify_stored(profile, sample, pick)
+    verify_stored(profile, reference.rows, fitted.pick)
     return profile
 
 

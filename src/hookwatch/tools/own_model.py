@@ -34,7 +34,7 @@ from hookwatch._hooks import (
     FeatureReading,
     feature_reading,
     hookable_root,
-    resolve_layers,
+    plan_watch,
     select_tensor,
 )
 from hookwatch._model import MODEL_SPEC_FILE, ModelSpec, build_model
@@ -657,7 +657,8 @@ def archive_model(
                 f"directory, got none for {', '.join(p.name for p in undeclared)} (a worker "
                 f"would fail to import it); add --extra-files {names}"
             )
-    config = resolve_layers(model, handler.monitoring, name)
+    plan = plan_watch(model, handler.monitoring, name)
+    config = plan.config
     shutil.rmtree(build, ignore_errors=True)
     build.mkdir(parents=True)
     # Arguments naming a directory (a HuggingFace save_pretrained directory) travel with the
@@ -697,9 +698,9 @@ def archive_model(
             f"monitoring.output.select: expected it to pick a tensor of the output, got "
             f"{type(output).__name__} with select={config.output.select!r}"
         )
-    from hookwatch._profile import build_profile
+    from hookwatch._profile.builder import profile_for
 
-    profile = build_profile(model, config, forward_batches(batches, handler.input.argument), name)
+    profile = profile_for(model, plan, forward_batches(batches, handler.input.argument))
     profile_path = profile.save(build / config.drift.profile)
     files = [profile_path]
     if directories:
