@@ -21,7 +21,7 @@ from hookwatch import _catalogue as cat
 from hookwatch._config import HandlerConfig, MonitoringConfig
 from hookwatch._drift import MAX_BINS
 from hookwatch._errors import BadInputError, ConfigError
-from hookwatch._hooks import resolve_layers
+from hookwatch._hooks import plan_watch, resolve_layers
 from hookwatch._metrics import MetricSet
 from hookwatch._model import ModelSpec, ScriptedModel, build_model, load_state
 from hookwatch._monitor import Monitor
@@ -160,7 +160,12 @@ def test_keyword_forward_values_head_end_to_end(metrics: MetricSet) -> None:
     # Regression values are one detector of their own: no softmax, no classes.
     assert set(profile.references) == {"input", "body.1", "body.3", "output"}
     config = resolve_layers(model, handler.monitoring)
-    monitor = Monitor(model, config, "reg", metrics, drift=tracker_for(profile, config, "reg"))
+    monitor = Monitor(
+        model,
+        plan_watch(model, config, "reg"),
+        metrics=metrics,
+        drift=tracker_for(profile, config, "reg"),
+    )
     service = ModelService(model, handler.input, monitor, output=config.output)
     answers = service.handle([{"data": [0.1, 0.2, 0.3, 0.4]}] * 30 + [{"data": [1, 2]}])
     monitor.flush()
@@ -184,7 +189,7 @@ def test_dict_output_with_a_selector_is_watched_and_answered(metrics: MetricSet)
     config = MonitoringConfig.from_mapping(
         {"layers": ["act"], "sample_rate": 1.0, "output": {"select": "logits"}}
     )
-    monitor = Monitor(model, config, "d", metrics)
+    monitor = Monitor(model, plan_watch(model, config, "d"), metrics=metrics)
     service = ModelService(
         model,
         HandlerConfig.from_mapping({"input": {"shape": [4]}}).input,
@@ -293,7 +298,7 @@ def test_torchscript_models_watch_input_and_output_only(tmp_path: Path, metrics:
     with pytest.raises(ConfigError, match="inside a TorchScript model"):
         resolve_layers(wrapped, MonitoringConfig.from_mapping({"layers": ["scripted.0"]}))
     config = MonitoringConfig.from_mapping({"layers": [], "sample_rate": 1.0})
-    monitor = Monitor(wrapped, config, "ts", metrics)
+    monitor = Monitor(wrapped, plan_watch(wrapped, config, "ts"), metrics=metrics)
     with torch.inference_mode(), monitor.request(2):
         wrapped(torch.randn(2, 4))
     monitor.flush()
@@ -301,7 +306,7 @@ def test_torchscript_models_watch_input_and_output_only(tmp_path: Path, metrics:
     assert value(metrics, "hookwatch_captures_total", model="ts", layer="input") == 2
     assert value(metrics, "hookwatch_captures_total", model="ts", layer="output") == 2
     with pytest.raises(ConfigError, match="got a TorchScript module"):
-        Monitor(scripted, config, "raw", metrics)
+        Monitor(scripted, plan_watch(scripted, config, "raw"), metrics=metrics)
     del model
 
 
@@ -313,7 +318,7 @@ def test_torch_compile_models_are_watched_through_the_original_module(
     compiled: Any = torch.compile(model.eval(), backend="eager")
     config = MonitoringConfig.from_mapping({"layers": ["act"], "sample_rate": 1.0})
     with caplog.at_level(logging.INFO, logger="hookwatch"):
-        monitor = Monitor(compiled, config, "c", metrics)
+        monitor = Monitor(compiled, plan_watch(compiled, config, "c"), metrics=metrics)
     assert any("torch.compile" in r.getMessage() for r in caplog.records)
     x = torch.randn(3, 4)
     with torch.inference_mode(), monitor.request(3):
@@ -338,7 +343,7 @@ def test_models_with_a_compiled_part_are_watched(metrics: MetricSet, how: str) -
         model.out.compile(backend="eager")
         layers = ["act", "out"]
     config = MonitoringConfig.from_mapping({"layers": layers, "sample_rate": 1.0})
-    monitor = Monitor(model.eval(), config, "c", metrics)
+    monitor = Monitor(model.eval(), plan_watch(model.eval(), config, "c"), metrics=metrics)
     x = torch.randn(3, 4)
     for _ in range(2):
         with torch.inference_mode(), monitor.request(3):
@@ -377,7 +382,12 @@ def test_an_input_whose_length_varies_keeps_its_statistics_and_ends_only_its_dri
     )
     profile = build_profile(model, config, [torch.randn(16, 12) for _ in range(4)], "var")
     config = resolve_layers(model, config)
-    monitor = Monitor(model, config, "var", metrics, drift=tracker_for(profile, config, "var"))
+    monitor = Monitor(
+        model,
+        plan_watch(model, config, "var"),
+        metrics=metrics,
+        drift=tracker_for(profile, config, "var"),
+    )
     with torch.inference_mode():
         for i in range(60):
             with monitor.request(1):
@@ -436,7 +446,10 @@ def test_sequence_first_layers_are_watched_per_request_like_their_batch_first_tw
         metrics = MetricSet(CollectorRegistry())
         resolved = resolve_layers(model, MonitoringConfig.from_mapping(config))
         monitor = Monitor(
-            model, resolved, "rnn", metrics, drift=tracker_for(profile, resolved, "rnn")
+            model,
+            plan_watch(model, resolved, "rnn"),
+            metrics=metrics,
+            drift=tracker_for(profile, resolved, "rnn"),
         )
         with torch.inference_mode():
             for x in inputs:  # the last five as long as their batch: [5, 5, 8] either way
@@ -496,7 +509,7 @@ def test_a_sequence_first_layer_sampled_apart_keeps_only_the_sampled_rows(
         model,
         MonitoringConfig.from_mapping({"layers": ["act"], "sample_rate": 0.5, "seed": 3}),
     )
-    monitor = Monitor(model, config, "rnn", metrics)
+    monitor = Monitor(model, plan_watch(model, config, "rnn"), metrics=metrics)
     with torch.inference_mode():
         for _ in range(40):
             with monitor.request(4):
@@ -532,7 +545,12 @@ def test_reference_statistics_are_exported_for_alert_thresholds(metrics: MetricS
         act = torch.relu(model.fc(torch.cat(data)))
     zero = profile.statistics["act"][4]
     assert zero == pytest.approx(float((act == 0).float().mean()), abs=1e-6)
-    monitor = Monitor(model, config, "r", metrics, drift=tracker_for(profile, config, "r"))
+    monitor = Monitor(
+        model,
+        plan_watch(model, config, "r"),
+        metrics=metrics,
+        drift=tracker_for(profile, config, "r"),
+    )
     monitor.close()
     assert value(
         metrics,
@@ -557,7 +575,12 @@ def test_a_layer_constant_on_the_reference_is_left_out_visibly(
     assert "act" not in profile.references and "input" in profile.references
     loaded = DriftProfile.load(profile.save(tmp_path / "p.npz"))
     assert loaded.left_out == profile.left_out
-    monitor = Monitor(model, config, "dead", metrics, drift=tracker_for(loaded, config, "dead"))
+    monitor = Monitor(
+        model,
+        plan_watch(model, config, "dead"),
+        metrics=metrics,
+        drift=tracker_for(loaded, config, "dead"),
+    )
     monitor.close()
     usable = cat.DRIFT_DETECTOR_USABLE.name
     assert value(metrics, usable, model="dead", level="activation", detector="act") == 0
@@ -594,7 +617,7 @@ def test_a_request_the_model_refuses_gets_a_422_and_its_batch_is_served(
         }
     )
     config = resolve_layers(model, handler.monitoring)
-    monitor = Monitor(model, config, "ids", metrics)
+    monitor = Monitor(model, plan_watch(model, config, "ids"), metrics=metrics)
     service = ModelService(model, handler.input, monitor, output=config.output)
     good, other = {"data": [1, 2, 3]}, {"data": [4, 5, 6]}
     alone = service.handle([good, other])
@@ -638,7 +661,7 @@ def test_an_output_with_nan_or_infinity_is_answered_in_valid_json(
         {"input": {"shape": [2]}, "monitoring": {"layers": ["fc"], "output": {"head": head}}}
     )
     config = resolve_layers(model, handler.monitoring)
-    monitor = Monitor(model, config, "div", metrics)
+    monitor = Monitor(model, plan_watch(model, config, "div"), metrics=metrics)
     service = ModelService(model, handler.input, monitor, output=config.output)
     answers = service.handle([{"data": [1.0, 0.0]}, {"data": [0.5, 0.5]}])
     alone = service.handle([{"data": [0.5, 0.5]}])
@@ -679,7 +702,7 @@ def test_a_statically_quantized_model_is_watched_on_its_real_values(metrics: Met
         torch.ao.quantization.convert(model, inplace=True)
     x = torch.randn(4, 8)
     config = MonitoringConfig.from_mapping({"layers": ["act"], "sample_rate": 1.0})
-    monitor = Monitor(model, resolve_layers(model, config), "q", metrics)
+    monitor = Monitor(model, plan_watch(model, config, "q"), metrics=metrics)
     with torch.inference_mode(), monitor.request(4):
         out = model(x)
     monitor.flush()

@@ -16,6 +16,7 @@ from hookwatch._config import MonitoringConfig
 from hookwatch._drift import derive
 from hookwatch._drift.projection import SAMPLES_PER_COMPONENT, component_count
 from hookwatch._errors import ConfigError, ProfileError
+from hookwatch._hooks import plan_watch
 from hookwatch._metrics import MetricSet
 from hookwatch._monitor import Monitor
 from hookwatch._profile import (
@@ -128,7 +129,8 @@ def test_no_profile_serves_without_drift_and_says_so_once(
         tracker = load_tracker(config, tmp_path, "digits")
     assert tracker is None
     assert [r.message for r in caplog.records if "no drift profile" in r.message]
-    monitor = Monitor(_model(), config, "digits", metrics, drift=tracker)
+    model = _model()
+    monitor = Monitor(model, plan_watch(model, config, "digits"), metrics=metrics, drift=tracker)
     try:
         values = metrics.sample_values()
         assert values[("hookwatch_drift_profile_loaded", (("model", "digits"),))] == 0
@@ -144,7 +146,7 @@ def test_monitor_publishes_drift_from_the_capture_thread(
     tracker = load_tracker(config, tmp_path, "digits")
     assert tracker is not None
     model = _model()
-    monitor = Monitor(model, config, "digits", metrics, drift=tracker)
+    monitor = Monitor(model, plan_watch(model, config, "digits"), metrics=metrics, drift=tracker)
 
     def send(x: torch.Tensor) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         for row in x:
@@ -380,7 +382,7 @@ def test_a_projected_profile_round_trips_and_the_monitor_captures_its_width(
         )
         tracker = load_tracker(config, tmp_path, "wide")
         assert tracker is not None and tracker.feature_widths() == {"act": 128}
-        monitor = Monitor(model, config, "wide", metrics, drift=tracker)
+        monitor = Monitor(model, plan_watch(model, config, "wide"), metrics=metrics, drift=tracker)
         try:
             for x in _gaussian(200, 5 + copy_limit, shift=2.0).split(8):
                 with torch.inference_mode(), monitor.request(len(x)):
