@@ -20,7 +20,7 @@ from hookwatch._drift import AccuracyEstimator, AccuracyTracker, DriftTracker
 from hookwatch._metrics import MetricSet
 from hookwatch._monitor import Monitor
 from hookwatch._profile import DriftProfile, build_profile, tracker_for
-from hookwatch._profile.builder import capture_features
+from hookwatch._profile.accuracy import with_accuracy
 
 MODEL = {"model": "m"}
 GAUGES = ("hookwatch_estimated_accuracy", "hookwatch_reference_accuracy")
@@ -58,13 +58,7 @@ def _reference(net: nn.Module) -> tuple[list[torch.Tensor], np.ndarray]:
 def _profile(net: nn.Module, config: MonitoringConfig) -> DriftProfile:
     batches, y = _reference(net)
     profile = build_profile(net, config, batches, "m")
-    parts: dict[str, list[np.ndarray]] = {}
-    for batch in capture_features(net, config, batches):
-        for layer, values in batch.items():
-            parts.setdefault(layer, []).append(values)
-    features = {layer: np.concatenate(v) for layer, v in parts.items()}
-    estimator = AccuracyEstimator.fit(features["act"], features["output"], y)
-    return dataclasses.replace(profile, accuracy=estimator, accuracy_layer="act")
+    return with_accuracy(profile, net, config, batches, y)
 
 
 def _tracker(net: nn.Module, config: MonitoringConfig) -> DriftTracker:
@@ -213,3 +207,57 @@ def test_rows_of_records_that_lack_the_output_are_left_out() -> None:
     rows, out_rows = _aligned(4, layer, output)
     assert rows.tolist() == [0, 2, 3, 4]
     assert out_rows.tolist() == [0, 1, 2, 3]
+
+
+def test_the_fit_reads_the_last_hidden_layer_and_counts_the_reference_accuracy() -> None:
+    net, config = _net(), _config()
+    profile = _profile(net, config)
+    assert profile.accuracy_layer == "act" and profile.accuracy is not None
+    # Every reference sample counts, the model is right on 950 of 1000.
+    assert profile.accuracy.reference_accuracy == pytest.approx(0.95)
+    assert profile.accuracy.k == config.harm.neighbours
+
+
+@pytest.mark.parametrize(
+    ("labels", "expected"),
+    [
+        (np.zeros(999, dtype=np.int64), "expected 1000 labels (one per reference sample), got 999"),
+        (np.zeros(1000), "expected integer class labels (the index of the right logit), got dtype"),
+        (np.zeros((1000, 1), dtype=np.int64), "expected a 1-D array of class labels"),
+        (
+            np.full(1000, 7),
+            "expected labels in [0, 3) (the logits' classes), got 'labels from 7 to 7'",
+        ),
+    ],
+)
+def test_bad_labels_are_one_line_saying_what_was_expected(labels: object, expected: str) -> None:
+    from hookwatch._errors import ConfigError
+
+    net, config = _net(), _config()
+    batches, _ = _reference(net)
+    profile = build_profile(net, config, batches, "m")
+    with pytest.raises(ConfigError) as raised:
+        with_accuracy(profile, net, config, batches, labels)
+    assert expected in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_labels_for_a_head_that_is_not_logits_are_refused() -> None:
+    from hookwatch._errors import ConfigError
+
+    net = _net()
+    config = MonitoringConfig.from_mapping({**_RAW, "output": {"head": "values"}})
+    batches, y = _reference(net)
+    profile = build_profile(net, config, batches, "m")
+    with pytest.raises(ConfigError, match=r"expected a model whose monitoring\.output\.head is "):
+        with_accuracy(profile, net, config, batches, y)
+
+
+def test_an_unwatched_harm_layer_is_refused() -> None:
+    from hookwatch._errors import ConfigError
+
+    net = _net()
+    config = MonitoringConfig.from_mapping({**_RAW, "harm": {"layer": "fc"}})
+    batches, y = _reference(net)
+    profile = build_profile(net, config, batches, "m")
+    with pytest.raises(ConfigError, match=r"expected one of the watched hidden layers \['act'\]"):
+        with_accuracy(profile, net, config, batches, y)

@@ -1,0 +1,150 @@
+"""The accuracy estimator of a profile, fitted on a labelled reference (issue 29).
+
+:func:`with_accuracy` runs the labelled reference through the serving hooks (as the profile
+build does), keeps a bounded uniform sample of ``harm.layer``'s features, the logits and the
+labels, and fits :class:`~hookwatch._drift.AccuracyEstimator` on it; the model's reference
+accuracy is counted over every sample. The profile carries the estimator; serving attaches it
+(:func:`hookwatch._profile.loading.tracker_for`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+from torch import nn
+
+from hookwatch._config import MonitoringConfig
+from hookwatch._drift import AccuracyEstimator
+from hookwatch._errors import ConfigError
+from hookwatch._names import OUTPUT_LAYER
+from hookwatch._profile.builder import _Collector, _Reservoir, capture_features
+from hookwatch._profile.format import DriftProfile
+
+__all__ = ["as_labels", "harm_layer", "with_accuracy"]
+
+log = logging.getLogger("hookwatch")
+
+#: Reference samples the fit reads at most (a uniform sample; the estimator keeps fewer).
+MAX_FIT_SAMPLES = 20_000
+
+
+def harm_layer(config: MonitoringConfig) -> str:
+    """The hidden layer the estimate reads: ``harm.layer``, else the last watched hidden one."""
+    hidden = list(config.layers)
+    chosen = config.harm.layer
+    if chosen is not None:
+        if chosen not in hidden:
+            raise ConfigError(
+                f"monitoring.harm.layer: expected one of the watched hidden layers {hidden}, "
+                f"got {chosen!r}"
+            )
+        return chosen
+    if not hidden:
+        raise ConfigError(
+            "reference labels: expected a watched hidden layer (monitoring.layers) for the "
+            "accuracy estimate to read, got none"
+        )
+    return hidden[-1]
+
+
+def as_labels(labels: object, where: str = "reference labels") -> NDArray[np.int64]:
+    """``labels`` as a 1-D array of class indices; one line saying what came otherwise."""
+    a = labels.numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)
+    if a.ndim != 1:
+        raise ConfigError(f"{where}: expected a 1-D array of class labels, got shape {a.shape}")
+    if not np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.bool_):
+        raise ConfigError(
+            f"{where}: expected integer class labels (the index of the right logit), got dtype "
+            f"{a.dtype}"
+        )
+    y: NDArray[np.int64] = a.astype(np.int64)
+    return y
+
+
+def with_accuracy(
+    profile: DriftProfile,
+    model: nn.Module,
+    config: MonitoringConfig,
+    batches: Iterable[torch.Tensor | Mapping[str, torch.Tensor]],
+    labels: object,
+    seed: int = 0,
+) -> DriftProfile:
+    """``profile`` with the accuracy estimator fitted on ``batches`` and their ``labels`` (one
+    per sample, in the batches' order). ``config`` is the profile's, its layers resolved."""
+    y = as_labels(labels)
+    if config.output.head != "logits":
+        raise ConfigError(
+            f"reference labels: expected a model whose monitoring.output.head is 'logits' "
+            f"(labels are classes of its logits), got head {config.output.head!r}"
+        )
+    if not config.capture_output:
+        raise ConfigError(
+            "reference labels: expected the output watched (monitoring.capture_output true), "
+            "got it off: the estimate compares the prediction with the reference's"
+        )
+    layer = harm_layer(config)
+    collector = _Collector()
+    reservoir = _Reservoir(MAX_FIT_SAMPLES, seed)
+    seen = correct = 0
+    for features in capture_features(model, config, batches, collector):
+        hidden, logits = features.get(layer), features.get(OUTPUT_LAYER)
+        if hidden is None or logits is None:
+            raise ConfigError(
+                f"reference labels: expected layer {layer!r} and the output on every reference "
+                f"batch, got {sorted(features)} (choose another monitoring.harm.layer)"
+            )
+        n = len(logits)
+        if len(hidden) != n:
+            raise ConfigError(
+                f"monitoring.harm.layer: expected one row of {layer!r} per sample, got "
+                f"{len(hidden)} rows for {n} samples (choose a layer with the batch first)"
+            )
+        batch_labels = y[seen : seen + n]
+        if len(batch_labels) == n:
+            correct += int((logits.argmax(axis=1) == batch_labels).sum())
+            reservoir.add({"f": hidden, "z": logits, "y": batch_labels[:, None].astype(np.float32)})
+        seen += n
+    if seen != len(y):
+        raise ConfigError(
+            f"reference labels: expected {seen} labels (one per reference sample), got {len(y)}"
+        )
+    if collector.positions:
+        raise ConfigError(
+            "reference labels: expected logits [batch, classes], got per-position logits "
+            "[batch, positions, classes]: the accuracy estimate is per sample; archive it "
+            "without labels"
+        )
+    rows = reservoir.take()
+    harm = config.harm
+    try:
+        estimator = AccuracyEstimator.fit(
+            rows["f"],
+            rows["z"],
+            rows["y"][:, 0].astype(np.int64),
+            k=harm.neighbours,
+            support_quantile=None if harm.support_quantile >= 1.0 else harm.support_quantile,
+            seed=seed,
+        )
+    except ValueError as error:
+        raise ConfigError(f"reference labels: {error}") from None
+    accuracy = correct / seen if seen else math.nan
+    estimator = dataclasses.replace(estimator, reference_accuracy=accuracy)
+    log.info(
+        "hookwatch: accuracy estimator of model %r fitted on %d labelled reference samples in "
+        "layer %r: reference accuracy %.3f, its own estimate %.3f (k = %d, %d kept, %.0f KiB)",
+        profile.model,
+        seen,
+        layer,
+        accuracy,
+        estimator.reference_score,
+        estimator.k,
+        estimator.reference_n,
+        estimator.state_bytes() / 1024,
+    )
+    return dataclasses.replace(profile, accuracy=estimator, accuracy_layer=layer)
