@@ -57,8 +57,8 @@ def _reference(net: nn.Module) -> tuple[list[torch.Tensor], np.ndarray]:
 
 def _profile(net: nn.Module, config: MonitoringConfig) -> DriftProfile:
     batches, y = _reference(net)
-    profile = build_profile(net, config, batches, "m")
-    return with_accuracy(profile, net, config, batches, y)
+    # A generator: build_profile reads the batches twice when labels are given.
+    return build_profile(net, config, (b for b in batches), "m", labels=y)
 
 
 def _tracker(net: nn.Module, config: MonitoringConfig) -> DriftTracker:

@@ -239,9 +239,15 @@ def build_profile(
     progress: bool = False,
     total: int | None = None,
     seed: int = 0,
+    labels: Any = None,
 ) -> DriftProfile:
     """Run reference ``batches`` through ``model`` with the serving hooks and bin what they
     capture: the profile :func:`hookwatch.watch` tests drift against.
+
+    ``labels``, the reference's true classes (one integer per sample, in the batches' order;
+    ``logits`` heads), add the accuracy estimate without labels: the served model then pages
+    on harm rather than on drift (docs/drift.md, "Harm pages, drift warns"). The batches are
+    then read twice.
 
     The reference should be data the model was not fitted on (held-out data, or a sample of
     known-good traffic): training data describes an over-confident model. At most
@@ -252,8 +258,23 @@ def build_profile(
     """
     # 1. What is watched, resolved against the model once; then the steps of profile_for.
     plan = plan_watch(model, config, model_name)
-    batches = _with_progress(batches, progress, total)
-    return profile_for(model, plan, batches, bins, max_reference, max_codes, aggregation, seed)
+    if labels is not None:
+        batches = list(batches)  # once for the profile, once for the accuracy estimator
+    profile = profile_for(
+        model,
+        plan,
+        _with_progress(batches, progress, total),
+        bins,
+        max_reference,
+        max_codes,
+        aggregation,
+        seed,
+    )
+    if labels is None:
+        return profile
+    from hookwatch._profile.accuracy import with_accuracy
+
+    return with_accuracy(profile, model, plan.config, batches, labels, seed)
 
 
 def profile_for(

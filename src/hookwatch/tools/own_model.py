@@ -47,6 +47,7 @@ from hookwatch._service import (
     make_pipeline,
 )
 from hookwatch._text import TextPipeline
+from hookwatch.tools.labels import LABELS_ARRAY, check_labels, reference_labels
 
 __all__ = [
     "LayerInfo",
@@ -588,9 +589,13 @@ def load_reference(path: Path, pipeline: Pipeline, batch_size: int = 64) -> Iter
         raise ConfigError(f"reference: expected a numpy array in {path}, got {error}") from None
     if isinstance(loaded, np.lib.npyio.NpzFile):
         with loaded:
-            if not loaded.files:
-                raise ConfigError(f"reference: expected an array in {path}, got an empty .npz")
-            array = loaded[loaded.files[0]]
+            # A `y` array beside the inputs holds the reference's labels (tools/labels.py).
+            inputs = [name for name in loaded.files if name != LABELS_ARRAY]
+            if not inputs:
+                raise ConfigError(
+                    f"reference: expected an array of inputs in {path}, got arrays {loaded.files}"
+                )
+            array = loaded[inputs[0]]
     else:
         array = loaded
     if spec.shape is not None and tuple(array.shape[1:]) != spec.shape:
@@ -640,10 +645,17 @@ def archive_model(
     weights: Path | None = None,
     extra_files: Sequence[Path] = (),
     say: Any = print,
+    labels: Path | None = None,
 ) -> Path:
-    """Build the model, profile the reference through the serving path, write ``name.mar``."""
+    """Build the model, profile the reference through the serving path, write ``name.mar``.
+
+    ``labels`` (``--reference-labels``), or a ``y`` array in the reference ``.npz`` or a
+    ``label`` field in its ``.jsonl``: the reference's classes, for the accuracy estimate.
+    """
     if not name or not all(c.isalnum() or c in "-_." for c in name):
         raise ConfigError(f"--name: expected letters, digits, '-', '_' or '.', got {name!r}")
+    # Read first: a bad labels file fails before the model is built.
+    labelled = reference_labels(labels, reference)
     model_config: ModelConfig = read_model_config(config_path)
     handler: HandlerConfig = model_config.handler
     model, spec = load_user_model(ref, args, weights)
@@ -701,6 +713,20 @@ def archive_model(
     from hookwatch._profile.builder import profile_for
 
     profile = profile_for(model, plan, forward_batches(batches, handler.input.argument))
+    if labelled is not None and labels is None and config.output.head != "logits":
+        say(
+            f"  {labelled[1]} left unused: labels are for logits heads, this one is "
+            f"{config.output.head}"
+        )
+        labelled = None
+    if labelled is not None:
+        from hookwatch._profile.accuracy import with_accuracy
+
+        y, where = labelled
+        check_labels(y, where, profile.n_seen, config.output.head)
+        profile = with_accuracy(
+            profile, model, config, forward_batches(batches, handler.input.argument), y
+        )
     profile_path = profile.save(build / config.drift.profile)
     files = [profile_path]
     if directories:
@@ -784,6 +810,22 @@ def archive_model(
     )
     for detector, reason in profile.left_out.items():
         say(f"  left out: detector {detector}: {reason} (it can never alarm)")
+    if profile.accuracy is not None and labelled is not None:
+        say(
+            f"  accuracy estimate from {labelled[1]}: layer {profile.accuracy_layer}, "
+            f"reference accuracy {profile.accuracy.reference_accuracy:.1%}; it pages on harm "
+            "(HookwatchAccuracyDrop), drift warns"
+        )
+    elif config.output.head != "logits":
+        say(
+            f"  output head {config.output.head}: no accuracy estimate (logits heads only); "
+            "it pages on drift (HookwatchDrift)"
+        )
+    else:
+        say(
+            "  no reference labels: no accuracy estimate; it pages on drift (HookwatchDrift). "
+            "Pass --reference-labels for pages on harm"
+        )
     return mar
 
 

@@ -106,7 +106,7 @@ def archive(
 def build(repo_root: Path, build_dir: Path, model_store: Path) -> Path:
     started = time.perf_counter()
     split = load_split()
-    fit, x_ref, _ = reference_split(split)
+    fit, x_ref, y_ref = reference_split(split)
     model, accuracy = train(fit)
     print(
         f"digits CNN: held-out accuracy {accuracy:.2%} on {len(split.y_test)} images "
@@ -115,22 +115,32 @@ def build(repo_root: Path, build_dir: Path, model_store: Path) -> Path:
     if accuracy <= 0.97:
         raise RuntimeError(f"expected held-out accuracy > 97%, got {accuracy:.2%}")
     profile = build_reference_profile(
-        model, repo_root / "models" / MODEL_NAME / "model-config.yaml", x_ref, build_dir
+        model, repo_root / "models" / MODEL_NAME / "model-config.yaml", x_ref, build_dir, y_ref
     )
-    print(f"drift profile from {len(x_ref)} held-out reference images: {profile}")
+    print(
+        f"drift profile from {len(x_ref)} held-out reference images and their labels (the "
+        f"accuracy estimate without labels): {profile}"
+    )
     mar = archive(model, repo_root, build_dir, model_store, extra_files=[profile])
     print(f"archived {mar}")
     return mar
 
 
 def build_reference_profile(
-    model: nn.Module, config_path: Path, x_ref: NDArray[np.float32], build_dir: Path
+    model: nn.Module,
+    config_path: Path,
+    x_ref: NDArray[np.float32],
+    build_dir: Path,
+    y_ref: NDArray[np.int64] | None = None,
 ) -> Path:
-    """Write the drift profile ``handler.monitoring`` of ``config_path`` asks for."""
+    """Write the drift profile ``handler.monitoring`` of ``config_path`` asks for; with the
+    reference's labels ``y_ref``, its accuracy estimator too."""
     from hookwatch import build_profile
     from hookwatch._config import read_model_config
 
     config = read_model_config(config_path).monitoring
     batches = [torch.from_numpy(x_ref[i : i + 256]) for i in range(0, len(x_ref), 256)]
-    profile = build_profile(model, config, batches, MODEL_NAME, bins=config.drift.bins)
+    profile = build_profile(
+        model, config, batches, MODEL_NAME, bins=config.drift.bins, labels=y_ref
+    )
     return profile.save(build_dir / config.drift.profile)

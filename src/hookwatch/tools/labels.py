@@ -1,0 +1,131 @@
+"""Reference labels for ``hookwatch archive``: the classes the accuracy estimate is fitted on.
+
+Three sources, in this order: ``--reference-labels FILE.npy`` (or an ``.npz`` holding a ``y``
+array, or one array), a ``y`` array beside the inputs in the reference ``.npz``, a ``label``
+field in every line of the reference ``.jsonl`` (``{"data": [...], "label": 3}``: the request
+body with one more key, which requests ignore). Every mistake is one line, "expected X, got Y"
+(a :class:`~hookwatch.ConfigError`).
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import numpy as np
+from numpy.typing import NDArray
+
+from hookwatch._errors import ConfigError
+
+__all__ = ["LABELS_ARRAY", "LABEL_FIELD", "check_labels", "reference_labels"]
+
+#: The labels' array in an ``.npz`` (the reference's, or ``--reference-labels``'s).
+LABELS_ARRAY = "y"
+#: The labels' field in a ``.jsonl`` reference's lines.
+LABEL_FIELD = "label"
+
+
+def reference_labels(labels: Path | None, reference: Path) -> tuple[NDArray[np.int64], str] | None:
+    """The reference's labels and where they came from, or None when there are none.
+
+    Read before the model is built, so a bad file fails first; the count is checked against
+    the reference's samples by :func:`check_labels`.
+    """
+    if labels is not None:
+        return _array(_load(labels, "--reference-labels"), "--reference-labels"), str(labels)
+    if reference.suffix == ".npz":
+        try:
+            with np.load(reference, allow_pickle=False) as data:
+                if LABELS_ARRAY not in data.files:
+                    return None
+                y = data[LABELS_ARRAY]
+        except (OSError, ValueError, zipfile.BadZipFile):
+            return None  # the reference's own reader says what is wrong with it
+        where = f"the {LABELS_ARRAY!r} array of {reference.name}"
+        return _array(y, where), where
+    if reference.suffix == ".jsonl":
+        return _jsonl(reference)
+    return None
+
+
+def check_labels(y: NDArray[np.int64], where: str, samples: int, head: str) -> None:
+    """Labels that fit the reference (one per sample) and the model's head (``logits``)."""
+    if head != "logits":
+        raise ConfigError(
+            f"{where}: expected a model whose monitoring.output.head is 'logits' (labels are "
+            f"classes of its logits), got head {head!r}; archive it without labels"
+        )
+    if len(y) != samples:
+        raise ConfigError(
+            f"{where}: expected {samples} labels (one per reference sample), got {len(y)}"
+        )
+
+
+def _load(path: Path, where: str) -> object:
+    if path.suffix not in (".npy", ".npz"):
+        raise ConfigError(f"{where}: expected a .npy or .npz file of labels, got {path.name}")
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, zipfile.BadZipFile) as error:
+        raise ConfigError(f"{where}: expected a numpy array of labels, got {error}") from None
+    if isinstance(loaded, np.lib.npyio.NpzFile):
+        with loaded:
+            if LABELS_ARRAY in loaded.files:
+                return loaded[LABELS_ARRAY]
+            if len(loaded.files) != 1:
+                raise ConfigError(
+                    f"{where}: expected an .npz with a {LABELS_ARRAY!r} array (or one array), "
+                    f"got arrays {loaded.files}"
+                )
+            return loaded[loaded.files[0]]
+    return loaded
+
+
+def _array(value: object, where: str) -> NDArray[np.int64]:
+    a = np.asarray(value)
+    if a.ndim != 1:
+        raise ConfigError(
+            f"{where}: expected a 1-D array of class labels [N], got shape {list(a.shape)}"
+        )
+    if not np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.bool_):
+        raise ConfigError(
+            f"{where}: expected integer class labels (the index of the right logit), got dtype "
+            f"{a.dtype}"
+        )
+    if len(a) and int(a.min()) < 0:
+        raise ConfigError(f"{where}: expected class labels >= 0, got {int(a.min())}")
+    y: NDArray[np.int64] = a.astype(np.int64)
+    return y
+
+
+def _jsonl(reference: Path) -> tuple[NDArray[np.int64], str] | None:
+    try:
+        lines = [line for line in reference.read_text().splitlines() if line.strip()]
+    except OSError:
+        return None  # the reference's own reader says so
+    found: list[object] = []
+    missing = 0
+    for line in lines:
+        try:
+            body = json.loads(line)
+        except ValueError:
+            return None  # the reference's own reader says which line
+        if isinstance(body, dict) and LABEL_FIELD in body:
+            found.append(body[LABEL_FIELD])
+        else:
+            missing += 1
+    if not found:
+        return None
+    where = f"the {LABEL_FIELD!r} field of {reference.name}"
+    if missing:
+        raise ConfigError(
+            f"{where}: expected a label on every line (or on none), got {len(found)} lines with "
+            f"one and {missing} without"
+        )
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in found):
+        bad = next(v for v in found if not isinstance(v, int) or isinstance(v, bool))
+        raise ConfigError(
+            f"{where}: expected integer class labels (the index of the right logit), got {bad!r}"
+        )
+    return _array(np.asarray(found, dtype=np.int64), where), where

@@ -1,0 +1,170 @@
+"""``hookwatch archive`` with reference labels: where they come from, the accuracy estimator
+in the archived profile, a worker that loads it, and one line for every bad input (issue 29)."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from hookwatch._errors import ConfigError
+from hookwatch._profile import DriftProfile
+from hookwatch.tools.own_model import ModelRef, archive_model
+from tests.fakes import FakeContext, load_handler
+
+MODEL = (
+    "import torch\nfrom torch import nn\n\n"
+    "class Tiny(nn.Module):\n"
+    "    def __init__(self):\n"
+    "        super().__init__()\n"
+    "        torch.manual_seed(0)\n"
+    "        self.fc = nn.Linear(6, 16)\n"
+    "        self.act = nn.ReLU()\n"
+    "        self.out = nn.Linear(16, 3)\n\n"
+    "    def forward(self, x):\n"
+    "        return self.out(self.act(self.fc(x)))\n"
+)
+
+Archive = Callable[..., tuple[Path, list[str]]]
+
+
+@pytest.fixture
+def archive(tmp_path: Path) -> Archive:
+    """``archive(reference, labels=None, head="logits")``: the .mar and what it said."""
+    (tmp_path / "tiny.py").write_text(MODEL)
+
+    def run(
+        reference: Path, labels: Path | None = None, head: str = "logits"
+    ) -> tuple[Path, list[str]]:
+        config = tmp_path / f"model-config-{head}.yaml"
+        monitoring = {"layers": ["act"], "output": {"head": head}, "drift": {"window": 50}}
+        config.write_text(
+            yaml.safe_dump({"handler": {"input": {"shape": [6]}, "monitoring": monitoring}})
+        )
+        said: list[str] = []
+        mar = archive_model(
+            ModelRef.parse(f"{tmp_path / 'tiny.py'}:Tiny"),
+            "tiny",
+            config,
+            reference,
+            tmp_path / "store",
+            tmp_path / "build",
+            say=said.append,
+            labels=labels,
+        )
+        return mar, said
+
+    return run
+
+
+def _inputs(n: int = 200) -> np.ndarray:
+    return np.random.default_rng(0).normal(size=(n, 6)).astype(np.float32)
+
+
+def _labels(n: int = 200) -> np.ndarray:
+    return np.random.default_rng(1).integers(0, 3, size=n)
+
+
+def _profile(mar: Path, into: Path) -> DriftProfile:
+    with zipfile.ZipFile(mar) as archived:
+        archived.extractall(into)
+    return DriftProfile.load(into / "drift-profile.npz")
+
+
+def test_labels_file_gives_the_archived_profile_an_estimator_a_worker_loads(
+    archive: Archive, tmp_path: Path
+) -> None:
+    reference, labels = tmp_path / "ref.npy", tmp_path / "labels.npy"
+    np.save(reference, _inputs())
+    np.save(labels, _labels())
+    mar, said = archive(reference, labels)
+    assert any("accuracy estimate from" in line and "layer act" in line for line in said), said
+    model_dir = tmp_path / "extracted"
+    profile = _profile(mar, model_dir)
+    assert profile.accuracy is not None and profile.accuracy_layer == "act"
+    config = yaml.safe_load((tmp_path / "model-config-logits.yaml").read_text())
+    context = FakeContext(model_dir, config, model_name="tiny", serialized_file="weights.pt")
+    handler = load_handler("hookwatch_handler")()
+    handler.initialize(context)
+    try:
+        handler.handle([{"body": {"data": [0.5] * 6}}], context)
+        drift = handler.service.monitor._drift
+        assert drift is not None and drift.accuracy is not None
+    finally:
+        handler.service.close()
+
+
+def test_labels_beside_the_inputs_in_the_npz_or_the_jsonl(archive: Archive, tmp_path: Path) -> None:
+    npz = tmp_path / "ref.npz"
+    np.savez(npz, y=_labels(), x=_inputs())  # `y` first: the inputs are still found
+    mar, said = archive(npz)
+    assert _profile(mar, tmp_path / "a").accuracy is not None
+    assert any("the 'y' array of ref.npz" in line for line in said), said
+    jsonl = tmp_path / "ref.jsonl"
+    jsonl.write_text(
+        "".join(
+            json.dumps({"data": row.tolist(), "label": int(y)}) + "\n"
+            for row, y in zip(_inputs(), _labels(), strict=True)
+        )
+    )
+    mar, _ = archive(jsonl)
+    assert _profile(mar, tmp_path / "b").accuracy is not None
+
+
+def test_without_labels_it_is_as_before_and_says_so(archive: Archive, tmp_path: Path) -> None:
+    reference = tmp_path / "ref.npy"
+    np.save(reference, _inputs())
+    mar, said = archive(reference)
+    assert _profile(mar, tmp_path / "a").accuracy is None
+    assert sum("no reference labels" in line for line in said) == 1
+
+
+@pytest.mark.parametrize(
+    ("labels", "expected"),
+    [
+        (_labels(199), "expected 200 labels (one per reference sample), got 199"),
+        (_labels().astype(np.float64), "expected integer class labels"),
+        (_labels()[:, None], "expected a 1-D array of class labels [N], got shape [200, 1]"),
+        (np.full(200, 5), "expected labels in [0, 3) (the logits' classes)"),
+    ],
+)
+def test_bad_labels_are_one_line(
+    archive: Archive, tmp_path: Path, labels: np.ndarray, expected: str
+) -> None:
+    reference, path = tmp_path / "ref.npy", tmp_path / "labels.npy"
+    np.save(reference, _inputs())
+    np.save(path, labels)
+    with pytest.raises(ConfigError) as raised:
+        archive(reference, path)
+    message = str(raised.value)
+    assert expected in message and "\n" not in message, message
+
+
+def test_labels_for_a_head_that_is_not_logits_are_refused(archive: Archive, tmp_path: Path) -> None:
+    reference, path = tmp_path / "ref.npy", tmp_path / "labels.npy"
+    np.save(reference, _inputs())
+    np.save(path, _labels())
+    with pytest.raises(ConfigError, match=r"expected a model whose monitoring\.output\.head is"):
+        archive(reference, path, head="values")
+
+
+def test_a_labels_file_that_is_not_numpy_is_refused(archive: Archive, tmp_path: Path) -> None:
+    reference, path = tmp_path / "ref.npy", tmp_path / "labels.csv"
+    np.save(reference, _inputs())
+    path.write_text("0,1,2\n")
+    with pytest.raises(ConfigError, match=r"--reference-labels: expected a \.npy or \.npz file"):
+        archive(reference, path)
+
+
+def test_jsonl_labels_on_some_lines_only_are_refused(archive: Archive, tmp_path: Path) -> None:
+    jsonl = tmp_path / "ref.jsonl"
+    lines = [{"data": row.tolist()} for row in _inputs(10)]
+    lines[0]["label"] = 1
+    jsonl.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with pytest.raises(ConfigError, match=r"expected a label on every line \(or on none\), got 1"):
+        archive(jsonl)
