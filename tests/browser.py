@@ -92,3 +92,51 @@ def screenshot(binary: str, page: Path, out: Path, profile: Path, size: str) -> 
         colour=float((high - low > 0.3).mean()),
         spread=float(rgb.mean(axis=-1).std()),
     )
+
+
+#: Records where each element named in ``SELECTORS`` lies (CSS pixels from the top of the page)
+#: and the viewport's size, once the page has loaded, for --dump-dom to print.
+LAYOUT_CHECK = """<script>
+window.addEventListener("load", () => {
+  const rows = {};
+  for (const selector of SELECTORS) {
+    const element = document.querySelector(selector);
+    if (element) {
+      const box = element.getBoundingClientRect();
+      rows[selector] = {top: box.top + window.scrollY, bottom: box.bottom + window.scrollY,
+                        text: element.textContent.slice(0, 200)};
+    }
+  }
+  rows["viewport"] = {width: window.innerWidth, height: window.innerHeight};
+  const out = document.createElement("pre");
+  out.id = "layout-check";
+  out.textContent = JSON.stringify(rows);
+  document.body.appendChild(out);
+});
+</script>"""
+
+
+def layout(
+    binary: str, page: Path, profile: Path, size: str, selectors: list[str]
+) -> dict[str, Any]:
+    """Where ``selectors``' first elements lie on ``page`` in a window of ``size`` (e.g.
+    "1280,800"), as Chromium lays it out: {selector: {top, bottom, text}, "viewport": ...}."""
+    text = page.read_text()
+    script = LAYOUT_CHECK.replace("SELECTORS", json.dumps(selectors))
+    probe = page.with_name(f".{page.stem}.layout-check.html")
+    probe.write_text(text.replace("</body>", script + "</body>"))
+    try:
+        done = _chromium(
+            binary,
+            profile,
+            f"--window-size={size}",
+            "--virtual-time-budget=10000",
+            "--dump-dom",
+            probe.as_uri(),
+        )
+    finally:
+        probe.unlink()
+    match = re.search(r'<pre id="layout-check">(.*?)</pre>', done.stdout, re.S)
+    assert match, f"the page's load event never fired:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+    rows: dict[str, Any] = json.loads(html.unescape(match[1]))
+    return rows

@@ -45,6 +45,8 @@ class Run:
     drifts: bool = True
     #: Metrics Prometheus has no series of.
     missing: tuple[str, ...] = ()
+    #: Whether the model has an accuracy estimate (hookwatch_estimated_accuracy and its kin).
+    estimate: bool = False
 
     @property
     def start(self) -> float:
@@ -67,8 +69,17 @@ class Run:
         per_layer = [{"layer": layer} for layer in LAYERS]
         per_detector = [{"level": lv, "detector": d} for lv, d in DETECTORS]
         flag = float(self.profile)
+        estimate = [(model, self._live(0.95, 0.3))] if self.estimate else []
         return [
             ("hookwatch_drift_profile_loaded", lambda: [(model, lambda t: flag)]),
+            # Score over threshold: one query holding both names, matched before either.
+            ("} / hookwatch_drift_threshold", lambda: self._drift_live(per_detector, 0.5, 15.0)),
+            ("hookwatch_estimated_correct_total", lambda: estimate),
+            ("hookwatch_estimated_accuracy", lambda: estimate),
+            (
+                "hookwatch_reference_accuracy",
+                lambda: [(model, lambda t: 0.97)] if self.estimate else [],
+            ),
             ("hookwatch_drift_first_alarm", lambda: self._drift(per_detector, self.first)),
             (
                 "hookwatch_drift_sequential_alarms_total",

@@ -137,8 +137,8 @@ def test_the_report_draws_every_section_and_marks_where_drift_started(tmp_path: 
     assert written.index == index
     page = index.read_text()
     sources = re.findall(r'<img src="([^"]+)"', page)
-    # Traffic 2, drift 2, activation statistics 5.
-    assert len(sources) == 9 and len(set(sources)) == 9
+    # Drift 3, traffic 2, activation statistics 5 (no accuracy estimate: left out).
+    assert len(sources) == 10 and len(set(sources)) == 10
     for source in sources:
         assert "/" not in source  # beside index.html: the directory can move
         width, height = png_size(index.parent / source)
@@ -176,7 +176,7 @@ def test_a_panel_without_data_says_so_and_stale_images_go(tmp_path: Path) -> Non
     _, written = report(tmp_path, Run(missing=missing))
     assert not (out / "old-plot.png").exists()
     assert not (out / "traffic-captures-sampled-and-dropped.png").exists()
-    assert len(written.images) == 8
+    assert len(written.images) == 9
     page = (out / "index.html").read_text()
     assert (
         '<h3>Captures sampled and dropped</h3><p class="empty">no data in this time range' in page
@@ -275,3 +275,80 @@ def test_a_run_stopped_seconds_after_its_first_scrape_is_reported() -> None:
     assert window.start <= 998.0 <= window.end
     seen = client.query_range("x", window.start, window.end, window.step)
     assert seen and seen[0].times.size >= 1, "the drawn grid must see the run's one scrape"
+
+
+# -- what happened: the summary at the top, alarms and scales on the plots ----------------------
+
+
+def test_the_summary_says_what_happened_first(tmp_path: Path) -> None:
+    from hookwatch.tools.report.story import Client
+
+    run = Run(estimate=True, sequential=("act2", "input"))
+    client = Client(run.onset - 5, "inverted digits", 0.97, 0.03)
+    with serving(FakePrometheus(run)) as fake:
+        written = write_report(fake.url, tmp_path / "report", DASHBOARDS, client=client)
+    said = " ".join(written.summary)
+    assert re.search(r"The traffic switched to inverted digits at \S+, 30\d s into the range", said)
+    assert re.search(
+        r"Drift started at \S+, \d+ s after the switch: first to alarm act2 and input", said
+    )
+    assert "In the same step act1 and confidence went past their thresholds." in said
+    assert (
+        "At their peak, scores over thresholds: act1 15x, act2 15x, confidence 15x and input 15x"
+        in said
+    )
+    assert (
+        "The anytime-valid test, which pages, alarmed 2 times: 1 for act2 and 1 for input." in said
+    )
+    assert "right 97 % of the time before the switch and 3 % after it" in said
+    assert "Estimated without labels, accuracy went from 95 % before to 30 % at the end" in said
+    assert "(the reference's accuracy: 97 %)" in said
+    page = written.index.read_text()
+    # The paragraph comes straight after the title, before the details and every plot.
+    assert re.search(r"<h1>hookwatch report: digits</h1>\n<p id=\"summary\">The traffic", page)
+    assert page.index('id="summary"') < page.index("<dl>") < page.index("<img")
+    # The estimate, present here, is drawn in the drift section.
+    assert "drift-estimated-accuracy-against-the-reference.png" in page
+    # Reader's captions, not the dashboards' PromQL notes.
+    assert "never rate() it" not in page and "_sum" not in page
+
+
+def test_without_a_client_the_summary_counts_from_the_start_of_the_range(tmp_path: Path) -> None:
+    run = Run()
+    _, written = report(tmp_path, run)
+    said = " ".join(written.summary)
+    assert re.search(r"Drift started at \S+, 3[01]\d s into the range: first to alarm", said), said
+    quiet = report(tmp_path / "quiet", Run(drifts=False))[1]
+    assert quiet.summary[0].startswith("No detector alarmed between")
+    none = report(tmp_path / "none", Run(profile=False))[1]
+    assert none.summary == (
+        "No drift profile was loaded: the model served without drift detection.",
+    )
+
+
+def test_anytime_valid_alarms_are_counted_from_the_counters_resets_included() -> None:
+    from hookwatch.tools.report.story import page_times
+
+    counter = series("input", [0, 0, 1, 1, 3, np.nan, 1, 1])
+    times, counts = page_times([counter, series("act1", [0, 0, 0, 0, 0, 0, 0, 0])])
+    assert times == {"input": (1010.0, 1020.0, 1030.0)} and counts == {"input": 4}
+
+
+def test_alarms_are_marked_where_the_plot_shows_their_detector() -> None:
+    from matplotlib.figure import Figure
+
+    marks = onset.Alarms(None, (), {"input": (1.0, 2.0), "act1": (2.0, 3.0)})
+    drawn = {}
+    for detector in ("input", "act2", None):
+        ax = Figure().subplots()
+        plot._mark_pages(ax, marks, detector, label=True)
+        drawn[detector] = [list(line.get_xdata()) for line in ax.lines]
+    assert drawn == {"input": [[1.0, 2.0]], "act2": [], None: [[1.0, 2.0, 3.0]]}
+
+
+def test_log_scale_where_values_span_orders_of_magnitude() -> None:
+    assert plot.log_scale(np.array([1.65, 1.0, 414.8, np.nan])) == ("log",)
+    assert plot.log_scale(np.array([0.0, 0.5, 9.0, 120.0])) == ("symlog",)
+    assert plot.log_scale(np.array([1.65, 0.9, 30.0])) is None
+    assert plot.log_scale(np.array([-17.0, 0.01, 19.0])) is None  # logits: linear
+    assert plot.log_scale(np.array([0.0, 0.0])) is None

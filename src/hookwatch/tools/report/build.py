@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hookwatch.tools import dashboards
-from hookwatch.tools.report import onset, page, panels, plot
+from hookwatch.tools.report import onset, page, panels, plot, story
 from hookwatch.tools.report.prometheus import Prometheus, Series
 
 #: About this many points per series: enough to see a shift, few enough to draw fast.
@@ -52,6 +52,8 @@ class Written:
     images: tuple[Path, ...]
     model: str
     onset: onset.Onset | None
+    #: The summary paragraph at the top of the page, sentence by sentence.
+    summary: tuple[str, ...] = ()
 
 
 def local_zone() -> tzinfo:
@@ -68,25 +70,29 @@ def write_report(
     since: float | None = None,
     until: float | None = None,
     minutes: float = DEFAULT_MINUTES,
+    client: story.Client | None = None,
 ) -> Written:
     """Write ``out/index.html`` and its PNGs for ``model`` (the only model, when None).
 
     Without ``since`` the range starts at the model's first sample in the ``minutes`` before
-    ``until`` (default: now), and ends at its last one.
+    ``until`` (default: now), and ends at its last one. ``client``: what the traffic's sender
+    knows (when it switched, accuracy on labels), for the summary at the top.
     """
     boards = dashboards.load(dashboard_dir)
     if not boards:
         raise ReportError(f"expected Grafana dashboards (*.json) in {dashboard_dir}, got none")
-    client = Prometheus(url)
+    prometheus = Prometheus(url)
     end = time.time() if until is None else until
     start = end - minutes * 60 if since is None else since
     if start >= end:
         raise ReportError(f"expected a start before the end, got {start:.0f} >= {end:.0f}")
-    name = pick_model(client, boards, model, start, end)
-    window = sample_window(client, name, start, end, client.scrape_interval(), since, until)
+    name = pick_model(prometheus, boards, model, start, end)
+    window = sample_window(prometheus, name, start, end, prometheus.scrape_interval(), since, until)
     values = panels.variable_values(boards, name, window.intervals())
-    reader = Reader(client, boards, values, window)
-    marks = reader.alarms() if reader.profile_loaded() else None
+    reader = Reader(prometheus, boards, values, window)
+    profile = reader.profile_loaded()
+    told = reader.tell(client) if profile else story.Story(None, client=client)
+    marks = onset.Alarms(told.onset, reader.alarm_spans(), told.pages) if profile else None
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*.png"):
         stale.unlink()  # an image of an earlier report must not pass for this one's
@@ -96,14 +102,15 @@ def write_report(
         for section, found in panels.load_sections(boards)
     ]
     started = marks.onset if marks else None
+    summary = story.sentences(told, window.start, window.end, profile, tz)
     header = page.Header(
-        name, window.start, window.end, client.url, window.step, marks is not None, started,
-        time.time(),
+        name, window.start, window.end, prometheus.url, window.step, marks is not None, started,
+        time.time(), tuple(summary),
     )  # fmt: skip
     index = out / "index.html"
     index.write_text(page.render(header, sections, tz))
     images = tuple(out / f.image for s in sections for f in s.images if f.image)
-    return Written(index, images, name, started)
+    return Written(index, images, name, started, tuple(summary))
 
 
 def pick_model(
@@ -197,6 +204,50 @@ class Reader:
         sequential = self.series(panels.SEQUENTIAL_ALARMS)
         return onset.alarms(first, sequential, self.window.step)
 
+    def alarm_spans(self) -> tuple[tuple[float, float], ...]:
+        return onset.alarm_spans(self.series(panels.FIRST_ALARM), self.window.step)
+
+    def page_counters(self) -> list[Series]:
+        """The anytime-valid alarm counters per detector, raw (summed over workers): each
+        increase is an alarm, where the dashboard's increase() smears one over several points."""
+        model = json.dumps(self.values["model"])
+        w = self.window
+        return self.client.query_range(
+            f"sum by (detector) (hookwatch_drift_sequential_alarms_total{{model={model}}})",
+            w.start,
+            w.end,
+            w.step,
+        )
+
+    def tell(self, client: story.Client | None) -> story.Story:
+        first = self.series(panels.FIRST_ALARM)
+        sequential = self.series(panels.SEQUENTIAL_ALARMS)
+        ratios = self.series(panels.SCORE_RATIO)
+        found = onset.find_onset(first, sequential)
+        pages, counts = story.page_times(self.page_counters())
+        estimate = self.series(panels.ESTIMATE)
+        reference = [
+            float(v)
+            for s in self.series(panels.REFERENCE_ACCURACY)
+            for v in s.values
+            if math.isfinite(v)
+        ]
+        return story.Story(
+            found,
+            story.order(
+                found,
+                onset.first_times(first),
+                onset.first_times(sequential),
+                story.first_over(ratios, 1.0),
+            ),
+            story.peaks(ratios),
+            pages,
+            counts,
+            estimate[0] if estimate else None,
+            reference[-1] if reference else None,
+            client,
+        )
+
 
 def _section(
     reader: Reader,
@@ -214,6 +265,8 @@ def _section(
     span = (reader.window.start, reader.window.end)
     for panel in found:
         drawn = plot.lines(panel, reader.query(panel))
+        if not drawn and panel.ref.optional:
+            continue
         image = f"{_slug(section.heading)}-{_slug(panel.title)}.png" if drawn else ""
         if drawn:
             plot.render(panel, drawn, marks or onset.Alarms(None, ()), span, tz, out / image)

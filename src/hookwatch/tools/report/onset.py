@@ -8,8 +8,8 @@ is the first grid time either shows; every detector alarming at that time moved 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -30,6 +30,8 @@ class Alarms:
     onset: Onset | None
     #: (start, end) of each stretch with a sliding-window alarm episode under way.
     spans: tuple[tuple[float, float], ...]
+    #: Per detector, the times its anytime-valid test alarmed (what pages): marked on the plots.
+    pages: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
 
 
 def first_times(series: Sequence[Series]) -> dict[str, float]:
@@ -66,5 +68,10 @@ def alarm_spans(first_alarm: Sequence[Series], step: float) -> tuple[tuple[float
     return tuple((float(a), float(b)) for a, b in zip(starts, ends, strict=True))
 
 
-def alarms(first_alarm: Sequence[Series], sequential: Sequence[Series], step: float) -> Alarms:
-    return Alarms(find_onset(first_alarm, sequential), alarm_spans(first_alarm, step))
+def alarms(
+    first_alarm: Sequence[Series],
+    sequential: Sequence[Series],
+    step: float,
+    pages: Mapping[str, tuple[float, ...]] | None = None,
+) -> Alarms:
+    return Alarms(find_onset(first_alarm, sequential), alarm_spans(first_alarm, step), pages or {})

@@ -1,5 +1,6 @@
-"""``index.html``: the header (model, time range, Prometheus, when drift started) and the
-sections' images by relative path. Self-contained: no script, no remote resource."""
+"""``index.html``: the header (model, what happened in a paragraph, time range, Prometheus)
+and the sections' images by relative path. Self-contained: no script, no remote resource.
+The first screen (1280x800) holds the header and the paragraph: the answer before the plots."""
 
 from __future__ import annotations
 
@@ -11,11 +12,15 @@ from datetime import datetime, tzinfo
 from hookwatch.tools.report.onset import Onset
 
 STYLE = """
-body { font-family: sans-serif; margin: 1.5em auto; max-width: 1010px; color: #222; }
+body { font-family: sans-serif; margin: 1em auto; max-width: 1010px; color: #222; }
 header { border-bottom: 1px solid #ccc; margin-bottom: 1em; }
-dt { font-weight: bold; float: left; width: 9em; }
-dd { margin-left: 9em; margin-bottom: 0.3em; }
+h1 { font-size: 1.5em; margin: 0.3em 0; }
+#summary { font-size: 1.05em; line-height: 1.45; margin: 0.5em 0 0.8em 0; }
+dl { font-size: 0.9em; margin: 0.4em 0; }
+dt { font-weight: bold; float: left; width: 8em; }
+dd { margin-left: 8em; margin-bottom: 0.2em; }
 .drift { color: #d62728; font-weight: bold; }
+.note { color: #555; font-size: 0.85em; }
 figure { margin: 0 0 1.5em 0; }
 figure img { width: 100%; max-width: 990px; }
 figcaption, .empty { color: #555; font-size: 0.9em; }
@@ -49,6 +54,8 @@ class Header:
     profile: bool
     onset: Onset | None
     generated: float
+    #: What happened, sentence by sentence (plain text): the page's first paragraph.
+    summary: tuple[str, ...] = ()
 
 
 def when(t: float, tz: tzinfo, with_date: bool = False) -> str:
@@ -81,12 +88,15 @@ def _header(header: Header, tz: tzinfo) -> str:
         ("Drift", f'<span class="drift">{e(drift_sentence(header, tz))}</span>'),
     ]
     items = "\n".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in rows)
+    summary = " ".join(e(sentence) for sentence in header.summary)
     return (
-        f"<header><h1>hookwatch report: {e(header.model)}</h1>\n<dl>\n{items}\n</dl>\n"
-        "<p>The red line marks the first alarm of any detector, the shading the alarm "
-        "episodes; dashed lines are the reference and the thresholds. Generated "
-        f"{e(when(header.generated, tz, True))} by <code>hookwatch report</code> from the "
-        "queries of the Grafana dashboards.</p></header>"
+        f"<header><h1>hookwatch report: {e(header.model)}</h1>\n"
+        f'<p id="summary">{summary}</p>\n<dl>\n{items}\n</dl>\n'
+        '<p class="note">On every plot: the red line is the first alarm of any detector, the '
+        "shading the alarm episodes, red triangles along the top the alarms of the "
+        "anytime-valid test (which pages); dashed lines are the reference and the thresholds. "
+        f"Generated {e(when(header.generated, tz, True))} by <code>hookwatch report</code> "
+        "from the queries of the Grafana dashboards.</p></header>"
     )
 
 

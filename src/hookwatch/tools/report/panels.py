@@ -28,6 +28,13 @@ class PanelRef:
     refs: tuple[str, ...] = ()
     #: Shown instead of the dashboard's title (which may name a variable).
     heading: str = ""
+    #: The figure's caption, for the report's reader; the dashboard's description (written for
+    #: dashboard authors, with its PromQL notes) stays in the dashboard.
+    caption: str = ""
+    #: Left out of the page when it has no data (e.g. a model without an accuracy estimate).
+    optional: bool = False
+    #: A horizontal line drawn at this value (e.g. 1 where a ratio crosses its threshold).
+    line_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -40,48 +47,94 @@ class Section:
     needs_profile: bool = False
 
 
-def _statistic(title: str) -> PanelRef:
-    return PanelRef("activations.json", title, facet=("layer",))
+def _statistic(title: str, what: str) -> PanelRef:
+    return PanelRef(
+        "activations.json",
+        title,
+        facet=("layer",),
+        caption=f"Per layer, the average {what} of the layer's output over the requests "
+        "sampled in each interval, all workers together; dashed: the same on the reference "
+        "data. A step at the red line is the layer seeing different inputs.",
+    )
 
 
 SECTIONS: tuple[Section, ...] = (
     Section(
-        "Traffic",
-        "Requests the model received, the share hookwatch sampled for capture, and captures "
-        "dropped because the capture queue was full.",
+        "Drift",
+        "Which detectors moved, when, and how far. A detector is a test of one layer (or of "
+        "the input or output) against the reference data the model was archived with.",
         (
-            PanelRef("overview.json", "Requests per second"),
-            PanelRef("overview.json", "Captures sampled and dropped", refs=("A", "B")),
-        ),
-    ),
-    Section(
-        "Drift scores",
-        "Each detector's sliding-window score against its calibrated threshold (dashed), and "
-        "the anytime-valid evidence against the threshold at which it pages.",
-        (
+            PanelRef(
+                "drift.json",
+                "Score over threshold",
+                heading="How far past its threshold each detector went",
+                caption="Each detector's latest window score divided by its calibrated "
+                "threshold, on a log scale where the values span orders of magnitude: above "
+                "the dashed line at 1 the window alarms (a warning). Triangles along the top: "
+                "alarms of the anytime-valid test, which pages.",
+                line_at=1.0,
+            ),
             PanelRef(
                 "drift.json",
                 "Drift score against threshold: $level",
                 facet=("level", "detector"),
-                heading="Drift score against threshold",
+                heading="Drift score against threshold, per detector",
+                caption="Per detector, the score of the last window of sampled requests "
+                "(about 1 on traffic like the reference; the worst worker's) against the "
+                "threshold calibrated for it (dashed). The shading marks alarm episodes.",
             ),
-            PanelRef("drift.json", "Evidence against the reference", facet=("level", "detector")),
+            PanelRef(
+                "drift.json",
+                "Evidence against the reference",
+                facet=("level", "detector"),
+                caption="Per detector, the anytime-valid test's evidence that traffic left the "
+                "reference (log) against the level at which it alarms, pages and restarts "
+                "from 0 (dashed). Drawn at one point per step, a climb and its restart can "
+                "fall between two points: the triangles mark every alarm the counters "
+                "recorded.",
+            ),
+            PanelRef(
+                "drift.json",
+                "Estimated accuracy against the reference",
+                caption="Accuracy estimated without labels (models archived with a labelled "
+                "reference): the fleet's estimate and the lowest worker's last window, "
+                "against the model's accuracy on the reference (dashed).",
+                optional=True,
+            ),
         ),
         needs_profile=True,
     ),
     Section(
+        "Traffic",
+        "What the model served: requests, those hookwatch sampled for capture, and captures "
+        "dropped because the capture queue was full (the model's answers are never held up).",
+        (
+            PanelRef(
+                "overview.json",
+                "Requests per second",
+                caption="Requests per second the model received (hookwatch's count and "
+                "TorchServe's), all workers together, and those sampled for capture.",
+            ),
+            PanelRef(
+                "overview.json",
+                "Captures sampled and dropped",
+                refs=("A", "B"),
+                caption="Sampled requests per second, and captures dropped because the "
+                "capture queue was full (0 is the norm: a dropped capture is a sample the "
+                "statistics and drift tests did not see).",
+            ),
+        ),
+    ),
+    Section(
         "Activation statistics",
-        "The fleet-wide average of each per-sample statistic per layer against its value on "
-        "the reference data (dashed).",
-        tuple(
-            _statistic(title)
-            for title in (
-                "Mean per layer",
-                "Standard deviation per layer",
-                "Minimum per layer",
-                "Maximum per layer",
-                "Zero fraction per layer",
-            )
+        "What the watched layers put out, averaged over the sampled requests of every worker, "
+        "against the same statistic on the reference data (dashed).",
+        (
+            _statistic("Mean per layer", "value"),
+            _statistic("Standard deviation per layer", "standard deviation"),
+            _statistic("Minimum per layer", "minimum"),
+            _statistic("Maximum per layer", "maximum"),
+            _statistic("Zero fraction per layer", "share of exact zeros"),
         ),
     ),
     Section(
@@ -90,18 +143,40 @@ SECTIONS: tuple[Section, ...] = (
         "hour against the same shares on the reference (dashed): the pruning candidates; and "
         "each layer's mean by the class the model predicted.",
         (
-            PanelRef("units.json", "Never-active units per layer", facet=("layer",)),
-            PanelRef("units.json", "Saturated units per layer", facet=("layer",)),
-            PanelRef("units.json", "Mean by predicted class", facet=("layer",)),
+            PanelRef(
+                "units.json",
+                "Never-active units per layer",
+                facet=("layer",),
+                caption="Share of the layer's units that were zero on every sample captured "
+                "in the last hour, against the reference's share (dashed).",
+            ),
+            PanelRef(
+                "units.json",
+                "Saturated units per layer",
+                facet=("layer",),
+                caption="Share of the layer's units that sat at or above the largest value "
+                "they took on the reference on every sample of the last hour.",
+            ),
+            PanelRef(
+                "units.json",
+                "Mean by predicted class",
+                facet=("layer",),
+                caption="Each layer's average output by the class the model predicted: which "
+                "classes drive a layer, and whose activations moved.",
+            ),
         ),
     ),
 )
 
 #: Panels read for the header and the onset mark rather than drawn: whether a profile is
-#: loaded, which detectors alarmed first in each alarm episode, and the anytime-valid alarms.
+#: loaded, which detectors alarmed first in each alarm episode, and the anytime-valid alarms;
+#: for the summary, how far each detector went and the accuracy estimate.
 PROFILE = PanelRef("drift.json", "Drift profile", refs=("A",))
 FIRST_ALARM = PanelRef("drift.json", "Which layer moved first")
 SEQUENTIAL_ALARMS = PanelRef("drift.json", "Sequential alarms")
+SCORE_RATIO = PanelRef("drift.json", "Score over threshold")
+ESTIMATE = PanelRef("drift.json", "Estimated accuracy against the reference", refs=("A",))
+REFERENCE_ACCURACY = PanelRef("drift.json", "Estimated accuracy against the reference", refs=("C",))
 
 
 @dataclass(frozen=True)
@@ -164,7 +239,7 @@ def load_panel(boards: Mapping[str, Mapping[str, Any]], ref: PanelRef) -> Panel:
     return Panel(
         ref,
         ref.heading or ref.title,
-        source.get("description", ""),
+        ref.caption or source.get("description", ""),
         source.get("fieldConfig", {}).get("defaults", {}).get("unit", "none"),
         targets,
         source,

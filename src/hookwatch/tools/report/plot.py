@@ -1,6 +1,8 @@
 """One PNG per panel with matplotlib's Agg canvas (no display, no pyplot state): a small plot
 per facet, dashed where the dashboard dashes (references, thresholds), the onset of drift as a
-red line and the alarm episodes shaded on every one."""
+red line, the alarm episodes shaded and the anytime-valid alarms as triangles on every one; a
+log scale where a plot's values span orders of magnitude (a threshold of 1.65 against scores
+of 400)."""
 
 from __future__ import annotations
 
@@ -41,6 +43,8 @@ MAX_COLUMNS = 4
 TICK_SPACINGS = (5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
 #: Time labels that fit across the whole figure's width without touching.
 TICKS_PER_WIDTH = 12
+#: A plot whose positive values span more than this factor is drawn on a log scale.
+LOG_SPAN = 100.0
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,8 @@ def render(
     for index, (ax, (key, group)) in enumerate(zip(grid, groups.items(), strict=False)):
         _draw_facet(ax, panel, key, group)
         _mark(ax, marks, span, label=index == 0)
+        per = panel.ref.facet.index("detector") if "detector" in panel.ref.facet else None
+        _mark_pages(ax, marks, None if per is None else key[per], label=index == 0)
         _time_axis(ax, span, tz, ticks)
         # Times under the lowest plot of each column only: the plots share their range.
         if index + columns < len(groups):
@@ -111,12 +117,19 @@ def _draw_facet(ax: Axes, panel: Panel, key: tuple[str, ...], group: list[Line])
         else:
             ax.plot(times, values, color=f"C{colour}", lw=1.5, label=name)
             colour += 1
-    low, high = panel.soft_limits()
-    bottom, top = ax.get_ylim()
-    # The dashboard's soft limits: the axis reaches them unless the data goes beyond.
-    ax.set_ylim(
-        bottom if low is None else min(bottom, low), top if high is None else max(top, high)
-    )
+    if panel.ref.line_at is not None:
+        ax.axhline(panel.ref.line_at, ls="--", color=REFERENCE_COLOUR, lw=1.2)
+    values = np.concatenate([line.series.values for line in group])
+    scale = log_scale(values)
+    if scale is not None:
+        ax.set_yscale(*scale)
+    else:
+        low, high = panel.soft_limits()
+        bottom, top = ax.get_ylim()
+        # The dashboard's soft limits: the axis reaches them unless the data goes beyond.
+        ax.set_ylim(
+            bottom if low is None else min(bottom, low), top if high is None else max(top, high)
+        )
     if key:
         ax.set_title(" · ".join(v for v in key if v), fontsize=10)
     ax.set_ylabel(UNIT_LABELS.get(panel.unit, panel.unit), fontsize=8)
@@ -157,6 +170,39 @@ def _mark(ax: Axes, marks: Alarms, span: tuple[float, float], label: bool) -> No
     )
 
 
+def log_scale(values: np.ndarray) -> tuple[str, ...] | None:
+    """("log",) when the positive values span more than LOG_SPAN and none is negative; with
+    zeros among them ("symlog",), linear up to the smallest positive value; else None."""
+    finite = values[np.isfinite(values)]
+    positive = finite[finite > 0]
+    if positive.size == 0 or (finite < 0).any():
+        return None
+    if positive.max() / positive.min() <= LOG_SPAN:
+        return None
+    return ("log",) if positive.size == finite.size else ("symlog",)
+
+
+def _mark_pages(ax: Axes, marks: Alarms, detector: str | None, label: bool) -> None:
+    """The anytime-valid test's alarms as triangles along the top: the detector's own on a
+    plot of one detector, every detector's on any other plot."""
+    if detector is not None:
+        times = sorted(set(marks.pages.get(detector, ())))
+    else:
+        times = sorted({t for ts in marks.pages.values() for t in ts})
+    if not times:
+        return
+    ax.plot(
+        times,
+        [1.0] * len(times),
+        "v",
+        transform=ax.get_xaxis_transform(),  # x in data, y in axes fraction: the top edge
+        color=ONSET_COLOUR,
+        markersize=5,
+        clip_on=False,
+        label="anytime-valid alarm" if label else None,
+    )
+
+
 def _names(detectors: Sequence[str], most: int = 4) -> str:
     """The first few names, and how many more: the page's header lists them all."""
     more = len(detectors) - most
@@ -193,7 +239,8 @@ def _legend(figure: Figure, axes: Sequence[Axes]) -> None:
     figure.legend(
         list(seen.values()),
         list(seen),
-        loc="outside upper right",
+        # Below the plots: above them a long legend would run into the figure's title.
+        loc="outside lower center",
         ncols=min(len(seen), 6),
         fontsize=8,
         frameon=False,
