@@ -107,9 +107,10 @@ def test_report_of_a_drifting_stack_shows_its_plots_in_chromium(
         capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    # Traffic 2, drift scores 2, statistics 5, units and classes 3.
-    assert f"(12 plots) for {MODEL}: drift from " in done.stdout, done.stdout
     page = (out / "index.html").read_text()
+    # Drift 3 (4 with an accuracy estimate), traffic 2, statistics 5, units and classes 3.
+    plots = 13 + ("estimated-accuracy" in page)
+    assert f"({plots} plots) for {MODEL}: drift from " in done.stdout, done.stdout
     match = re.search(r"drift from \S+ \((\d+) s after the start of the range\)", page)
     assert match, page[:3000]
     problems = check_in_browser(chromium, out / "index.html", tmp_path)
@@ -144,7 +145,15 @@ def test_hookwatch_run_writes_the_report_when_its_time_is_up(tmp_path: Path) -> 
     assert f"report: {index} (open it in a browser)" in done.stdout, done.stdout[-3000:]
     # Written before the stack stopped.
     assert done.stdout.index("report: ") < done.stdout.index("stopped TorchServe")
-    assert len(re.findall(r'<img src="', index.read_text())) == 12
+    page = index.read_text()
+    assert len(re.findall(r'<img src="', page)) == 13 + ("estimated-accuracy" in page)
+    # The summary knows when the traffic switched, and what the labelled answers said.
+    assert re.search(r'<p id="summary">The traffic switched to inverted digits at ', page)
+    assert "On labelled answers the model was right " in page
+    # The run's own summary, after the report and before the stack stops.
+    summary = done.stdout[done.stdout.index("run summary: ") :]
+    assert re.search(r"first alarm \S+, \d+ s after the switch", summary), summary
+    assert f"report: {index}" in summary and summary.index("stopped TorchServe") > 0
 
 
 def _assert(result: list[dict[str, Any]]) -> None:
@@ -172,3 +181,38 @@ def test_the_browser_check_fails_when_images_do_not_load(tmp_path: Path) -> None
     problems = check_in_browser(chromium, index, tmp_path)
     assert len(problems) == len(written.images) + 1, problems
     assert problems[-1].startswith("the screenshot looks blank")
+
+
+#: The first screen of a laptop: the answer must be on it without scrolling.
+FIRST_SCREEN = "1280,800"
+
+
+def test_the_first_screen_holds_the_header_and_what_happened(tmp_path: Path) -> None:
+    """In a 1280x800 window, Chromium lays out the title and the whole summary paragraph
+    above the fold, and the screenshot of that screen is not blank."""
+    from hookwatch.tools.report.story import Client
+
+    chromium = require_binary("chromium")
+    run = Run(estimate=True, sequential=("act2", "input"))
+    client = Client(run.onset - 5, "inverted digits", 0.97, 0.03)
+    with serving(FakePrometheus(run)) as fake:
+        written = write_report(
+            fake.url, tmp_path / "r", ROOT / dashboards.DASHBOARDS, client=client
+        )
+    found = browser.layout(
+        chromium, written.index, tmp_path / "profile", FIRST_SCREEN, ["h1", "#summary", "img"]
+    )
+    # Headless Chromium's window keeps ~140 px for its own bars, as a desktop browser does:
+    # what is left is the first screen the page gets.
+    height = found["viewport"]["height"]
+    assert 600 <= height <= 800, found["viewport"]
+    assert found["h1"]["text"] == "hookwatch report: digits"
+    summary = found["#summary"]
+    assert summary["text"].startswith("The traffic switched to inverted digits"), summary
+    assert 0 < found["h1"]["bottom"] <= summary["top"] < summary["bottom"] <= height, found
+    # The first plot starts on the first screen too (the answer's picture begins there).
+    assert found["img"]["top"] < height, found
+    shot = browser.screenshot(
+        chromium, written.index, tmp_path / "first.png", tmp_path / "profile", FIRST_SCREEN
+    )
+    assert shot.ink > 0.03 and shot.spread > 0.1, shot

@@ -38,10 +38,14 @@ def test_serving_fortunes_then_literature_shows_drift_in_the_live_table(tmp_path
     out = done.stdout
     assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
     assert "sending held-out computers fortunes at 10/s, literature after 40 s" in out
-    shifted = re.findall(r"drift \(literature\): detector score / threshold\n(.*)\n", out)
+    # The live view's frames while literature is sent (each starts with its clock time).
+    frames = re.split(r"\n(?=\d\d:\d\d:\d\d  )", out)
+    shifted = [f for f in frames if "client   sending literature;" in f]
     assert shifted, out[-3000:]
     # Once the windows hold literature, every block and the embedding are over threshold.
     last = shifted[-1]
+    assert "DRIFT since" in last.lstrip("\n").splitlines()[0], last
     for detector in (*LAYERS, "output"):
-        assert re.search(rf"{re.escape(detector)} [\d.]+/[\d.]+ DRIFT", last), last
-    assert "client: {200:" in out and "stopped TorchServe, exporter and Prometheus" in out
+        assert re.search(rf"\n    {re.escape(detector)} +[\d.]+ > +[\d.]+ .*PAST", last), last
+    assert "stopped TorchServe, exporter and Prometheus" in out
+    assert "run summary: " in out and "first alarm " in out

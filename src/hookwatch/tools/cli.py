@@ -282,9 +282,9 @@ def _terminal_to_ourselves() -> Iterator[None]:
             signal.signal(signal.SIGTTOU, ttou)
 
 
-def _final_report(stack: Any, out: Path, minutes: float) -> None:
+def _final_report(stack: Any, out: Path, minutes: float, client: Any = None) -> Path | None:
     """Write the report while Prometheus still runs; a failure is one line, never the exit
-    status of a clean stop (HOOKWATCH_DEBUG=1 adds the traceback)."""
+    status of a clean stop (HOOKWATCH_DEBUG=1 adds the traceback). Returns its index.html."""
     from hookwatch.tools.dashboards import DASHBOARDS
 
     print(f"writing the report into {out}/ ...", flush=True)
@@ -304,6 +304,7 @@ def _final_report(stack: Any, out: Path, minutes: float) -> None:
             DASHBOARDS,
             model=stack.model_name,
             minutes=minutes,
+            client=client,
         )
     except Exception as error:  # whatever went wrong, the stack still stops
         if os.environ.get("HOOKWATCH_DEBUG"):
@@ -314,8 +315,9 @@ def _final_report(stack: Any, out: Path, minutes: float) -> None:
         # The errors hookwatch words for people say enough; anything else also needs its type.
         why = first if isinstance(error, USER_ERRORS) else f"{type(error).__name__}: {first}"
         print(f"report not written: {why}", flush=True)
-        return
+        return None
     print(f"report: {written.index.resolve()} (open it in a browser)", flush=True)
+    return written.index.resolve()
 
 
 def _take_foreground(fd: int) -> int | None:
@@ -433,10 +435,10 @@ def _start_stack_and_watch(
             f"  Prometheus  http://127.0.0.1:{p.prometheus}/graph\n",
             flush=True,
         )
+        view = LiveView(stack)
         if make_traffic is not None and not stopping.is_set():
             traffic = make_traffic(stack)
             traffic.start()
-        view = LiveView(stack)
         deadline = time.monotonic() + seconds if seconds > 0 else None
         while not stopping.wait(5.0):
             if deadline is not None and time.monotonic() >= deadline:
@@ -449,9 +451,16 @@ def _start_stack_and_watch(
                 print(table, flush=True)
         if traffic is not None:
             traffic.stop()
+        written = None
         if report is not None and stack.recorded_pids():
             # The whole run, a minute of margin: the report starts at its first sample.
-            _final_report(stack, report, (time.monotonic() - began) / 60 + 1)
+            facts = traffic.report_facts() if traffic is not None else None
+            written = _final_report(stack, report, (time.monotonic() - began) / 60 + 1, facts)
+        if stack.recorded_pids():
+            try:
+                print("\n" + view.summary(traffic, written), flush=True)
+            except (OSError, RuntimeError) as error:
+                print(f"(no run summary: {error})", flush=True)
     finally:
         killed = stack.stop()
         print(

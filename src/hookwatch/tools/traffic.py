@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
+import sys
 import threading
 import time
 from collections import Counter
-from typing import Any
+from pathlib import Path
+from typing import Any, TextIO
 
 from hookwatch.tools.devstack import Stack
 
@@ -32,7 +36,14 @@ class Traffic:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="traffic", daemon=True)
         self.status = Counter[int]()
+        #: Answers checked against a known label, and those right: in all, and per phase
+        #: (False: before the switch, True: after it).
+        self.checked = 0
         self.correct = 0
+        self.checked_in = Counter[bool]()
+        self.correct_in = Counter[bool]()
+        #: Wall-clock time of the switch to shifted traffic; None before it (or never).
+        self.switched_at: float | None = None
 
     @property
     def state(self) -> str:
@@ -45,6 +56,17 @@ class Traffic:
         self._stop.set()
         self._thread.join(10)
 
+    def report_facts(self) -> Any:
+        """What the report's summary takes from the sender (a report.story.Client): when the
+        traffic switched and the accuracy on labelled answers before and after."""
+        from hookwatch.tools.report.story import Client
+
+        def share(phase: bool) -> float | None:
+            checked = self.checked_in[phase]
+            return self.correct_in[phase] / checked if checked else None
+
+        return Client(self.switched_at, self.shifted_name, share(False), share(True))
+
     def request(self, i: int, shifted: bool) -> tuple[Any, Any]:
         """The ``i``-th request's body and the answer it should get (None: not checked)."""
         raise NotImplementedError
@@ -56,7 +78,12 @@ class Traffic:
         i = 0
         started = next_at = time.monotonic()
         while not self._stop.is_set():
-            if self._drift_after and time.monotonic() - started >= self._drift_after:
+            if (
+                self._drift_after
+                and not self.drifting
+                and time.monotonic() - started >= self._drift_after
+            ):
+                self.switched_at = time.time()
                 self.drifting = True
             body, expected = self.request(i, self.drifting)
             try:
@@ -64,8 +91,12 @@ class Traffic:
             except OSError:
                 status, reply = 0, None
             self.status[status] += 1
-            if status == 200 and expected is not None and self.right(reply, expected):
-                self.correct += 1
+            if status == 200 and expected is not None:
+                right = self.right(reply, expected)
+                self.checked += 1
+                self.checked_in[self.drifting] += 1
+                self.correct += right
+                self.correct_in[self.drifting] += right
             i += 1
             next_at += self._period
             self._stop.wait(max(0.0, next_at - time.monotonic()))
@@ -123,22 +154,127 @@ class TextTraffic(Traffic):
         return self._clean[i % len(self._clean)], None
 
 
+#: The live view's width: every line it prints fits a 100-column terminal.
+WIDTH = 100
+#: The window of the per-layer table and of the page counts (PromQL duration).
+TABLE_WINDOW = "1m"
+
+_RED, _GREEN, _BOLD, _RESET = "\x1b[31m", "\x1b[32m", "\x1b[1m", "\x1b[0m"
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def wants_colour(stream: TextIO | None = None) -> bool:
+    """Colour on a terminal, plain when piped or when ``NO_COLOR`` is set (no-color.org)."""
+    stream = sys.stdout if stream is None else stream
+    if os.environ.get("NO_COLOR"):
+        return False
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def visible(line: str) -> str:
+    """``line`` as a terminal shows it: without its colour codes."""
+    return _ANSI.sub("", line)
+
+
+def clip(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters, the cut marked with an ellipsis."""
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _middle(name: str, width: int) -> str:
+    """A long layer name shortened in the middle, where dotted paths repeat themselves."""
+    if len(name) <= width:
+        return name
+    keep = width - 1
+    return name[: keep - keep // 2] + "…" + name[len(name) - keep // 2 :]
+
+
+def _number(value: float, width: int = 10) -> str:
+    if not math.isfinite(value):
+        return f"{'-':>{width}}"
+    text = f"{value:.3f}"
+    return f"{text if len(text) <= width else f'{value:.3g}':>{width}}"
+
+
+def _pair(score: float, limit: float) -> tuple[str, str]:
+    """Score and threshold with enough decimals that two different numbers never print alike."""
+    for decimals in (2, 3, 4, 6):
+        a, b = f"{score:.{decimals}f}", f"{limit:.{decimals}f}"
+        if a != b or score == limit:
+            return a, b
+    return f"{score:.6g}", f"{limit:.6g}"
+
+
+def _names(names: list[str], width: int) -> str:
+    """As many of ``names`` as fit in ``width`` characters, then how many more."""
+    shown: list[str] = []
+    for i, name in enumerate(names):
+        more = len(names) - i - 1
+        tail = f", {more} more" if more else ""
+        candidate = ", ".join([*shown, name])
+        if len(candidate + tail) > width and shown:
+            return ", ".join(shown) + f", {len(names) - i} more"
+        shown.append(name)
+    return ", ".join(shown)
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t))
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    minutes, secs = divmod(seconds, 60)
+    return f"{minutes} min {secs} s" if minutes else f"{secs} s"
+
+
 class LiveView:
-    """Reads a few hookwatch series back from Prometheus' HTTP API and formats them."""
+    """Reads a few hookwatch series back from Prometheus' HTTP API every few seconds and
+    formats them for a 100-column terminal: a headline that says whether drift is under way
+    and since when, traffic, accuracy, the per-layer table and each detector against its
+    threshold; :meth:`summary` sums the run up when it stops."""
 
     QUERIES = (
         ("requests/s", "sum(rate(hookwatch_requests_total{{model={model}}}[30s]))"),
         ("sampled/s", "sum(rate(hookwatch_requests_sampled_total{{model={model}}}[30s]))"),
         ("rejected", "sum(hookwatch_requests_rejected_total{{model={model}}})"),
         ("dropped", "sum(hookwatch_captures_dropped_total{{model={model}}})"),
-        ("queue depth", "sum(hookwatch_capture_queue_depth{{model={model}}})"),
+        ("queue", "sum(hookwatch_capture_queue_depth{{model={model}}})"),
     )
 
-    def __init__(self, stack: Stack, model: str | None = None) -> None:
+    def __init__(
+        self,
+        stack: Any,
+        model: str | None = None,
+        colour: bool | None = None,
+        clock: Any = time.time,
+    ) -> None:
         self._stack = stack
         self.model = model or stack.model_name
         # A PromQL string literal (JSON's escaping is PromQL's).
         self._label = json.dumps(self.model)
+        self.colour = wants_colour() if colour is None else colour
+        self._clock = clock
+        self.started = clock()
+        #: When the view first saw each detector alarm (its window past threshold or its
+        #: anytime-valid test), in that order: the run's story for the headline and summary.
+        self.first_alarms: dict[str, float] = {}
+        #: Since when drift has been under way without a break, None while it is not.
+        self.since: float | None = None
+        self._last: tuple[float, int, int] | None = None
+
+    def _paint(self, text: str, *codes: str) -> str:
+        return "".join(codes) + text + _RESET if self.colour and codes else text
+
+    def _value(self, promql: str) -> float | None:
+        try:
+            result = self._stack.query(promql)
+        except (OSError, RuntimeError):
+            return None
+        return float(result[0]["value"][1]) if result else None
 
     def _scalar(self, promql: str) -> str:
         try:
@@ -149,7 +285,7 @@ class LiveView:
 
     STATISTICS = ("mean", "std", "min", "max", "zero_fraction")
 
-    def layer_means(self, window: str = "1m") -> dict[str, dict[str, float]]:
+    def layer_means(self, window: str = TABLE_WINDOW) -> dict[str, dict[str, float]]:
         """Fleet-wide average of each per-sample statistic over ``window``, by layer."""
         rows = self._stack.query(
             # delta, not rate: the _sum of a statistic that can be negative (logits) goes down,
@@ -190,7 +326,7 @@ class LiveView:
             )
         return sorted(rows)
 
-    def pages(self, window: str = "1m") -> list[tuple[str, float]]:
+    def pages(self, window: str = TABLE_WINDOW) -> list[tuple[str, float]]:
         """(detector, alarms) for the detectors whose anytime-valid test alarmed in ``window``
         over every worker: what HookwatchDrift pages on."""
         rows = self._stack.query(
@@ -199,41 +335,175 @@ class LiveView:
         )
         return sorted((r["metric"]["detector"], float(r["value"][1])) for r in rows)
 
-    def render(self, traffic: Traffic | None = None) -> str:
-        head = "  ".join(
+    # -- the parts of one frame ------------------------------------------------------------
+
+    def _headline(self, now: float, alarming: list[str], traffic: Traffic | None) -> str:
+        stamp = _clock(now)
+        switched = traffic.switched_at if traffic is not None else None
+        if alarming:
+            assert self.since is not None
+            after = (
+                f", {self.since - switched:.0f} s after the switch"
+                if switched is not None and self.since >= switched
+                else ""
+            )
+            head = f"{stamp}  DRIFT since {_clock(self.since)}{after}: "
+            text = head + _names([_middle(d, 20) for d in alarming], WIDTH - len(head))
+            return self._paint(text, _BOLD, _RED)
+        if switched is not None:
+            text = (
+                f"{stamp}  no drift detected yet ({traffic.state if traffic else 'shifted'} "
+                f"for {now - switched:.0f} s)"
+            )
+            return self._paint(clip(text, WIDTH), _BOLD)
+        text = (
+            f"{stamp}  no drift: every detector under its threshold, "
+            f"no page in the last {TABLE_WINDOW}"
+        )
+        return self._paint(clip(text, WIDTH), _GREEN)
+
+    def _traffic(self, traffic: Traffic | None) -> list[str]:
+        served = "  ".join(
             f"{name} {self._scalar(q.format(model=self._label))}" for name, q in self.QUERIES
         )
-        client = (
-            f"  | client: {dict(traffic.status)}"
-            + (f" correct {traffic.correct}" if isinstance(traffic, TrafficLoop) else "")
-            if traffic is not None
-            else ""
-        )
-        lines = [time.strftime("%H:%M:%S") + "  " + head + client]
+        lines = [clip(f"  served   {served}", WIDTH)]
+        if traffic is not None:
+            sent = sum(traffic.status.values())
+            other = ", ".join(f"{k}: {v}" for k, v in sorted(traffic.status.items()) if k != 200)
+            lines.append(
+                clip(
+                    f"  client   sending {traffic.state}; sent {sent}, "
+                    f"answered {traffic.status.get(200, 0)}"
+                    + (f" (other: {other})" if other else ""),
+                    WIDTH,
+                )
+            )
+        return lines
+
+    def _accuracy(self, now: float, traffic: Traffic | None) -> str | None:
+        parts = []
+        if traffic is not None and traffic.checked:
+            checked, correct = traffic.checked, traffic.correct
+            last = self._last
+            self._last = (now, checked, correct)
+            if last is not None and checked > last[1]:
+                n, right = checked - last[1], correct - last[2]
+                share = self._paint(f"{100 * right / n:.0f} %", _BOLD)
+                parts.append(f"last {now - last[0]:.0f} s: {share} of {n} labelled answers")
+        estimate = self._value(f"min(hookwatch_estimated_accuracy{{model={self._label}}})")
+        if estimate is not None:
+            reference = self._value(f"max(hookwatch_reference_accuracy{{model={self._label}}})")
+            parts.append(
+                f"estimated {100 * estimate:.0f} % (last window"
+                + (f"; reference {100 * reference:.0f} %)" if reference is not None else ")")
+            )
+        return "  accuracy " + "  |  ".join(parts) if parts else None
+
+    def _layers(self) -> list[str]:
         table = self.layer_means()
-        width = max([len(layer) for layer in table] + [8])
-        lines.append(f"    {'layer':<{width}} " + " ".join(f"{s:>13}" for s in self.STATISTICS))
+        if not table:
+            return []
+        width = min(30, max([len(layer) for layer in table] + [8]))
+        names = ("mean", "std", "min", "max", "zero frac")
+        lines = [
+            f"  layers: fleet average over the last {TABLE_WINDOW} (a step shows here slowly)",
+            f"    {'layer':<{width}} " + " ".join(f"{s:>10}" for s in names),
+        ]
         for layer in sorted(table):
             cells = (table[layer].get(s, float("nan")) for s in self.STATISTICS)
             # NaN: no sampled request in the window (0/0), shown as no data.
+            lines.append(f"    {_middle(layer, width):<{width}} " + " ".join(map(_number, cells)))
+        return lines
+
+    def _drift(
+        self, rows: list[tuple[str, str, float, float, int]], pages: dict[str, float]
+    ) -> list[str]:
+        window = self._value(f"max(hookwatch_drift_window_samples{{model={self._label}}})")
+        size = f"the last {window:.0f} sampled requests" if window else "the last window"
+        width = min(30, max([len(d) for _, d, *_ in rows] + [8]))
+        lines = [
+            f"  drift: score of {size} per worker vs its threshold (x thr: how far);",
+            f"  pages: the anytime-valid test's alarms in the last {TABLE_WINDOW} (what pages)",
+            f"    {'detector':<{width}} {'score':>10}   {'threshold':>9} {'x thr':>7}  "
+            f"{'state':<6} pages",
+        ]
+        for _, detector, score, limit, hit in rows:
+            past = bool(hit) or (math.isfinite(limit) and score > limit)
+            a, b = _pair(score, limit)
+            sign = ">" if score > limit else "=" if score == limit else "<"
+            times = f"{score / limit:6.1f}x" if math.isfinite(limit) and limit > 0 else "      -"
+            state = self._paint(f"{'PAST':<6}", _BOLD, _RED) if past else f"{'ok':<6}"
+            paged = pages.get(detector, 0.0)
+            page = self._paint(f"{paged:.0f}", _BOLD, _RED) if paged else "-"
             lines.append(
-                f"    {layer:<{width}} "
-                + " ".join(f"{c:13.3f}" if math.isfinite(c) else f"{'-':>13}" for c in cells)
+                f"    {_middle(detector, width):<{width}} {a:>10} {sign} {b:>9} {times}  "
+                f"{state} {page}"
             )
-        drift = self.drift_rows()
-        if drift:
-            state = "" if traffic is None else f" ({traffic.state})"
-            lines.append(f"    drift{state}: detector score / threshold")
-            lines.append(
-                "      "
-                + "  ".join(
-                    f"{detector} {score:.2f}/{limit:.2f}{' DRIFT' if hit else ''}"
-                    for _, detector, score, limit, hit in drift
-                )
-            )
-            pages = self.pages()
-            lines.append(
-                "      anytime-valid alarms in the last minute (the page): "
-                + ("  ".join(f"{d} {n:.0f}" for d, n in pages) if pages else "none")
-            )
+        return lines
+
+    def render(self, traffic: Traffic | None = None) -> str:
+        now = self._clock()
+        rows = self.drift_rows()
+        pages = dict(self.pages()) if rows else {}
+        alarming = [
+            d
+            for _, d, score, limit, hit in rows
+            if hit or (math.isfinite(limit) and score > limit) or pages.get(d)
+        ]
+        for detector in alarming:
+            self.first_alarms.setdefault(detector, now)
+        if alarming and self.since is None:
+            self.since = now
+        elif not alarming:
+            self.since = None
+        # In the order they first alarmed, the longest-standing first.
+        alarming.sort(key=lambda d: (self.first_alarms[d], d))
+        # A blank line first: one frame every few seconds, each starting at its clock time.
+        lines = ["", self._headline(now, alarming, traffic), *self._traffic(traffic)]
+        accuracy = self._accuracy(now, traffic)
+        if accuracy is not None:
+            lines.append(accuracy)
+        lines += self._layers()
+        if rows:
+            lines += self._drift(rows, pages)
         return "\n".join(lines)
+
+    def summary(self, traffic: Traffic | None = None, report: Path | None = None) -> str:
+        """What the run came to, for when it stops: duration, requests, the first alarm and
+        its delay after the switch, the detectors in the order they alarmed, the report."""
+        now = self._clock()
+        served = self._value(f"sum(hookwatch_requests_total{{model={self._label}}})")
+        head = f"run summary: {_duration(now - self.started)}"
+        if traffic is not None:
+            sent = sum(traffic.status.values())
+            head += f", {sent} requests sent, {traffic.status.get(200, 0)} answered"
+        elif served is not None:
+            head += f", {served:.0f} requests served"
+        lines = [head]
+        switched = traffic.switched_at if traffic is not None else None
+        if switched is not None and traffic is not None:
+            lines.append(f"  {traffic.shifted_name} from {_clock(switched)}")
+        if self.first_alarms:
+            order = sorted(self.first_alarms.items(), key=lambda item: (item[1], item[0]))
+            first = order[0][1]
+            delay = (
+                f", {first - switched:.0f} s after the switch"
+                if switched is not None and first >= switched
+                else (" (before the switch: a false alarm)" if switched is not None else "")
+            )
+            lines.append(f"  first alarm {_clock(first)}{delay} (seen every 5 s)")
+            steps = [f"{d} +{t - first:.0f} s" if t > first else d for d, t in order]
+            head = "  detectors in order: "
+            lines.append(head + _names(steps, WIDTH - len(head)))
+        else:
+            lines.append("  no detector alarmed")
+        if traffic is not None and traffic.checked:
+            phases = [
+                f"{name} {100 * traffic.correct_in[phase] / traffic.checked_in[phase]:.0f} %"
+                for phase, name in ((False, traffic.clean_name), (True, traffic.shifted_name))
+                if traffic.checked_in[phase]
+            ]
+            lines.append("  accuracy (labels known): " + ", ".join(phases))
+        if report is not None:
+            lines.append(f"  report: {report}")
+        return "\n".join(clip(line, WIDTH) for line in lines)
