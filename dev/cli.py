@@ -1,7 +1,8 @@
 """``python -m dev``: the repository's harnesses, run from its root by the ``make`` targets.
 
 ``bench`` (``make bench``, ``make bench-quick``) measures the handler variants and rewrites
-docs/bench/ and README.md's bench blocks; ``soak`` (``make soak``) writes docs/soak/;
+docs/bench/ (its README's bench blocks) and README.md's overhead verdict; ``soak``
+(``make soak``) writes docs/soak/;
 ``catalogue`` (``make docs``) prints docs/metrics.md; ``config-docs`` (``make docs``) rewrites
 docs/configuration.md's option tables. None of them is installed with hookwatch:
 a user measures their own model with ``hookwatch bench MAR``, which prints and writes nothing
@@ -64,14 +65,22 @@ def _bench(args: argparse.Namespace) -> int:
     from hookwatch.tools.devstack import Ports
 
     readme = args.root / "README.md"
+    blocks = args.root / report.BLOCKS_FILE
+
+    def committed_verdicts() -> None:
+        # README.md's one line per model, from every committed result as it now stands.
+        results = [runner.read_result(args.root / source) for source in report.README_RESULTS]
+        report.rewrite_verdicts(readme, results)
+
     if args.render:
         for source in report.README_RESULTS:
             result = runner.read_result(args.root / source)
             (args.root / source).with_suffix(".md").write_text(report.render(result))
-            report.rewrite_readme(readme, result, source)
+            report.rewrite_readme(blocks, result, source)
+        committed_verdicts()
         print(
-            f"rendered {', '.join(report.README_RESULTS)} into their tables and {readme}'s "
-            "bench blocks"
+            f"rendered {', '.join(report.README_RESULTS)} into their tables, {blocks}'s "
+            f"bench blocks and {readme}'s overhead verdict"
         )
         return 0
     settings = runner.Settings.quick() if args.quick else runner.Settings.full()
@@ -94,9 +103,10 @@ def _bench(args: argparse.Namespace) -> int:
     print(f"wrote {out} and {out.with_suffix('.json')} in {result.duration_s / 60:.1f} min")
     for source in report.README_RESULTS:
         if out.with_suffix(".json").resolve() == (args.root / source).resolve():
-            # The README states the committed runs' verdicts: rendered from them, never by hand.
-            report.rewrite_readme(readme, result, source)
-            print(f"rewrote the bench block of {readme} for {source}")
+            # The docs state the committed runs' verdicts: rendered from them, never by hand.
+            report.rewrite_readme(blocks, result, source)
+            committed_verdicts()
+            print(f"rewrote the bench block of {blocks} for {source} and {readme}'s verdict")
     return 0
 
 
@@ -180,8 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--render",
         action="store_true",
-        help="no run: re-render docs/bench/results*.md and README.md's bench blocks from the "
-        "committed results*.json",
+        help="no run: re-render docs/bench/results*.md, docs/bench/README.md's bench blocks and "
+        "README.md's overhead verdict from the committed results*.json",
     )
     bench.set_defaults(func=_bench)
     return parser

@@ -1,7 +1,8 @@
-"""README's "Monitor your own model", as a user who only has the built wheel runs it.
+"""README's "Monitor your own model" (and docs/your-model.md's other two models), as a user who
+only has the built wheel runs it.
 
 The wheel is built from the repository's files, installed with its `[torchserve]` extra into a
-fresh virtual environment outside the repository, and the README's blocks run as written, one
+fresh virtual environment outside the repository, and the documented blocks run as written, one
 command at a time in bash, in an empty folder holding only a stand-in model's three files:
 that venv's `bin` on PATH (what activating it gives), nothing of the repository on PATH or
 `sys.path`, free loopback ports in the port variables. A command that ends in ``&`` runs in the
@@ -30,11 +31,33 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 
+#: Where the walk-through blocks live: the README's own model, and the other two in the doc
+#: the README points to. Every block of these files is run by a test below.
+WALKTHROUGH_FILES = ("README.md", "docs/your-model.md")
+BLOCK = r"<!-- walkthrough: (\w+) -->\n```sh\n(.*?)```"
+
+
 def walkthrough(name: str) -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    match = re.search(rf"<!-- walkthrough: {name} -->\n```sh\n(.*?)```", text, re.S)
-    assert match, f"README.md has no walkthrough block {name!r}"
-    return [line for line in match.group(1).splitlines() if line.strip()]
+    found = [
+        (path, match.group(2))
+        for path in WALKTHROUGH_FILES
+        for match in re.finditer(BLOCK, (ROOT / path).read_text(), re.S)
+        if match.group(1) == name
+    ]
+    assert len(found) == 1, (
+        f"expected one walkthrough block {name!r} in {WALKTHROUGH_FILES}, got {found}"
+    )
+    return [line for line in found[0][1].splitlines() if line.strip()]
+
+
+def test_every_walkthrough_block_is_run_by_a_test() -> None:
+    names = [
+        match.group(1)
+        for path in WALKTHROUGH_FILES
+        for match in re.finditer(BLOCK, (ROOT / path).read_text(), re.S)
+    ]
+    assert sorted(names) == ["imagenet", "regression", "text"], names
+    assert "<!-- walkthrough: imagenet -->" in (ROOT / "README.md").read_text()
 
 
 class Block:

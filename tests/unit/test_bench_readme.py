@@ -1,4 +1,5 @@
-"""README.md's overhead verdicts are the committed results', rendered, never written by hand."""
+"""The overhead verdicts are the committed results', rendered, never written by hand: the
+blocks of docs/bench/README.md, and README.md's one line per model."""
 
 from __future__ import annotations
 
@@ -9,11 +10,15 @@ from pathlib import Path
 import pytest
 
 from dev.bench.report import (
+    BLOCKS_FILE,
     README_RESULTS,
     readme_block,
     render,
     render_summary,
+    render_verdicts,
     rewrite_readme,
+    rewrite_verdicts,
+    verdict_block,
 )
 from dev.bench.runner import BenchResult, read_result
 from hookwatch.tools.bench.loadgen import Segment
@@ -24,10 +29,29 @@ FIXTURE = Path(__file__).with_name("data") / "bench-results.json"
 
 @pytest.mark.parametrize("source", README_RESULTS)
 def test_readme_block_is_rendered_from_the_committed_results(source: str) -> None:
-    block = readme_block((ROOT / "README.md").read_text(), source)
+    block = readme_block((ROOT / BLOCKS_FILE).read_text(), source)
     assert block == render_summary(read_result(ROOT / source), source), (
-        f"README.md's bench block for {source} is stale: run `python -m dev bench --render`"
+        f"{BLOCKS_FILE}'s bench block for {source} is stale: run `python -m dev bench --render`"
     )
+
+
+def test_readme_states_the_committed_verdict_per_model() -> None:
+    results = [read_result(ROOT / source) for source in README_RESULTS]
+    assert verdict_block((ROOT / "README.md").read_text()) == render_verdicts(results), (
+        "README.md's overhead verdict is stale: run `python -m dev bench --render`"
+    )
+
+
+def test_the_verdict_line_says_missed_where_the_table_does(tmp_path: Path) -> None:
+    result = read_result(FIXTURE)
+    text = render_verdicts([result])
+    # The fixture's full variant loses 10 % of throughput in every round: a resolved miss.
+    assert "100 % sampling 0.90 at batch 1 (missed), target 0.95" in text
+    assert len(text.splitlines()) == 3  # markers and one line for its one model
+    readme = tmp_path / "README.md"
+    readme.write_text("before\n" + text.replace("missed", "held") + "\nafter\n")
+    rewrite_verdicts(readme, [result])
+    assert readme.read_text() == "before\n" + text + "\nafter\n"
 
 
 def test_the_fixture_reads_back_as_written() -> None:
