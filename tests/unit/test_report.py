@@ -301,7 +301,10 @@ def test_the_summary_says_what_happened_first(tmp_path: Path) -> None:
         "The anytime-valid test, which pages, alarmed 2 times: 1 for act2 and 1 for input." in said
     )
     assert "right 97 % of the time before the switch and 3 % after it" in said
-    assert "Estimated without labels, accuracy went from 95 % before to 30 % at the end" in said
+    assert (
+        "(the fleet's estimate, over 5 minutes: it lags), accuracy went from 95 % before to "
+        "30 % at the end" in said
+    )
     assert "(the reference's accuracy: 97 %)" in said
     page = written.index.read_text()
     # The paragraph comes straight after the title, before the details and every plot.

@@ -135,10 +135,14 @@ def _estimate(story: Story, boundary: float | None, tz: tzinfo) -> str:
     before = s.values[finite & (s.times < boundary)] if boundary is not None else np.array([])
     if before.size:
         return (
-            f"Estimated without labels, accuracy went from {_pct(float(np.median(before)))} "
-            f"before to {_pct(last)} at the end{reference}."
+            "Estimated without labels (the fleet's estimate, over 5 minutes: it lags), accuracy "
+            f"went from {_pct(float(np.median(before)))} before to {_pct(last)} at the end"
+            f"{reference}."
         )
-    return f"Estimated without labels, accuracy at the end was {_pct(last)}{reference}."
+    return (
+        "Estimated without labels (the fleet's estimate, over 5 minutes), accuracy at the end "
+        f"was {_pct(last)}{reference}."
+    )
 
 
 def sentences(story: Story, start: float, end: float, profile: bool, tz: tzinfo) -> list[str]:
