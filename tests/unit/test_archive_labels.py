@@ -168,3 +168,44 @@ def test_jsonl_labels_on_some_lines_only_are_refused(archive: Archive, tmp_path:
     jsonl.write_text("".join(json.dumps(line) + "\n" for line in lines))
     with pytest.raises(ConfigError, match=r"expected a label on every line \(or on none\), got 1"):
         archive(jsonl)
+
+
+def test_the_command_line_takes_reference_labels_and_words_a_mistake(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hookwatch.tools import cli
+
+    monkeypatch.delenv("HOOKWATCH_DEBUG", raising=False)
+    (tmp_path / "tiny.py").write_text(MODEL)
+    config = tmp_path / "model-config.yaml"
+    monitoring = {"layers": ["act"], "drift": {"window": 50}}
+    config.write_text(
+        yaml.safe_dump({"handler": {"input": {"shape": [6]}, "monitoring": monitoring}})
+    )
+    reference, labels = tmp_path / "ref.npy", tmp_path / "labels.npy"
+    np.save(reference, _inputs())
+    np.save(labels, _labels(150))
+    base = [
+        "archive", f"{tmp_path / 'tiny.py'}:Tiny", "--name", "tiny", "--config", str(config),
+        "--reference", str(reference), "--out", str(tmp_path / "store"),
+        "--build", str(tmp_path / "build"),
+    ]  # fmt: skip
+
+    def run(*extra: str) -> tuple[int, str]:
+        capsys.readouterr()
+        try:
+            code = cli.main([*base, *extra])
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else 1
+        return code, capsys.readouterr().err
+
+    code, err = run("--reference-labels", str(tmp_path / "none.npy"))
+    assert code == 2 and "expected the reference's class labels (.npy)" in err
+    assert len(err.strip().splitlines()) == 1, err
+    code, err = run("--reference-labels", str(labels))
+    assert code == 2, err
+    assert "expected 200 labels (one per reference sample), got 150" in err
+    assert len(err.strip().splitlines()) == 1, err
+    np.save(labels, _labels())
+    code, err = run("--reference-labels", str(labels))
+    assert code == 0, err

@@ -187,6 +187,10 @@ _INPUTS = _file(
     "held-out inputs (.npy, .npz or .jsonl)",
     "numpy.save writes an array, or write request bodies one a line",
 )
+_LABELS = _file(
+    "the reference's class labels (.npy)",
+    "numpy.save writes one integer label per reference sample",
+)
 
 
 def _traffic(text: str) -> str:
@@ -720,6 +724,7 @@ def _archive(args: argparse.Namespace) -> int:
         args=_model_args(args.model_args),
         weights=args.weights,
         extra_files=[Path(f) for f in args.extra_files.split(",") if f] if args.extra_files else [],
+        labels=args.reference_labels,
     )
     return 0
 
@@ -1158,6 +1163,16 @@ def build_parser() -> argparse.ArgumentParser:
         type=_INPUTS,
         required=True,
         help="held-out inputs: .npy/.npz array [N, *shape] or .jsonl request bodies",
+    )
+    archive.add_argument(
+        "--reference-labels",
+        type=_LABELS,
+        default=None,
+        metavar="FILE.npy",
+        help="the reference's true classes, one integer per sample (logits heads): the "
+        "accuracy estimate without labels, and pages on harm instead of drift, are fitted on "
+        "them. Also read from a 'y' array in a reference .npz, or a 'label' field on every "
+        "line of a reference .jsonl; without any, the model pages on drift",
     )
     archive.add_argument(
         "--out",
