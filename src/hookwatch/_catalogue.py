@@ -36,6 +36,8 @@ __all__ = [
     "CAPTURE_QUEUE_DEPTH",
     "CATALOGUE",
     "CLASS_ACTIVATION_STATISTIC",
+    "CLASS_ESTIMATED_CORRECT",
+    "CLASS_ESTIMATE_SAMPLES",
     "DRIFT_ALARMS",
     "DRIFT_BIN_SAMPLES",
     "DRIFT_DETECTED",
@@ -469,6 +471,21 @@ ESTIMATE_OUTSIDE_SUPPORT = CounterSpec(
     "Sampled requests whose harm.layer features lay outside the labelled reference's support "
     "(each counted as an error by the estimate): inputs unlike anything the reference had.",
 )
+CLASS_ESTIMATED_CORRECT = CounterSpec(
+    "hookwatch_class_estimated_correct_total",
+    ("model", "class"),
+    "samples",
+    "hookwatch_estimated_correct_total by the class the model predicted (the classes of "
+    "hookwatch_class_activation_statistic, the rest as class=other): divided by "
+    "hookwatch_class_estimate_samples_total, which predicted classes the estimate says are "
+    "failing.",
+)
+CLASS_ESTIMATE_SAMPLES = CounterSpec(
+    "hookwatch_class_estimate_samples_total",
+    ("model", "class"),
+    "samples",
+    "hookwatch_estimate_samples_total by the class the model predicted.",
+)
 ACCURACY_DROP_ALARMS = CounterSpec(
     "hookwatch_accuracy_drop_alarms_total",
     ("model",),
@@ -520,6 +537,8 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     ESTIMATE_SAMPLES,
     ESTIMATE_OUTSIDE_SUPPORT,
     ACCURACY_DROP_ALARMS,
+    CLASS_ESTIMATED_CORRECT,
+    CLASS_ESTIMATE_SAMPLES,
 )
 
 METRICS_DIR_WRITABLE = GaugeSpec(

@@ -122,6 +122,19 @@ def test_the_estimate_and_its_counters_are_exported() -> None:
     assert abs(correct / 200 - tracker.accuracy.estimator.reference_score) < 0.1  # type: ignore[union-attr]
     assert 0.8 <= value(metrics, "hookwatch_estimated_accuracy") <= 1.0
     assert value(metrics, "hookwatch_accuracy_drop_alarms_total") == 0
+    # Per predicted class: the same sums, split by class (3 classes, all tracked, and other).
+    by_class: dict[str, dict[str, float]] = {}
+    for (name, labels), v in metrics.sample_values().items():
+        if name in (
+            "hookwatch_class_estimated_correct_total",
+            "hookwatch_class_estimate_samples_total",
+        ):
+            by_class.setdefault(name, {})[dict(labels)["class"]] = v
+    samples = by_class["hookwatch_class_estimate_samples_total"]
+    assert set(samples) == {"0", "1", "2", "other"} and samples["other"] == 0
+    assert sum(samples.values()) == 200
+    right = by_class["hookwatch_class_estimated_correct_total"]
+    assert sum(right.values()) == pytest.approx(correct)
 
 
 def test_a_harmful_shift_raises_the_drop_alarm(caplog: pytest.LogCaptureFixture) -> None:
@@ -147,6 +160,7 @@ def test_without_an_estimate_nothing_of_it_is_exported() -> None:
     monitor.close()
     exported = {name for name, _ in metrics.sample_values()}
     assert not exported & {*GAUGES, *COUNTERS}
+    assert not any(name.startswith("hookwatch_class_estimate") for name in exported)
 
 
 def test_a_fault_turns_the_estimate_off_visibly_and_serving_goes_on(

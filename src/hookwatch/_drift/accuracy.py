@@ -560,6 +560,9 @@ class AccuracyTracker:
         self.correct_sum = 0.0
         self.count = 0
         self.outside_support = 0
+        #: Cumulative per predicted class ``[C]``: summed scores and samples.
+        self.class_correct_sum = np.zeros(estimator.classes)
+        self.class_count = np.zeros(estimator.classes, dtype=np.int64)
         self._one_thread = _OneBlasThread()
 
     @property
@@ -585,6 +588,8 @@ class AccuracyTracker:
         self.correct_sum += result.correct_sum
         self.count += result.count
         self.outside_support += result.outside_support
+        self.class_correct_sum = self.class_correct_sum + result.class_correct_sum
+        self.class_count = self.class_count + result.class_count
         tail = scores[-self.window :]
         end = self._position + len(tail)
         if end <= self.window:

@@ -115,6 +115,9 @@ class AccuracyTally:
     count: int
     outside_support: int
     alarms: int
+    #: Per predicted class (its index in the logits): summed scores and samples ``[C]``.
+    class_correct_sum: np.ndarray[Any, np.dtype[np.float64]] | None = None
+    class_count: IntArray | None = None
 
 
 @dataclass
@@ -483,6 +486,8 @@ class CaptureProcessor:
                 accuracy.count,
                 accuracy.outside_support,
                 accuracy.alarms,
+                accuracy.class_correct_sum,
+                accuracy.class_count,
             )
             with self._lock:
                 self._pending.accuracy = tally

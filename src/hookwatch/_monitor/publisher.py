@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hookwatch import _catalogue as metric
-from hookwatch._drift import DriftTracker, IntArray
+from hookwatch._drift import DriftTracker, FloatArray, IntArray
 from hookwatch._metrics import CounterChild, MetricSet
 from hookwatch._monitor.processor import AccuracyTally, DriftTally, LayerTally, Processed
 from hookwatch._names import (
@@ -59,6 +59,8 @@ class Publisher:
         self._classes: ClassSlots | None = None
         #: The estimate's summed scores as of the last publish (a float: not in _published).
         self._correct_published = 0.0
+        #: Per class slot, the estimate's summed scores and samples as of the last publish.
+        self._class_published: tuple[FloatArray | None, FloatArray | None] = (None, None)
         # Publishing runs on the capture thread's tick and from flush(): one lock keeps the
         # differences exact.
         self._lock = threading.Lock()
@@ -145,6 +147,9 @@ class Publisher:
                 metric.ACCURACY_DROP_ALARMS,
             ):
                 m.touch(spec, model=name)
+            for label in self._classes.labels if self._classes is not None else ():
+                for spec in (metric.CLASS_ESTIMATED_CORRECT, metric.CLASS_ESTIMATE_SAMPLES):
+                    m.touch(spec, model=name, **{"class": label})
         for layer, values in drift.statistics.items():
             if layer not in watched:
                 continue
@@ -244,6 +249,28 @@ class Publisher:
             model=name,
         )
         m.inc(metric.ACCURACY_DROP_ALARMS, self._delta("accuracy:alarms", tally.alarms), model=name)
+        if self._classes is None or tally.class_correct_sum is None or tally.class_count is None:
+            return
+        # Per class slot (the tracked classes, the rest as `other`), as increments.
+        slots = self._classes.slots(np.arange(len(tally.class_count)))
+        n = len(self._classes.labels)
+        right_now: FloatArray = np.bincount(
+            slots, weights=tally.class_correct_sum, minlength=n
+        ).astype(np.float64)
+        count_now: FloatArray = np.bincount(slots, weights=tally.class_count, minlength=n).astype(
+            np.float64
+        )
+        last_right, last_count = self._class_published
+        self._class_published = (right_now, count_now)
+        for slot, label in enumerate(self._classes.labels):
+            before = last_count[slot] if last_count is not None else 0.0
+            samples = round(float(count_now[slot] - before))
+            if not samples:
+                continue
+            right = float(right_now[slot] - (last_right[slot] if last_right is not None else 0.0))
+            labels = {"model": name, "class": label}
+            m.inc(metric.CLASS_ESTIMATED_CORRECT, max(right, 0.0), **labels)
+            m.inc(metric.CLASS_ESTIMATE_SAMPLES, samples, **labels)
 
     def _publish_layer(self, layer: str, tally: LayerTally) -> None:
         labels = {"model": self.model_name, "layer": layer}
