@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # Extra options for `make run`, e.g. RUN_ARGS="--workers 4 --no-report" (see `hookwatch run -h`).
 RUN_ARGS ?=
 
-.PHONY: help deps venv mar run run-text stop test check lint format unit integration clean eval-drift eval-drift-text rules monitoring docs bench-scrape bench-drain bench-profile bench bench-quick dashboards-check soak kubernetes
+.PHONY: help deps venv mar run run-text stop test check lint format unit integration clean eval-drift eval-drift-text rules monitoring docs bench-scrape bench-drain bench-profile bench bench-quick dashboards-check soak kubernetes scale
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -138,6 +138,10 @@ docs: $(BIN)/.installed ## regenerate docs/metrics.md from src/hookwatch/_catalo
 SOAK_SECONDS ?= 600
 soak: deps $(MAR) ## soak, 10 min (SOAK_SECONDS): 70 % of capacity, bad requests, a worker killed; writes docs/soak/
 	$(BIN)/python -m dev soak --seconds $(SOAK_SECONDS)
+
+SCALE_ARGS ?=
+scale: deps $(MAR) ## scale by simulation (~10 min): a live scrape's series, then a real Prometheus with the rules scraping 10, 100, 500 simulated replicas; writes docs/scale.json and docs/scale.md's table (SCALE_ARGS, e.g. "--replicas 10,100 --seconds 60")
+	$(BIN)/python -m dev.scale $(SCALE_ARGS)
 
 bench-drain: $(MAR) ## in-process cost of 100 % sampling with drift on: request thread, capture thread, drain wall time
 	$(BIN)/python -m dev.bench.drain --mar $(MAR)
