@@ -49,7 +49,8 @@ from dev.evaluation.scenarios import (
     prior_shift,
     rotate,
 )
-from hookwatch._config import read_model_config
+from hookwatch._config import HarmConfig, read_model_config
+from hookwatch._drift import DriftTracker
 from hookwatch._drift.accuracy import AccuracyDropTest, AccuracyEstimator, score_tolerance
 from hookwatch._names import OUTPUT_LAYER
 from hookwatch.tools.demo.build import reference_split, train
@@ -65,6 +66,12 @@ HARMFUL_DROP = 0.02
 MAX_DROP = 0.05
 #: The product's estimator (the module's defaults) and the layer it reads.
 CHOSEN = "kNN act3 + support q.99"
+#: The paging comparison at the product's defaults: drift's anytime-valid tests (HookwatchDrift,
+#: today's page) against the chosen estimator's drop test (HookwatchAccuracyDrop), both at
+#: the default run length (monitoring.drift.run_length = monitoring.harm.run_length).
+PRODUCT_RUN_LENGTH = float(HarmConfig().run_length)
+DRIFT_PAGING = "drift tests (HookwatchDrift, today)"
+HARM_PAGING = "harm test (HookwatchAccuracyDrop)"
 CHOSEN_LAYER = "act3"
 #: Output-only baselines the chosen estimator is compared with, paired over draws.
 BASELINES = ("ATC-MC", "ATC-MC+TS", "ATC-NE", "ATC-NE+TS", "DoC", "DoC+TS", "AC", "AC+TS")
@@ -368,7 +375,8 @@ def run_draw(seed: int, args: argparse.Namespace, config: Any) -> dict[str, Any]
                 "windows": window_errors(pool, methods, rng, args.windows, args.window),
             }
         )
-    paging = page_streams(pools, chosen, methods, ref_logits, y_ref, rng, args)
+    drift = drift_factory(model, config, x_ref, seed)
+    paging = page_streams(pools, chosen, methods, ref_logits, y_ref, rng, args, drift)
     return {
         "seed": seed,
         "reference_size": len(y_ref),
@@ -409,10 +417,14 @@ def page_streams(
     y_ref: NDArray[np.int64],
     rng: np.random.Generator,
     args: argparse.Namespace,
+    drift: Callable[[], DriftTracker] | None = None,
 ) -> list[dict[str, Any]]:
     """Per scenario, a stream of ``stream`` samples resampled from its pool through the drop
     test, on the chosen estimator's scores and on ATC-MC+TS's (its per-sample indicator, with
-    the same test and tolerance); the clean stream is ``clean_stream`` long."""
+    the same test and tolerance); the clean stream is ``clean_stream`` long. With ``drift``
+    (a fresh tracker per stream), the same stream also through the product's drift tests and
+    its harm test, each at the product's default run length: what pages today against what
+    pages on harm."""
     atc_accuracy = float(np.mean(ref_logits.argmax(1) == y_ref))
     atc_var = atc_accuracy * (1 - atc_accuracy)
     results = []
@@ -444,8 +456,63 @@ def page_streams(
                 "first": alarms[0].position if alarms else None,
                 "bound": test.bound,
             }
+        if drift is not None:
+            harm = chosen.drop_test(MAX_DROP, PRODUCT_RUN_LENGTH)
+            alarms = harm.update(methods[CHOSEN](sub, pool.logits[pick]))
+            row[HARM_PAGING] = {
+                "alarms": len(alarms),
+                "first": alarms[0].position if alarms else None,
+            }
+            row[DRIFT_PAGING] = drift_stream(drift(), sub)
         results.append(row)
     return results
+
+
+def drift_factory(
+    model: torch.nn.Module, config: Any, x_ref: Images, seed: int
+) -> Callable[[], DriftTracker]:
+    """Fresh drift trackers as a worker loads them (the demo's config, its sequential tests at
+    drift.run_length), calibrated once per draw."""
+    from hookwatch._profile import build_profile
+
+    batches = [torch.from_numpy(x_ref[i : i + 256]) for i in range(0, len(x_ref), 256)]
+    profile = build_profile(model, config, batches, "digits", bins=config.drift.bins)
+    d = config.drift
+    calibrated = profile.tracker(
+        d.window, d.effective_step, d.false_alarm_rate, d.calibration_windows, seed=seed
+    )
+
+    def fresh() -> DriftTracker:
+        return DriftTracker(
+            calibrated.references,
+            calibrated.calibration,
+            calibrated.step,
+            head=calibrated.head,
+            positions=calibrated.positions,
+            projections=calibrated.projections,
+            left_out=calibrated.left_out,
+            sequential=profile.sequential_tests(d.run_length, d.reference_confidence, d.window),
+        )
+
+    return fresh
+
+
+def drift_stream(tracker: DriftTracker, features: Features, drain: int = 25) -> dict[str, Any]:
+    """A stream through the drift tests in drains of ``drain`` samples, as the capture thread
+    feeds them: the anytime-valid alarms (what HookwatchDrift pages on) and the first's
+    position."""
+    alarms = 0
+    first: int | None = None
+    n = len(features[OUTPUT_LAYER])
+    for start in range(0, n, drain):
+        tracker.new_round()
+        for layer, values in features.items():
+            tracker.update(layer, values[start : start + drain])
+        for alarm in tracker.take_alarms():
+            alarms += 1
+            if first is None or alarm.position < first:
+                first = alarm.position
+    return {"alarms": alarms, "first": first}
 
 
 def cost(chosen: AccuracyEstimator, pool: Pool, repeats: int) -> dict[str, float]:
@@ -529,12 +596,14 @@ def summarise(draws: list[dict[str, Any]]) -> dict[str, Any]:
 
 def paging_summary(draws: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for name in (CHOSEN, "ATC-MC+TS"):
+    for name in (CHOSEN, "ATC-MC+TS", DRIFT_PAGING, HARM_PAGING):
         rows: dict[str, list[tuple[float, bool, int | None]]] = {}
         clean_alarms, clean_samples = 0, 0
         for d in draws:
             drops = {c["scenario"]: c["drop"] for c in d["cells"]}
             for row in d["paging"]:
+                if name not in row:
+                    continue
                 entry = row[name]
                 if row["scenario"] == "clean":
                     clean_alarms += entry["alarms"]
@@ -570,6 +639,21 @@ def paging_summary(draws: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- report
+
+
+def _paging_rows(paging: dict[str, Any], names: tuple[str, ...]) -> list[str]:
+    lines = []
+    for name in names:
+        p = paging.get(name)
+        if p is None:
+            continue
+        for kind, g in p["groups"].items():
+            delay = "—" if g["median_delay"] is None else f"{g['median_delay']:.0f}"
+            lines.append(
+                f"| {name} | {p['clean_alarms']} / {p['clean_samples']:,} | {kind} | "
+                f"{g['streams']} | {g['paged']} | {delay} |"
+            )
+    return lines
 
 
 def render(results: dict[str, Any]) -> str:
@@ -673,13 +757,7 @@ def render(results: dict[str, Any]) -> str:
         "| scores | clean: alarms / samples | group | streams | paged | median delay (samples) |",
         "|---|---|---|---:|---:|---:|",
     ]
-    for name, p in s["paging"].items():
-        for kind, g in p["groups"].items():
-            delay = "—" if g["median_delay"] is None else f"{g['median_delay']:.0f}"
-            lines.append(
-                f"| {name} | {p['clean_alarms']} / {p['clean_samples']:,} | {kind} | "
-                f"{g['streams']} | {g['paged']} | {delay} |"
-            )
+    lines += _paging_rows(s["paging"], (CHOSEN, "ATC-MC+TS"))
     bounds = [r[CHOSEN]["bound"] for d in draws for r in d["paging"][:1]]
     lines += [
         "",
@@ -687,6 +765,23 @@ def render(results: dict[str, Any]) -> str:
         "average (reference score minus max_drop minus the reference's tolerance).",
         "",
     ]
+    if s["paging"].get(DRIFT_PAGING, {}).get("groups"):
+        lines += [
+            "## What pages: drift today against harm",
+            "",
+            "The same streams through the product at its defaults: the demo's drift tests "
+            "(every detector's anytime-valid test, fed in drains of 25 samples as the capture "
+            "thread does; HookwatchDrift pages on any alarm) and the chosen estimator's drop "
+            "test (HookwatchAccuracyDrop), both at the default run length of "
+            f"{PRODUCT_RUN_LENGTH:,.0f} samples between false alarms. A model with a labelled "
+            "reference pages on the second; its drift alarms only warn.",
+            "",
+            "| page on | clean: alarms / samples | group | streams | paged | median delay "
+            "(samples) |",
+            "|---|---|---|---:|---:|---:|",
+        ]
+        lines += _paging_rows(s["paging"], (DRIFT_PAGING, HARM_PAGING))
+        lines.append("")
     misses = sorted(
         (
             (row["estimates"][CHOSEN] - row["actual"], name)
