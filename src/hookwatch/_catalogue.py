@@ -437,8 +437,9 @@ REFERENCE_ACCURACY = GaugeSpec(
     ("model",),
     "",
     "The model's accuracy on its labelled reference (a share, 0 to 1), from the profile: what "
-    "hookwatch_estimated_accuracy is compared with. Present only for a model with an estimate: "
-    "the alert rules tell those models by it.",
+    "hookwatch_estimated_accuracy is compared with. Present only for a model with an estimate, "
+    "and 0 in a worker where a fault turned the estimate off: the alert rules tell the models "
+    "that page on harm by it being above 0 (the maximum over live workers).",
     multiprocess_mode="livemax",
 )
 REFERENCE_ESTIMATED_ACCURACY = GaugeSpec(

@@ -194,6 +194,8 @@ def test_a_fault_turns_the_estimate_off_visibly_and_serving_goes_on(
     assert captures == 200
     logged = [r.getMessage() for r in caplog.records if "accuracy estimate" in r.getMessage()]
     assert logged and "is off in this worker" in logged[0]
+    # The rules read a reference accuracy of 0 as no estimate: this worker pages on drift.
+    assert value(metrics, "hookwatch_reference_accuracy") == 0
 
 
 def test_the_window_keeps_the_last_samples() -> None:

@@ -136,6 +136,8 @@ class Processed:
     sequential: dict[str, tuple[int, float]] = field(default_factory=dict)
     #: The accuracy estimate as of the last drain that had one (None: none since the take).
     accuracy: AccuracyTally | None = None
+    #: A fault turned the accuracy estimate off in this worker since the last take.
+    accuracy_off: bool = False
 
 
 class CaptureProcessor:
@@ -493,6 +495,8 @@ class CaptureProcessor:
                 self._pending.accuracy = tally
         except Exception as error:
             self.accuracy = None
+            with self._lock:
+                self._pending.accuracy_off = True
             self._fault(
                 "accuracy estimate",
                 accuracy.layer,

@@ -224,6 +224,10 @@ class Publisher:
         self._publish_bins(processed.bins)
         if processed.accuracy is not None:
             self._publish_accuracy(processed.accuracy)
+        if processed.accuracy_off:
+            # No estimate in this worker any more: 0, so once every worker's is off the rules
+            # page this model on drift again (hookwatch_reference_accuracy > 0 tells them).
+            m.set(metric.REFERENCE_ACCURACY, 0.0, model=name)
         m.set(metric.CAPTURE_QUEUE_DEPTH, snapshot.queue_depth, model=name)
         for layer, count in snapshot.faults.items():
             m.inc(
