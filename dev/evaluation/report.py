@@ -99,7 +99,10 @@ def _verdicts(cells: list[dict[str, Any]], against: str) -> str:
     return f"{counts['win']} wins, {counts['tie']} ties, {counts['loss']} losses"
 
 
-#: README.md's generated block: the committed evaluation's findings, every sentence rendered
+#: The file holding the generated findings block (repository-relative): docs/your-model.md's
+#: Drift section; README.md links to it.
+FINDINGS_FILE = "docs/your-model.md"
+#: The findings block: the committed evaluation's findings, every sentence rendered
 #: from docs/eval-drift.json by :func:`readme_block` (a test compares the whole block).
 README_BEGIN = (
     "<!-- eval-drift: rendered from docs/eval-drift.json by dev/evaluation/report.py "
@@ -297,8 +300,8 @@ def _readme_text(results: Mapping[str, Any]) -> list[str]:
 
 
 def readme_block(results: Mapping[str, Any]) -> str:
-    """README.md's eval-drift block, markers included: every sentence rendered from
-    ``results`` (docs/eval-drift.json), none written by hand."""
+    """The eval-drift findings block (in FINDINGS_FILE), markers included: every sentence
+    rendered from ``results`` (docs/eval-drift.json), none written by hand."""
     meta = results["meta"]
     text = results.get("text")
     took = f"the image sections took {meta['seconds']:.0f} s"
@@ -321,19 +324,19 @@ def readme_block(results: Mapping[str, Any]) -> str:
 
 
 def find_readme_block(readme: str) -> str:
-    """README.md's eval-drift block as it stands, markers included."""
+    """The eval-drift block of ``readme`` (FINDINGS_FILE's text) as it stands, markers included."""
     start = readme.find(README_BEGIN)
     stop = readme.find(README_END)
     if start < 0 or stop < start:
         raise ValueError(
-            f"expected README.md to hold {README_BEGIN!r} then {README_END!r}, got "
+            f"expected {FINDINGS_FILE} to hold {README_BEGIN!r} then {README_END!r}, got "
             f"{'neither' if start < 0 and stop < 0 else 'one of them, or out of order'}"
         )
     return readme[start : stop + len(README_END)]
 
 
 def rewrite_readme(readme: Path, results: Mapping[str, Any]) -> None:
-    """Replace README.md's eval-drift block with :func:`readme_block` of ``results``."""
+    """Replace the eval-drift block of ``readme`` (FINDINGS_FILE) with :func:`readme_block`."""
     text = readme.read_text()
     readme.write_text(text.replace(find_readme_block(text), readme_block(results)))
 

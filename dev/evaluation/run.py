@@ -542,10 +542,10 @@ def _timeline_summary(
 
 
 def _rewrite_readme(out: Path, results: Mapping[str, Any]) -> None:
-    """README.md's eval-drift block follows the committed table (and only that one)."""
+    """The findings block (report.FINDINGS_FILE) follows the committed table (and only that one)."""
     if out.resolve() == (ROOT / "docs" / "eval-drift.md").resolve():
-        report.rewrite_readme(ROOT / "README.md", results)
-        print(f"rewrote the eval-drift block of {ROOT / 'README.md'}", flush=True)
+        report.rewrite_readme(ROOT / report.FINDINGS_FILE, results)
+        print(f"rewrote the eval-drift block of {ROOT / report.FINDINGS_FILE}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

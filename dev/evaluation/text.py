@@ -332,8 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     args.results.write_text(json.dumps(results, indent=1, default=float) + "\n")
     args.out.write_text(report.markdown(results) + "\n")
     if args.out.resolve() == (ROOT / "docs" / "eval-drift.md").resolve():
-        # README.md's eval-drift block follows the committed table (and only that one).
-        report.rewrite_readme(ROOT / "README.md", results)
+        # The findings block (docs/your-model.md) follows the committed table (and only that one).
+        report.rewrite_readme(ROOT / report.FINDINGS_FILE, results)
     print(f"wrote the text section into {args.results} and {args.out}", flush=True)
     return 0
 

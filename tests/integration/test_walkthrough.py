@@ -224,7 +224,8 @@ def test_the_image_classifier_walkthrough(tmp_path: Path, serving_venv: Path) ->
     layers, answer = block.outputs[0], json.loads(block.outputs[4])
     # --depth 2: the blocks, not their insides; the wide head is marked as projected.
     assert "features.1 " in layers and " Block " in layers and "features.0.relu" not in layers
-    assert "head" in layers and "projected to 255 components" in layers
+    # Sized from the reference at archive time: `layers` can only say the most it will be.
+    assert "head" in layers and "projected to at most 255 components" in layers
     assert (cwd / "my-config.yaml").read_text().count("layers: [") == 1
     assert 0 <= answer["class"] < 1000 and len(answer["top"]) == 5
     assert (cwd / "model_store/imagenet.mar").is_file()

@@ -120,14 +120,15 @@ def _committed() -> dict[str, Any]:
 
 
 def test_the_readme_block_is_the_committed_results_rendered_whole() -> None:
-    """README's eval-drift block is rendered from docs/eval-drift.json, every sentence of it:
-    compared whole, markers included, so a hand-written claim inside it fails here."""
+    """The eval-drift findings block (docs/your-model.md) is rendered from docs/eval-drift.json,
+    every sentence of it: compared whole, markers included, so a hand-written claim inside it
+    fails here."""
     from dev.evaluation import report, run
 
     results = _committed()
-    readme = (run.ROOT / "README.md").read_text()
+    readme = (run.ROOT / report.FINDINGS_FILE).read_text()
     assert report.find_readme_block(readme) == report.readme_block(results), (
-        "README.md's eval-drift block is stale or edited by hand: run "
+        f"{report.FINDINGS_FILE}'s eval-drift block is stale or edited by hand: run "
         "`python -m dev.evaluation.run --render docs/eval-drift.json`"
     )
     # The rendered table is the one the JSON renders to.
@@ -166,5 +167,5 @@ def test_the_readme_block_is_rewritten_in_place(tmp_path: Path) -> None:
     report.rewrite_readme(readme, results)
     assert readme.read_text() == f"before\n\n{report.readme_block(results)}\n\nafter\n"
     readme.write_text("no block\n")
-    with pytest.raises(ValueError, match=r"expected README\.md to hold"):
+    with pytest.raises(ValueError, match=r"expected docs/your-model\.md to hold"):
         report.rewrite_readme(readme, results)
