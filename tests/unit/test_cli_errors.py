@@ -5,11 +5,8 @@ example per command, help for every option)."""
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import socket
-import subprocess
-import sys
 import urllib.error
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,18 +22,6 @@ IMAGENET = "models/imagenet/model.py:build"
 CONFIG = "models/imagenet/model-config.yaml"
 
 Run = Callable[..., tuple[int, str, str]]
-
-
-def hookwatch(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "HOOKWATCH_DEBUG"}
-    return subprocess.run(
-        [sys.executable, "-m", "hookwatch.tools.cli", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 @pytest.fixture
@@ -207,21 +192,6 @@ def test_a_command_that_does_not_exist(run: Run) -> None:
     assert code == 2 and err.startswith("hookwatch: error: expected a command, got none")
 
 
-def test_the_issues_offenders_in_a_real_process() -> None:
-    """`hookwatch units` without Prometheus and `hookwatch profile --mar /nonexistent.mar`: one
-    line each on stderr, from the installed entry point's module, exit 2."""
-    port = _free_port()
-    for args in (
-        ("units", "--prometheus", f"http://127.0.0.1:{port}"),
-        ("profile", "--mar", "/nonexistent.mar"),
-    ):
-        done = hookwatch(*args)
-        assert done.returncode == 2, done
-        assert done.stderr.count("\n") == 1, done.stderr
-        assert done.stderr.startswith(f"hookwatch {args[0]}: error: "), done.stderr
-        assert "expected" in done.stderr and "Errno" not in done.stderr, done.stderr
-
-
 def test_pythons_own_errors_are_worded_too() -> None:
     missing = FileNotFoundError(2, "No such file or directory", "weights.bin")
     assert cli._said(missing) == (
@@ -253,18 +223,6 @@ def test_init_refuses_to_overwrite(tmp_path: Path, run: Run) -> None:
     code, _, err = run("init", IMAGENET, "--input-shape", "3,32,32", "--out", str(out))
     assert code == 2 and "pass --force" in _one_error_line(err, "init")
     assert out.read_text() == "mine"
-
-
-def test_report_without_prometheus_says_where_it_looked(tmp_path: Path) -> None:
-    port = _free_port()
-    done = hookwatch("report", "--prometheus", f"http://127.0.0.1:{port}", "--out", str(tmp_path))
-    assert done.returncode == 2, done
-    assert done.stderr.strip() == (
-        f"hookwatch report: error: expected Prometheus at http://127.0.0.1:{port}, got no answer "
-        "(Connection refused): is Prometheus running (`hookwatch serve` starts one)? "
-        "else pass --prometheus URL"
-    )
-    assert not (tmp_path / "index.html").exists()
 
 
 # --help

@@ -33,7 +33,7 @@ REVERIFY = (
     "_used/_capacity/_f, replaces prometheus_client.values.MmapedDict, and the count slots "
     "write through _m/_positions. Before widening the bound in pyproject.toml, re-verify on "
     "that version: this file, tests/integration/test_metrics_dir_faults.py (a full and a filling "
-    "disk must not kill a worker with SIGBUS), tests/unit/test_counts.py, "
+    "disk must not kill a worker with SIGBUS), tests/integration/test_counts_processes.py, "
     "tests/unit/test_faults.py and tests/integration/test_workers.py."
 )
 

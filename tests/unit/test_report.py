@@ -2,6 +2,12 @@
 from the dashboards, the onset of drift is found and marked, and what cannot be drawn says why.
 
 The real stack and real Chromium: tests/integration/test_report.py.
+
+These stay unit tests although the fake answers over HTTP: it is a test double, a thread of
+this process on a loopback port, with no process, binary or network beyond 127.0.0.1, and it
+answers at once (the slow tests spend their seconds drawing plots); the code under test is the
+report's, and the HTTP client it uses is part of it. The tests that start processes are
+tests/integration/test_report_stop.py.
 """
 
 from __future__ import annotations

@@ -184,27 +184,3 @@ def test_a_unit_reference_knows_dead_and_stuck_units() -> None:
     ref = UnitReference.fit("act", x, units=2)
     assert ref.width == 2 and ref.dead_share == 0.5 and ref.saturated_share == 0.5
     assert ref.saturated_counts(np.array([[0.0, 6.0, 9.0], [1.0, 5.9, 9.0]])).tolist() == [1, 1]
-
-
-def test_hookwatch_units_lists_the_candidates_from_a_running_exporter(
-    metrics: MetricSet, capsys: pytest.CaptureFixture[str]
-) -> None:
-    import hookwatch
-    from hookwatch.tools import units
-    from hookwatch.tools.cli import main
-
-    _serve(metrics, _inputs())
-    with hookwatch.serve_metrics(0, metrics=metrics) as server:
-        url = f"http://127.0.0.1:{server.port}"
-        (act,) = units.from_exporter(url)
-        assert (act.model, act.layer, act.dead, act.stuck) == ("m", "act", [0], [1])
-        assert act.samples == sum(len(x) for x in _inputs())
-        assert main(["units", "--exporter", url]) == 0
-    out = capsys.readouterr().out
-    assert "m/act: 6 units tracked" in out
-    assert "never active: 17 % (reference 17 %): 0" in out
-    assert "saturated:    17 % (reference 17 %): 1" in out
-    # Nothing listening any more: one line, exit 2.
-    assert main(["units", "--exporter", url]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("hookwatch units: error:")

@@ -1,5 +1,6 @@
 """Request counts that survive SIGKILL: written by the request path into the worker's own
-count file as they happen, merged and compacted by the exporter like any counter file."""
+count file as they happen, merged and compacted by the exporter like any counter file (moved
+from tests/unit/test_counts.py: each test runs a worker in a process that kills itself)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import pytest
 
 from hookwatch._metrics import compact_dead_workers, exporter_registry
 
+pytestmark = pytest.mark.integration
+
 #: A worker in miniature: a monitored model in a process that writes worker files, serving
 #: requests and rejects, with publishing an hour away; then it kills itself with SIGKILL, so
 #: nothing runs after the last request (no flush, no atexit).
@@ -22,6 +25,7 @@ WORKER = textwrap.dedent(
     import os, signal, torch
     from torch import nn
     from hookwatch._config import MonitoringConfig
+    from hookwatch._hooks import plan_watch
     from hookwatch._metrics import MetricSet
     from hookwatch._monitor import Monitor
 
@@ -30,7 +34,7 @@ WORKER = textwrap.dedent(
     config = MonitoringConfig.from_mapping(
         {"layers": ["1"], "sample_rate": 0.5, "flush_interval_s": 60, "queue_size": 1, "seed": 1}
     )
-    monitor = Monitor(net, config, "m", MetricSet())
+    monitor = Monitor(net, plan_watch(net, config, "m"), metrics=MetricSet())
     for i in range(REQUESTS):
         with torch.inference_mode(), monitor.request(BATCH):
             net(torch.randn(BATCH, 4))
