@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # Extra options for `make run`, e.g. RUN_ARGS="--workers 4 --no-report" (see `hookwatch run -h`).
 RUN_ARGS ?=
 
-.PHONY: help deps venv mar run run-text stop test check lint format unit integration clean eval-drift eval-drift-text rules monitoring docs bench-scrape bench-drain bench-profile bench bench-quick dashboards-check soak kubernetes scale
+.PHONY: help deps venv mar run run-text stop test check lint format unit integration clean eval-drift eval-drift-text rules monitoring docs bench-scrape bench-drain bench-profile bench-request bench bench-quick dashboards-check soak kubernetes scale
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -145,6 +145,10 @@ scale: deps $(MAR) ## scale by simulation (~10 min): a live scrape's series, the
 
 bench-drain: $(MAR) ## in-process cost of 100 % sampling with drift on: request thread, capture thread, drain wall time
 	$(BIN)/python -m dev.bench.drain --mar $(MAR)
+
+REQUEST_ARGS ?=
+bench-request: $(MAR) ## per-request cost in process, plain vs monitored handle() interleaved, split by phase (~5 min): rewrites docs/bench/request.md and request.json, keeping the "before" run (REQUEST_ARGS)
+	$(BIN)/python -m dev bench-request --keep before $(REQUEST_ARGS)
 
 PROFILE_MODEL ?= digits
 PROFILE_BATCH ?= 1

@@ -3,6 +3,7 @@
 ``bench`` (``make bench``, ``make bench-quick``) measures the handler variants and rewrites
 docs/bench/ (its README's bench blocks) and README.md's overhead verdict; ``soak``
 (``make soak``) writes docs/soak/;
+``bench-request`` (``make bench-request``) rewrites docs/bench/request.md;
 ``catalogue`` (``make docs``) prints docs/metrics.md; ``config-docs`` (``make docs``) rewrites
 docs/configuration.md's option tables. None of them is installed with hookwatch:
 a user measures their own model with ``hookwatch bench MAR``, which prints and writes nothing
@@ -134,6 +135,12 @@ def _soak(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+def _bench_request(args: argparse.Namespace) -> int:
+    from dev.bench import request
+
+    return request.run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m dev", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -194,6 +201,16 @@ def build_parser() -> argparse.ArgumentParser:
         "README.md's overhead verdict from the committed results*.json",
     )
     bench.set_defaults(func=_bench)
+
+    bench_request = sub.add_parser(
+        "bench-request",
+        help="per-request cost in process: the plain and the monitored handler's handle() "
+        "interleaved, split by phase; rewrites docs/bench/request.md and request.json",
+    )
+    from dev.bench.request import add_arguments
+
+    add_arguments(bench_request)
+    bench_request.set_defaults(func=_bench_request)
     return parser
 
 
