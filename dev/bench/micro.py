@@ -26,6 +26,7 @@ from torch import nn
 from dev.bench.naive import NaiveCapture
 from dev.bench.variants import MODELS, torch_load_state
 from hookwatch._config import HandlerConfig, MonitoringConfig, read_model_config
+from hookwatch._hooks import plan_watch
 from hookwatch._metrics import MetricSet
 from hookwatch._monitor import Monitor
 from hookwatch._service import ModelService
@@ -75,8 +76,16 @@ def hook_cost(root: Path, build: Path, name: str, forwards: int, repeats: int) -
     opened = MonitoringConfig.from_mapping({**monitoring, "sample_rate": 1.0})
     models = {key: copy.deepcopy(base) for key in ("none", "unsampled", "sampled", "naive")}
     monitors = {
-        "unsampled": Monitor(models["unsampled"], closed, f"{name}-u", registry_metrics),
-        "sampled": Monitor(models["sampled"], opened, f"{name}-s", registry_metrics),
+        "unsampled": Monitor(
+            models["unsampled"],
+            plan_watch(models["unsampled"], closed, f"{name}-u"),
+            metrics=registry_metrics,
+        ),
+        "sampled": Monitor(
+            models["sampled"],
+            plan_watch(models["sampled"], opened, f"{name}-s"),
+            metrics=registry_metrics,
+        ),
     }
     naive = NaiveCapture.attach(models["naive"], opened, f"{name}-n", registry_metrics)
 

@@ -44,6 +44,7 @@ def _worker(directory: str, config_path: str, requests: int, hold: Any) -> None:
     import yaml
 
     from hookwatch._config import MonitoringConfig
+    from hookwatch._hooks import plan_watch
     from hookwatch._metrics import MetricSet
     from hookwatch._monitor import Monitor
     from hookwatch._profile import load_tracker
@@ -61,7 +62,7 @@ def _worker(directory: str, config_path: str, requests: int, hold: Any) -> None:
     drift = load_tracker(config, profile_dir, "digits")
     if drift is None:
         raise FileNotFoundError(f"expected the demo drift profile in {profile_dir} (make mar)")
-    monitor = Monitor(model, config, "digits", MetricSet(), drift=drift)
+    monitor = Monitor(model, plan_watch(model, config, "digits"), metrics=MetricSet(), drift=drift)
     generator = torch.Generator().manual_seed(os.getpid())
     with torch.no_grad():
         for _ in range(requests):

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from dev.bench.resnet import ResNet18
 from hookwatch._config import MonitoringConfig
-from hookwatch._hooks import HookState
+from hookwatch._hooks import HookState, plan_watch
 from hookwatch._metrics import MetricSet
 from hookwatch._monitor import Monitor
 from hookwatch.tools.demo.digits_cnn import DigitsCNN
@@ -49,7 +49,9 @@ def test_sampled_forward_is_free_of_host_syncs(
     config = MonitoringConfig.from_mapping(
         {"layers": layers, "sample_rate": 1.0, "flush_interval_s": 60.0}
     )
-    monitor = Monitor(model, config, "gpu", MetricSet(CollectorRegistry()))
+    monitor = Monitor(
+        model, plan_watch(model, config, "gpu"), metrics=MetricSet(CollectorRegistry())
+    )
     x = torch.rand(*shape, device=cuda)
     with torch.inference_mode():
         model(x)  # warm-up: cuDNN autotuning and allocator growth may synchronise

@@ -134,6 +134,8 @@ def test_a_watch_plan_is_resolved_and_belongs_to_its_model(metrics: MetricSet) -
         Monitor(DictOutput(), plan, metrics=metrics)
     with pytest.raises(ValueError, match="expected model_name 'planned'"):
         Monitor(model, plan, "other", metrics)
+    with pytest.raises(TypeError, match=r"expected a WatchPlan .*got MonitoringConfig"):
+        Monitor(model, plan.config, metrics=metrics)  # type: ignore[arg-type]
     monitor = Monitor(model, plan, metrics=metrics)
     try:
         assert monitor.config is plan.config and monitor.model_name == "planned"

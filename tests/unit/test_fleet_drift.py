@@ -12,6 +12,7 @@ import yaml
 from hookwatch._config import FLEET_DETECTORS, MonitoringConfig
 from hookwatch._drift import BinnedReference, DriftTracker, bin_counts, calibrate, derive
 from hookwatch._errors import ConfigError
+from hookwatch._hooks import plan_watch
 from hookwatch._metrics import MetricSet
 from hookwatch._monitor import Monitor
 from hookwatch._profile import build_profile, capture_features, load_tracker
@@ -79,7 +80,7 @@ def test_monitor_exports_bin_counts_equal_to_an_offline_recount(
     profile.save(tmp_path / config.drift.profile)
     tracker = load_tracker(config, tmp_path, "digits")
     assert tracker is not None
-    monitor = Monitor(model, config, "digits", metrics, drift=tracker)
+    monitor = Monitor(model, plan_watch(model, config, "digits"), metrics=metrics, drift=tracker)
     try:
         declared = _by_name(dict(metrics.sample_values()), "hookwatch_drift_bin_samples_total")
         assert declared and set(declared.values()) == {0.0}

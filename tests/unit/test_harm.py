@@ -17,6 +17,7 @@ from torch import nn
 
 from hookwatch._config import MonitoringConfig
 from hookwatch._drift import AccuracyEstimator, AccuracyTracker, DriftTracker
+from hookwatch._hooks import plan_watch
 from hookwatch._metrics import MetricSet
 from hookwatch._monitor import Monitor
 from hookwatch._profile import DriftProfile, build_profile, tracker_for
@@ -109,7 +110,7 @@ def test_the_estimate_and_its_counters_are_exported() -> None:
     net, config = _net(), _config()
     tracker = _tracker(net, config)
     metrics = MetricSet(CollectorRegistry())
-    monitor = Monitor(net, config, "m", metrics, drift=tracker)
+    monitor = Monitor(net, plan_watch(net, config, "m"), metrics=metrics, drift=tracker)
     # Declared at load: the reference's accuracy and every counter at 0, the estimate not yet.
     assert value(metrics, "hookwatch_reference_accuracy") == pytest.approx(0.95)
     assert all(value(metrics, name) == 0 for name in COUNTERS)
@@ -140,7 +141,9 @@ def test_the_estimate_and_its_counters_are_exported() -> None:
 def test_a_harmful_shift_raises_the_drop_alarm(caplog: pytest.LogCaptureFixture) -> None:
     net, config = _net(), _config()
     metrics = MetricSet(CollectorRegistry())
-    monitor = Monitor(net, config, "m", metrics, drift=_tracker(net, config))
+    monitor = Monitor(
+        net, plan_watch(net, config, "m"), metrics=metrics, drift=_tracker(net, config)
+    )
     with caplog.at_level(logging.WARNING, logger="hookwatch"):
         serve(monitor, net, 30, scale=5.0)
     monitor.close()
@@ -155,7 +158,7 @@ def test_without_an_estimate_nothing_of_it_is_exported() -> None:
     batches, _ = _reference(net)
     tracker = tracker_for(build_profile(net, config, batches, "m"), config, "m")
     metrics = MetricSet(CollectorRegistry())
-    monitor = Monitor(net, config, "m", metrics, drift=tracker)
+    monitor = Monitor(net, plan_watch(net, config, "m"), metrics=metrics, drift=tracker)
     serve(monitor, net, 5)
     monitor.close()
     exported = {name for name, _ in metrics.sample_values()}
@@ -177,7 +180,7 @@ def test_a_fault_turns_the_estimate_off_visibly_and_serving_goes_on(
     )
     tracker.accuracy = AccuracyTracker(broken, "act")
     metrics = MetricSet(CollectorRegistry())
-    monitor = Monitor(net, config, "m", metrics, drift=tracker)
+    monitor = Monitor(net, plan_watch(net, config, "m"), metrics=metrics, drift=tracker)
     with caplog.at_level(logging.WARNING, logger="hookwatch"):
         serve(monitor, net, 5)
         serve(monitor, net, 5)

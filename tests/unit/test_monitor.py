@@ -14,6 +14,7 @@ from torch import nn
 
 from hookwatch._capture import CaptureWorker
 from hookwatch._config import MonitoringConfig
+from hookwatch._hooks import plan_watch
 from hookwatch._metrics import MetricSet
 from hookwatch._monitor import Monitor
 
@@ -46,7 +47,7 @@ def run(monitor: Monitor, net: nn.Module, batches: int, batch_size: int = 1) -> 
 def test_full_sampling_counts_every_sample_on_every_layer(metrics: MetricSet) -> None:
     net = Net()
     config = MonitoringConfig.from_mapping({"layers": ["act"], "sample_rate": 1.0})
-    monitor = Monitor(net, config, "m", metrics)
+    monitor = Monitor(net, plan_watch(net, config, "m"), metrics=metrics)
     run(monitor, net, batches=7, batch_size=3)
     monitor.flush()
     monitor.close()
@@ -70,7 +71,11 @@ def test_full_sampling_counts_every_sample_on_every_layer(metrics: MetricSet) ->
 def test_zero_sampling_counts_requests_and_captures_nothing(metrics: MetricSet) -> None:
     net = Net()
     monitor = Monitor(
-        net, MonitoringConfig.from_mapping({"layers": ["act"], "sample_rate": 0.0}), "m", metrics
+        net,
+        plan_watch(
+            net, MonitoringConfig.from_mapping({"layers": ["act"], "sample_rate": 0.0}), "m"
+        ),
+        metrics=metrics,
     )
     run(monitor, net, batches=10)
     monitor.flush()
@@ -84,7 +89,7 @@ def test_partial_sampling_rate_is_honoured(metrics: MetricSet) -> None:
     config = MonitoringConfig.from_mapping(
         {"layers": [], "sample_rate": 0.25, "seed": 7, "queue_size": 100_000}
     )
-    monitor = Monitor(net, config, "m", metrics)
+    monitor = Monitor(net, plan_watch(net, config, "m"), metrics=metrics)
     run(monitor, net, batches=2000)
     monitor.flush()
     monitor.close()
@@ -99,7 +104,7 @@ def test_nonfinite_activations_are_counted_and_kept_out_of_the_summaries(
 ) -> None:
     net = Net()
     config = MonitoringConfig.from_mapping({"layers": [], "sample_rate": 1.0})
-    monitor = Monitor(net, config, "m", metrics)
+    monitor = Monitor(net, plan_watch(net, config, "m"), metrics=metrics)
     with torch.inference_mode(), monitor.request(2):
         net(torch.tensor([[float("nan"), 1.0, 2.0, 3.0], [1.0, 1.0, 1.0, 1.0]]))
     monitor.flush()
@@ -133,7 +138,7 @@ def test_nonfinite_activations_are_counted_and_kept_out_of_the_summaries(
 def test_a_full_queue_drops_and_counts(metrics: MetricSet) -> None:
     net = Net()
     config = MonitoringConfig.from_mapping({"layers": ["act"], "sample_rate": 1.0, "queue_size": 1})
-    monitor = Monitor(net, config, "m", metrics)
+    monitor = Monitor(net, plan_watch(net, config, "m"), metrics=metrics)
     monitor._worker.stop()  # nothing drains: every forward's record past the first is dropped
     run(monitor, net, batches=5)
     monitor._publish()
@@ -147,7 +152,7 @@ def test_a_processing_fault_switches_one_layer_off_visibly(
 ) -> None:
     net = Net()
     config = MonitoringConfig.from_mapping({"layers": ["act"], "sample_rate": 1.0})
-    monitor = Monitor(net, config, "m", metrics)
+    monitor = Monitor(net, plan_watch(net, config, "m"), metrics=metrics)
     original = monitor._processor._process_layer
 
     def flaky(layer: str, *args: Any) -> None:
@@ -170,7 +175,8 @@ def test_a_processing_fault_switches_one_layer_off_visibly(
 def test_every_series_exists_at_zero_before_the_first_request(metrics: MetricSet) -> None:
     # Prometheus windows (delta, increase) need the zero before the first event.
     config = MonitoringConfig.from_mapping({"layers": ["fc", "act"], "sample_rate": 1.0})
-    monitor = Monitor(Net(), config, "m", metrics)
+    net = Net()
+    monitor = Monitor(net, plan_watch(net, config, "m"), metrics=metrics)
     monitor.close()
     for layer in config.watched:
         assert value(metrics, "hookwatch_captures_total", model="m", layer=layer) == 0
@@ -190,7 +196,7 @@ def test_copied_and_in_hook_reductions_export_the_same_numbers() -> None:
         config = MonitoringConfig.from_mapping(
             {"layers": ["fc", "act"], "sample_rate": 1.0, "copy_limit": copy_limit}
         )
-        monitor = Monitor(net, config, "m", metrics)
+        monitor = Monitor(net, plan_watch(net, config, "m"), metrics=metrics)
         for x in inputs:
             with torch.inference_mode(), monitor.request(2):
                 net(x)
@@ -244,7 +250,7 @@ def test_a_waiting_record_holds_nothing_the_garbage_collector_tracks(
     kept: list[Any] = []
     # Each record as the capture buffer is offered it: the object that waits for a drain.
     monkeypatch.setattr(CaptureWorker, "offer", lambda worker, record: kept.append(record) or True)
-    monitor = Monitor(net, config, "m", metrics)
+    monitor = Monitor(net, plan_watch(net, config, "m"), metrics=metrics)
     run(monitor, net, batches=4, batch_size=2)
     monitor.close()
     # A collection untracks the captures, and the record around them at the next one (it was
@@ -280,7 +286,7 @@ def test_a_forward_that_raises_hands_off_nothing(metrics: MetricSet) -> None:
 
     net = Breaks()
     config = MonitoringConfig.from_mapping({"layers": ["act"], "sample_rate": 1.0})
-    monitor = Monitor(net, config, "m", metrics)
+    monitor = Monitor(net, plan_watch(net, config, "m"), metrics=metrics)
     with pytest.raises(RuntimeError), torch.inference_mode(), monitor.request(1):
         net(torch.randn(1, 4))
     monitor.flush()
@@ -297,7 +303,7 @@ def test_results_reach_the_metrics_on_publish_not_per_drain(metrics: MetricSet) 
     config = MonitoringConfig.from_mapping(
         {"layers": ["act"], "sample_rate": 1.0, "flush_interval_s": 60}
     )
-    monitor = Monitor(net, config, "m", metrics)
+    monitor = Monitor(net, plan_watch(net, config, "m"), metrics=metrics)
     run(monitor, net, batches=4)
     assert monitor._worker.wait_idle(5)
     # Processed, but not yet published: metric writes follow the publish interval.
@@ -314,7 +320,7 @@ def test_request_counts_are_exported_on_publish_and_exact_across_threads(
     config = MonitoringConfig.from_mapping(
         {"layers": ["act"], "sample_rate": 0.5, "flush_interval_s": 60, "seed": 3}
     )
-    monitor = Monitor(net, config, "m", metrics)
+    monitor = Monitor(net, plan_watch(net, config, "m"), metrics=metrics)
     threads = [threading.Thread(target=run, args=(monitor, net, 200, 2)) for _ in range(4)]
     for thread in threads:
         thread.start()
@@ -348,7 +354,9 @@ def test_the_first_detector_to_alarm_is_exported(metrics: MetricSet) -> None:
         {"layers": ["act"], "sample_rate": 1.0, "drift": {"window": 20, "step": 20}}
     )
     profile = build_profile(net.eval(), config, [torch.randn(100, 4) for _ in range(4)], "m")
-    monitor = Monitor(net, config, "m", metrics, drift=tracker_for(profile, config, "m"))
+    monitor = Monitor(
+        net, plan_watch(net, config, "m"), metrics=metrics, drift=tracker_for(profile, config, "m")
+    )
     with torch.inference_mode(), monitor.request(20):
         net(torch.randn(20, 4))
     monitor.flush()
@@ -376,7 +384,7 @@ def test_sequential_alarms_and_evidence_are_exported(
     )
     profile = build_profile(net.eval(), config, [torch.randn(500, 4) for _ in range(4)], "m")
     tracker = tracker_for(profile, config, "m")
-    monitor = Monitor(net, config, "m", metrics, drift=tracker)
+    monitor = Monitor(net, plan_watch(net, config, "m"), metrics=metrics, drift=tracker)
     labels = {"model": "m", "level": "input", "detector": "input"}
     threshold = value(metrics, "hookwatch_drift_evidence_threshold", **labels)
     assert threshold == pytest.approx(math.log(1000 * len(profile.references)))
@@ -406,7 +414,7 @@ def test_a_request_count_that_is_not_a_whole_number_is_refused_before_counting(
     a count like any other."""
     net = Net()
     config = MonitoringConfig.from_mapping({"layers": ["act"], "sample_rate": 1.0})
-    monitor = Monitor(net, config, "m", metrics)
+    monitor = Monitor(net, plan_watch(net, config, "m"), metrics=metrics)
     for bad, error in ((-1, ValueError), (2.5, TypeError), ("3", TypeError), (None, TypeError)):
         with pytest.raises(error, match="batch_size: expected a whole number of requests"):
             monitor.request(bad)  # type: ignore[arg-type]
@@ -428,7 +436,7 @@ def test_requests_counted_on_arrival_are_counted_once_whatever_becomes_of_them(
     what receive returned: each request is in requests_total once, sampled or rejected too."""
     net = Net()
     config = MonitoringConfig.from_mapping({"layers": ["act"], "sample_rate": 1.0})
-    monitor = Monitor(net, config, "m", metrics)
+    monitor = Monitor(net, plan_watch(net, config, "m"), metrics=metrics)
     received = monitor.receive(5)
     received.reject(1, "not_json")
     with torch.inference_mode(), received.request(4):

@@ -11,7 +11,7 @@ from torch import nn
 
 from hookwatch._config import MonitoringConfig
 from hookwatch._errors import ConfigError
-from hookwatch._hooks import LayerHook
+from hookwatch._hooks import LayerHook, plan_watch
 from hookwatch._metrics import MetricSet
 from hookwatch._monitor import Monitor
 
@@ -65,7 +65,7 @@ def serve(monitor: Monitor, model: nn.Module, requests: int) -> None:
 
 def test_unsampled_forwards_find_no_hook_and_sampled_ones_find_all(metrics: MetricSet) -> None:
     model = Probe()
-    monitor = Monitor(model, config(0.3), "m", metrics)
+    monitor = Monitor(model, plan_watch(model, config(0.3), "m"), metrics=metrics)
     assert hook_count(model) == 0  # nothing registered at load
     serve(monitor, model, 200)
     monitor.flush()
@@ -83,7 +83,7 @@ def test_other_codes_hooks_stay_and_keep_running(metrics: MetricSet) -> None:
     model = Probe()
     calls: list[str] = []
     before = model.inner.act.register_forward_hook(lambda *a: calls.append("before"))
-    monitor = Monitor(model, config(0.5), "m", metrics)
+    monitor = Monitor(model, plan_watch(model, config(0.5), "m"), metrics=metrics)
     after = model.inner.act.register_forward_hook(lambda *a: calls.append("after"))
     serve(monitor, model, 40)
     monitor.close()
@@ -101,7 +101,7 @@ def test_hooks_come_off_when_the_forward_raises(metrics: MetricSet) -> None:
             raise RuntimeError("after the model's layers")
 
     model = Raises()
-    monitor = Monitor(model, config(0.99), "m", metrics)
+    monitor = Monitor(model, plan_watch(model, config(0.99), "m"), metrics=metrics)
     for _ in range(5):
         with pytest.raises(RuntimeError), torch.inference_mode(), monitor.request(1):
             model(torch.randn(1, 4))
@@ -113,7 +113,7 @@ def test_hooks_come_off_when_the_forward_raises(metrics: MetricSet) -> None:
 
 def test_full_sampling_keeps_the_hooks_on_until_the_rate_drops(metrics: MetricSet) -> None:
     model = Probe()
-    monitor = Monitor(model, config(1.0), "m", metrics)
+    monitor = Monitor(model, plan_watch(model, config(1.0), "m"), metrics=metrics)
     serve(monitor, model, 3)
     assert hook_count(model) == 3  # pinned between requests at rate 1
     # What drops a running monitor's rate: the capture thread giving up sets it to 0 (and
@@ -127,7 +127,7 @@ def test_full_sampling_keeps_the_hooks_on_until_the_rate_drops(metrics: MetricSe
 
 def test_closing_takes_pinned_hooks_off(metrics: MetricSet) -> None:
     model = Probe()
-    monitor = Monitor(model, config(1.0), "m", metrics)
+    monitor = Monitor(model, plan_watch(model, config(1.0), "m"), metrics=metrics)
     serve(monitor, model, 1)
     assert hook_count(model) == 3
     monitor.close()  # detaching takes pinned hooks off too
@@ -136,7 +136,7 @@ def test_closing_takes_pinned_hooks_off(metrics: MetricSet) -> None:
 
 def test_the_capture_thread_giving_up_stops_registration(metrics: MetricSet) -> None:
     model = Probe()
-    monitor = Monitor(model, config(1.0), "m", metrics)
+    monitor = Monitor(model, plan_watch(model, config(1.0), "m"), metrics=metrics)
     serve(monitor, model, 2)
     monitor._capture_off()
     serve(monitor, model, 2)
@@ -148,7 +148,7 @@ def test_the_capture_thread_giving_up_stops_registration(metrics: MetricSet) -> 
 def test_concurrent_sampled_and_unsampled_forwards(metrics: MetricSet) -> None:
     model = Net()
     cfg = MonitoringConfig.from_mapping({"layers": ["act"], "sample_rate": 0.5, "seed": 5})
-    monitor = Monitor(model, cfg, "m", metrics)
+    monitor = Monitor(model, plan_watch(model, cfg, "m"), metrics=metrics)
     errors: list[BaseException] = []
 
     def client() -> None:
@@ -179,7 +179,7 @@ def test_a_failed_registration_is_a_fault_and_the_request_is_served(
     metrics: MetricSet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model = Probe()
-    monitor = Monitor(model, config(1.0), "m", metrics)
+    monitor = Monitor(model, plan_watch(model, config(1.0), "m"), metrics=metrics)
     real = LayerHook.register
 
     def broken(self: LayerHook) -> None:
@@ -201,7 +201,7 @@ def test_a_failed_registration_is_a_fault_and_the_request_is_served(
 
 def test_always_keeps_the_hooks_registered(metrics: MetricSet) -> None:
     model = Probe()
-    monitor = Monitor(model, config(0.0, hooks="always"), "m", metrics)
+    monitor = Monitor(model, plan_watch(model, config(0.0, hooks="always"), "m"), metrics=metrics)
     assert hook_count(model) == 3
     serve(monitor, model, 2)
     assert model.seen == [3, 3]
@@ -213,7 +213,7 @@ def test_a_compiled_model_keeps_its_hooks_registered(metrics: MetricSet) -> None
     inner = Probe()
     compiled = torch.compile(inner)  # lazy: nothing compiles until it is called
     assert isinstance(compiled, nn.Module)
-    monitor = Monitor(compiled, config(0.5), "m", metrics)
+    monitor = Monitor(compiled, plan_watch(compiled, config(0.5), "m"), metrics=metrics)
     # Registering per sampled forward would invalidate the compiled graphs' guards.
     # (input and output hooks on the compiled wrapper, inner.act on the original module).
     assert hook_count(compiled) == 3

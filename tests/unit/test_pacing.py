@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from hookwatch._config import MonitoringConfig
+from hookwatch._hooks import plan_watch
 from hookwatch._metrics import MetricSet
 from hookwatch._monitor import monitor as monitor_module
 from hookwatch._monitor.monitor import ACTIVE_S, STEP_GAP_S, Monitor
@@ -20,7 +21,7 @@ def _monitor(metrics: MetricSet, queue_size: int = 64, sample_rate: float = 1.0)
     config = MonitoringConfig.from_mapping(
         {"layers": ["1"], "sample_rate": sample_rate, "queue_size": queue_size}
     )
-    return Monitor(model, config, "m", metrics)
+    return Monitor(model, plan_watch(model, config, "m"), metrics=metrics)
 
 
 def _serve_one(monitor: Monitor) -> None:
@@ -71,7 +72,7 @@ def test_a_buffer_more_than_half_full_is_not_paced(sleeps: list[float]) -> None:
 def test_a_paced_drain_still_processes_everything(metrics: MetricSet) -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
     config = MonitoringConfig.from_mapping({"layers": ["1"], "sample_rate": 1.0})
-    with Monitor(model, config, "m", metrics) as monitor:
+    with Monitor(model, plan_watch(model, config, "m"), metrics=metrics) as monitor:
         for _ in range(50):
             with torch.inference_mode(), monitor.request(1):
                 model(torch.randn(1, 4))

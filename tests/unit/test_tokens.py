@@ -13,7 +13,7 @@ from torch import nn
 
 from hookwatch._capture import CaptureWorker
 from hookwatch._config import MonitoringConfig
-from hookwatch._hooks import Capture, Gate, HookSet, HookState, resolve_layers
+from hookwatch._hooks import Capture, Gate, HookSet, HookState, plan_watch, resolve_layers
 from hookwatch._metrics import MetricSet
 from hookwatch._monitor import Monitor
 from hookwatch._monitor.gate import RequestGate
@@ -290,7 +290,7 @@ def test_only_the_sampled_requests_rows_are_captured_with_their_mask(
 
     # Each record as the capture buffer is offered it, in the request's thread.
     monkeypatch.setattr(CaptureWorker, "offer", keep)
-    monitor = Monitor(model, config, "tiny", metrics)
+    monitor = Monitor(model, plan_watch(model, config, "tiny"), metrics=metrics)
     scopes = 0
     while not any(0 < len(r["input"].stats) < 6 for r in records):  # type: ignore[arg-type]
         with torch.inference_mode(), monitor.request(6):
@@ -330,8 +330,8 @@ def test_a_text_profile_and_monitor_see_no_drift_in_differently_padded_batches(
         profile.references
     )
     assert profile.references["encoder.layer.1.output"].edges.shape[0] == 8
-    resolved = resolve_layers(model, config)
-    monitor = Monitor(model, resolved, "tiny", metrics, drift=tracker_for(profile, resolved, "t"))
+    plan = plan_watch(model, config, "tiny")
+    monitor = Monitor(model, plan, metrics=metrics, drift=tracker_for(profile, plan.config, "t"))
     # Same kind of sentences, one alone and seven together: padding differs, drift must not
     # show.
     for seed in range(100, 140):

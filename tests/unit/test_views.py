@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from hookwatch._config import MonitoringConfig
+from hookwatch._hooks import plan_watch
 from hookwatch._metrics import MetricSet
 from hookwatch._monitor import Monitor
 from hookwatch._profile import build_profile, tracker_for
@@ -44,7 +45,7 @@ def _serve(metrics: MetricSet, inputs: list[torch.Tensor], **config: object) -> 
     )
     reference = [torch.randn(200, 4, generator=torch.Generator().manual_seed(1))]
     tracker = tracker_for(build_profile(net, monitoring, reference, "m"), monitoring, "m")
-    monitor = Monitor(net, monitoring, "m", metrics, drift=tracker)
+    monitor = Monitor(net, plan_watch(net, monitoring, "m"), metrics=metrics, drift=tracker)
     for x in inputs:
         with torch.inference_mode(), monitor.request(len(x)):
             net(x)

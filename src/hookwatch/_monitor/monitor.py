@@ -26,7 +26,6 @@ from hookwatch._hooks import (
     WatchPlan,
     describe_model,
     hookable_root,
-    plan_watch,
 )
 from hookwatch._metrics import MetricSet, default_metrics
 from hookwatch._monitor.gate import Record, RequestGate, RequestScope
@@ -82,17 +81,16 @@ class Monitor:
     def __init__(
         self,
         model: nn.Module,
-        plan: WatchPlan | MonitoringConfig,
+        plan: WatchPlan,
         model_name: str | None = None,
         metrics: MetricSet | None = None,
         drift: DriftTracker | None = None,
         load_faults: int = 0,
     ) -> None:
-        if isinstance(plan, MonitoringConfig):
-            # Transitional, for the call sites outside the package's own (tests, dev/bench)
-            # that still pass a config: planned here, once. watch() and the service pass a plan.
-            plan = plan_watch(model, plan, model_name or "model")
-        elif model_name not in (None, plan.model_name):
+        if not isinstance(plan, WatchPlan):
+            got = type(plan).__name__
+            raise TypeError(f"expected a WatchPlan (plan_watch(model, config, name)), got {got}")
+        if model_name not in (None, plan.model_name):
             raise ValueError(
                 f"expected model_name {plan.model_name!r} (the plan's), got {model_name!r}"
             )
