@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # Extra options for `make run`, e.g. RUN_ARGS="--workers 4 --no-report" (see `hookwatch run -h`).
 RUN_ARGS ?=
 
-.PHONY: help deps venv mar run run-text stop test check lint format unit integration clean eval-drift eval-drift-text rules monitoring docs bench-scrape bench-drain bench-profile bench-request bench bench-quick dashboards-check soak kubernetes scale
+.PHONY: help deps venv mar run run-text stop test check lint format unit integration clean eval-drift eval-drift-text eval-accuracy rules monitoring docs bench-scrape bench-drain bench-profile bench-request bench bench-quick dashboards-check soak kubernetes scale
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -169,11 +169,15 @@ $(EVAL_VENV)/.installed: $(BIN)/.installed
 	  > "$$($(EVAL_VENV)/bin/python -c 'import site; print(site.getsitepackages()[0])')/zz_hookwatch_torch.pth"
 	@touch $@
 
-eval-drift: $(BIN)/.installed $(EVAL_VENV)/.installed ## drift detection vs alibi-detect, 5 draws, images then text: writes docs/eval-drift.md and .json, and README's block (each part's time: docs/eval-drift.md)
+eval-drift: $(BIN)/.installed $(EVAL_VENV)/.installed ## drift detection vs alibi-detect, 5 draws, images then text: writes docs/eval-drift.md and .json and docs/your-model.md's block (each part's time: docs/eval-drift.md); then eval-accuracy
 	$(BIN)/python -m dev.evaluation.run --out docs/eval-drift.md
 	$(MAKE) eval-drift-text
+	$(MAKE) eval-accuracy
 
-eval-drift-text: $(BIN)/.installed $(EVAL_VENV)/.installed ## only the text section of eval-drift (MiniLM on fortunes), into the committed docs/eval-drift.json and .md, and README's block (its time: docs/eval-drift.md)
+eval-accuracy: $(BIN)/.installed ## the label-free accuracy estimate vs ATC/DoC/AC on graded shifts, and what pages (~3 min, 10 draws): writes docs/accuracy-estimators.md and .json, and README's block
+	$(BIN)/python -m dev.evaluation.accuracy_estimators --seeds 10
+
+eval-drift-text: $(BIN)/.installed $(EVAL_VENV)/.installed ## only the text section of eval-drift (MiniLM on fortunes), into the committed docs/eval-drift.json and .md, and docs/your-model.md's block (its time: docs/eval-drift.md)
 	@test -f /usr/share/games/fortunes/computers || $(MAKE) deps
 	$(BIN)/python -m dev.evaluation.text --results docs/eval-drift.json --out docs/eval-drift.md
 

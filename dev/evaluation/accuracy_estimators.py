@@ -825,6 +825,64 @@ def render(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: README's block of these results: the markers a rewrite looks for, and its file.
+README_BEGIN = (
+    "<!-- accuracy: rendered from docs/accuracy-estimators.json by "
+    "dev/evaluation/accuracy_estimators.py (make eval-drift); do not edit -->"
+)
+README_END = "<!-- /accuracy -->"
+
+
+def readme_block(results: dict[str, Any]) -> str:
+    """README's few lines on the estimate and on what pages, markers included: each figure
+    read from ``results`` (what :func:`main` writes), none typed by hand."""
+    s = results["summary"]
+    mae = s["mae"]
+    best = min(BASELINES, key=lambda name: mae[name]["harmful"])
+    paired = s["paired_harmful"][best]
+    worst_paired = max(BASELINES, key=lambda name: s["paired_harmful"][name]["mean_difference"])
+    drift = s["paging"][DRIFT_PAGING]["groups"]
+    harm = s["paging"][HARM_PAGING]["groups"]
+
+    def share(groups: dict[str, Any], prefix: str) -> str:
+        (group,) = (g for name, g in groups.items() if name.startswith(prefix))
+        return f"{group['paged']} of {group['streams']}"
+
+    (harmful,) = (g for name, g in harm.items() if name.startswith("harmful"))
+    lines = [
+        README_BEGIN,
+        f"- **Estimate against the actual accuracy**, mean absolute error over "
+        f"{results['args']['seeds']} draws of graded shifts of the demo's digits: "
+        f"{mae[CHOSEN]['harmful']:.3f} on harmful shifts and {mae[CHOSEN]['harmless']:.3f} on "
+        f"harmless ones for hookwatch's estimate ({CHOSEN_LAYER}'s features); the best "
+        f"output-only baseline, {best}, {mae[best]['harmful']:.3f} and "
+        f"{mae[best]['harmless']:.3f}. Paired over draws, hookwatch is closer on harmful "
+        f"shifts than {best} in {paired['draws_better']} of {paired['draws']} draws, and "
+        f"than every output-only baseline by at least "
+        f"{-s['paired_harmful'][worst_paired]['mean_difference']:.3f} on average.",
+        f"- **What pages**, the same streams at the product's defaults: drift alone pages "
+        f"{share(drift, 'harmless')} harmless and {share(drift, 'harmful')} harmful streams; "
+        f"the accuracy-drop test pages {share(harm, 'harmless')} harmless and "
+        f"{share(harm, 'harmful')} harmful ones (median delay "
+        f"{harmful['median_delay']:.0f} sampled requests); clean traffic: "
+        f"{s['paging'][HARM_PAGING]['clean_alarms']} alarms in "
+        f"{s['paging'][HARM_PAGING]['clean_samples']:,} samples.",
+        README_END,
+    ]
+    return "\n".join(lines)
+
+
+def rewrite_readme(readme: str, results: dict[str, Any]) -> str:
+    """``readme`` with its accuracy block replaced by :func:`readme_block` of ``results``."""
+    start, stop = readme.find(README_BEGIN), readme.find(README_END)
+    if start < 0 or stop < start:
+        raise ValueError(
+            f"expected README.md to hold {README_BEGIN!r} then {README_END!r}, got "
+            f"{'neither' if start < 0 and stop < 0 else 'one without the other'}"
+        )
+    return readme[:start] + readme_block(results) + readme[stop + len(README_END) :]
+
+
 def _rounded(value: Any) -> Any:
     """Floats to 6 significant digits: the JSON holds what the tables need, not float noise."""
     if isinstance(value, float):
@@ -853,7 +911,9 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     if args.render:
-        args.out.write_text(render(json.loads(args.render.read_text())))
+        rendered = json.loads(args.render.read_text())
+        args.out.write_text(render(rendered))
+        _rewrite_readme(rendered)
         return
     torch.set_num_threads(1)
     started = time.perf_counter()
@@ -872,9 +932,17 @@ def main(argv: list[str] | None = None) -> None:
         "draws": draws,
         "summary": summarise(draws),
     }
-    args.out.with_suffix(".json").write_text(json.dumps(_rounded(results), indent=1) + "\n")
-    args.out.write_text(render(results))
-    print(f"wrote {args.out} and {args.out.with_suffix('.json')}")
+    # Rendered from the rounded figures the JSON keeps, so --render reproduces the page.
+    rounded = _rounded(results)
+    args.out.with_suffix(".json").write_text(json.dumps(rounded, indent=1) + "\n")
+    args.out.write_text(render(rounded))
+    _rewrite_readme(rounded)
+    print(f"wrote {args.out} and {args.out.with_suffix('.json')}, and README's accuracy block")
+
+
+def _rewrite_readme(results: dict[str, Any]) -> None:
+    readme = ROOT / "README.md"
+    readme.write_text(rewrite_readme(readme.read_text(), results))
 
 
 if __name__ == "__main__":

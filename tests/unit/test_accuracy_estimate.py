@@ -208,3 +208,19 @@ def test_bad_features_and_logits_say_what_was_expected(fitted: AccuracyEstimator
         fitted.estimate(np.full((2, 4), np.nan), logits(x[:2]))
     with pytest.raises(ValueError, match="expected accuracy state arrays"):
         AccuracyEstimator.from_arrays({"mean": np.zeros(4)})
+
+
+def test_the_committed_page_and_readme_block_are_the_committed_results_rendered() -> None:
+    """docs/accuracy-estimators.md and README's accuracy block come from the committed JSON
+    (`make eval-drift` writes all three); a hand-edited figure fails here."""
+    import json
+    from pathlib import Path
+
+    from dev.evaluation import accuracy_estimators as harness
+
+    root = Path(__file__).resolve().parents[2]
+    results = json.loads((root / "docs" / "accuracy-estimators.json").read_text())
+    assert (root / "docs" / "accuracy-estimators.md").read_text() == harness.render(results)
+    readme = (root / "README.md").read_text()
+    assert harness.README_BEGIN in readme
+    assert harness.rewrite_readme(readme, results) == readme
