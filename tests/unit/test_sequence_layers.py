@@ -6,6 +6,7 @@ a 2-layer bidirectional LSTM and a Linear CTC head giving per-position logits ``
 
 from __future__ import annotations
 
+import logging
 import textwrap
 from pathlib import Path
 
@@ -225,6 +226,60 @@ def test_a_profile_tests_drift_per_hidden_unit() -> None:
     }
 
 
+def test_a_profile_read_per_step_is_stale_and_its_layers_drift_is_off_visibly(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A profile built before sequence layers were read per hidden unit (every layer read by
+    dimension 1: a [B, T, H] layer's T steps) is refused per layer on its first capture: one
+    line naming the layer, the profile's feature count, the hooks' and "rebuild the profile";
+    that layer's drift is off (a fault), the layers read as before keep their drift tests."""
+    from hookwatch import _hooks
+    from hookwatch._hooks import FeatureReading
+
+    model = crnn()
+    config = MonitoringConfig.from_mapping(
+        {"layers": LAYERS, "output": EMBEDDING, "sample_rate": 1.0, "drift": {"window": 20}}
+    )
+    with monkeypatch.context() as before:
+        before.setattr(_hooks, "feature_reading", lambda root, path: FeatureReading(False, "old"))
+        old = build_profile(model, config, images(6), "crnn")
+    widths = {name: len(ref.kept) + len(ref.dropped) for name, ref in old.references.items()}
+    assert widths == {
+        "input": 8 * STEPS, "conv1d": 16, "rnn": STEPS, "act": STEPS, "head": STEPS, "output": STEPS
+    }  # fmt: skip
+    metrics = MetricSet(CollectorRegistry())
+    with caplog.at_level(logging.WARNING, logger="hookwatch"):
+        monitor = hookwatch.watch(model, config, "crnn", profile=old, metrics=metrics)
+        for x in images(6, seed=5):
+            with torch.inference_mode(), monitor.request(len(x)):
+                model(x)
+        assert monitor.flush(10)
+        monitor.close()
+    stale = {r.getMessage() for r in caplog.records if "stale profile" in r.getMessage()}
+    now = {"rnn": HIDDEN, "act": HIDDEN, "head": CLASSES, "output": CLASSES}
+    assert len(stale) == len(now), stale
+    for layer, width in now.items():
+        (line,) = [m for m in stale if f"on layer {layer!r}" in m]
+        assert "\n" not in line
+        assert f"expected {STEPS} features per sample (the profile's), got {width}" in line
+        assert "rebuild the profile" in line and "drift for that layer is off" in line
+    values = metrics.sample_values()
+
+    def faults(layer: str) -> float:
+        key = ("hookwatch_monitor_faults_total", (("layer", layer), ("model", "crnn")))
+        return values.get(key, 0.0)
+
+    assert {layer: faults(layer) for layer in [*now, "conv1d", "input"]} == {
+        **dict.fromkeys(now, 1.0), "conv1d": 0.0, "input": 0.0
+    }  # fmt: skip
+    # The layers read as before still test drift: conv1d's windows were scored.
+    window = (
+        "hookwatch_drift_windows_total",
+        (("detector", "conv1d"), ("level", level_of("conv1d")), ("model", "crnn")),
+    )
+    assert values[window] > 0
+
+
 def test_the_sequence_first_twin_matches_its_batch_first_twin() -> None:
     """The same CRNN with a sequence-first LSTM ([T, B, H]) is read as the batch-first one:
     the same profile, and the same statistics and drift windows when watched."""
@@ -422,4 +477,54 @@ def test_hookwatch_layers_says_how_each_layer_is_read(
     written = out.read_text()
     # The recurrent block is proposed, with activations spread over the rest of the model.
     assert "layers: [stem.2, rnn, act]" in written
-    assert "head: embedding" in written and "[batch, 15, 11]" in written
+    # Its output is the Linear CTC head's: per-position logits, not an embedding.
+    assert "head: logits" in written and "[batch, 15, 11]" in written
+
+
+TAGGER_SOURCE = '''
+import torch
+from torch import nn
+
+
+class Tagger(nn.Module):
+    """An LSTM over [B, T, 6] and a Linear over 5 classes per position: [B, T, 5]; with
+    ``ctc`` log-probabilities (nn.CTCLoss's input), with ``hidden`` only the LSTM's states."""
+
+    def __init__(self, ctc: bool = False, hidden: bool = False) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(6, 8, batch_first=True)
+        self.classifier = nn.Linear(8, 5)
+        self.ctc, self.hidden = ctc, hidden
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        states, _ = self.rnn(x)
+        if self.hidden:
+            return states
+        out: torch.Tensor = self.classifier(states)
+        return out.log_softmax(-1) if self.ctc else out
+'''
+
+
+def test_init_proposes_per_position_logits_for_a_recurrent_tagger(tmp_path: Path) -> None:
+    from hookwatch.tools.cli import main
+    from hookwatch.tools.own_model import discover_layers, example_input, guess_head
+
+    namespace: dict[str, object] = {}
+    exec(compile(TAGGER_SOURCE, "tagger.py", "exec"), namespace)
+    tagger: type[nn.Module] = namespace["Tagger"]  # type: ignore[assignment]
+    x = example_input((9, 6))
+    rows = discover_layers(tagger().eval(), x)
+    assert rows[-1].shapes == ((2, 9, 5),) and guess_head(rows) == "logits"
+    # A log_softmax after the Linear (a CTC head) keeps it logits: their softmax is the same.
+    head = torch.nn.Sequential(tagger(), torch.nn.LogSoftmax(-1))
+    assert guess_head(discover_layers(head.eval(), x)) == "logits"
+    assert guess_head(discover_layers(tagger(ctc=True).eval(), x)) == "logits"
+    # The LSTM's own states [B, T, 8] are no classifier's: an embedding.
+    assert guess_head(discover_layers(tagger(hidden=True).eval(), x)) == "embedding"
+    source = tmp_path / "tagger.py"
+    source.write_text(textwrap.dedent(TAGGER_SOURCE))
+    out = tmp_path / "config.yaml"
+    assert main(["init", f"{source}:Tagger", "--input-shape", "9,6", "--out", str(out)]) == 0
+    written = out.read_text()
+    assert "output: {head: logits}" in written and "[batch, 9, 5]" in written
+    assert "layers: [rnn]" in written

@@ -21,6 +21,7 @@ import torch
 
 from hookwatch._capture import RateLimitedLog
 from hookwatch._drift import AccuracyTracker, DriftResult, DriftTracker, IntArray
+from hookwatch._errors import ProfileError
 from hookwatch._hooks import Held, as_array
 from hookwatch._monitor.gate import PlainCapture, Record
 from hookwatch._names import (
@@ -425,9 +426,44 @@ class CaptureProcessor:
         error = ValueError(f"expected one feature width per sample, got {sorted(widths)}")
         self._fault("drift tests", layer, error, "drift for that layer is off, statistics continue")
 
+    def _profile_width(self, layer: str) -> int | None:
+        """Features per sample the profile's reference of ``layer`` was built from (a projected
+        layer's input width), or None where that is not the captured width (a logits head's
+        detectors are derived from it) or the profile has no reference of the layer."""
+        assert self.drift is not None
+        projection = self.drift.projections.get(layer)
+        if projection is not None:
+            return projection.input_width
+        if layer == self.drift.output_layer and self.drift.head == "logits":
+            return None
+        ref = self.drift.references.get(layer)
+        if ref is None or not ref.kept:
+            return None
+        return len(ref.kept) + len(ref.dropped)
+
+    def _stale_profile(self, layer: str, width: int) -> bool:
+        """A layer whose features are not as wide as its profile's reference (a profile built
+        before sequence layers were read per hidden unit read a ``[B, T, H]`` layer's T steps):
+        its drift tests end, visibly (a fault and one line), never scored on the wrong
+        features."""
+        expected = self._profile_width(layer)
+        if expected is None or width == expected:
+            return False
+        self._drift_off.add(layer)
+        error = ProfileError(
+            f"expected {expected} features per sample (the profile's), got {width} (as the "
+            "hooks read the layer now; a profile built before sequence layers were read per "
+            "hidden unit read them per step): a stale profile, rebuild the profile "
+            "(`hookwatch archive` or `hookwatch profile`)"
+        )
+        self._fault("drift tests", layer, error, "drift for that layer is off, statistics continue")
+        return True
+
     def _update_drift(self, layer: str, features: np.ndarray[Any, Any]) -> None:
         """Feed the layer's features to its drift windows; a failure ends drift for that layer."""
         assert self.drift is not None
+        if self._stale_profile(layer, features.shape[1]):
+            return
         try:
             # Non-finite samples are counted above; binning them would call them drift.
             if not np.isfinite(features).all():

@@ -474,13 +474,35 @@ def choose_layers(rows: Sequence[LayerInfo], count: int = 4) -> list[str]:
     return [r.name for r in ran if r.name in chosen]
 
 
+#: Modules that may follow a classifier and keep its output per-class scores (a CTC head's
+#: log-probabilities: their softmax is the probabilities).
+_AFTER_CLASSIFIER = frozenset({"LogSoftmax", "Dropout", "Identity"})
+
+
+def _ends_in_classifier(rows: Sequence[LayerInfo]) -> bool:
+    """Whether the model's output is what a ``Linear`` gave (then only the modules of
+    :data:`_AFTER_CLASSIFIER`): the last module in model order whose output has the output's
+    shape, skipping those."""
+    out = rows[-1].shapes[0]
+    for row in reversed(rows[1:-1]):
+        if not row.shapes or row.shapes[0] != out or row.type in _AFTER_CLASSIFIER:
+            continue
+        return row.type in ("Linear", "LazyLinear")
+    return False
+
+
 def guess_head(rows: Sequence[LayerInfo]) -> str:
+    """The ``output.head`` to propose: ``logits`` for ``[B, C]`` (C > 1), and for ``[B, T, C]``
+    where a ``Linear`` over the C classes gives the output (token classification, CTC: read per
+    position); ``values`` for ``[B]`` and ``[B, 1]``; else ``embedding``."""
     shapes = rows[-1].shapes
     if not shapes:
         return "none"
     shape = shapes[0]
     if len(shape) == 2:
         return "logits" if shape[1] > 1 else "values"
+    if len(shape) == 3 and shape[2] > 1 and _ends_in_classifier(rows):
+        return "logits"
     # [B]: one value per sample (a squeezed regression output, class ids): not logits.
     return "values" if len(shape) == 1 else "embedding"
 
