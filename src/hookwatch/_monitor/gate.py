@@ -38,6 +38,10 @@ PlainCapture = tuple[str, Held | None, Held | None, Held | None]
 Record = tuple[PlainCapture, ...]
 
 
+#: Unsampled scopes kept, one per request count (batch sizes: a handful in practice).
+_UNSAMPLED_SCOPES = 256
+
+
 def _plain(capture: Capture) -> PlainCapture:
     return (capture.layer, capture.stats, capture.features, capture.raw)
 
@@ -129,6 +133,10 @@ class RequestGate:
         #: drains while requests come (:meth:`Monitor._pace`). One float written per forward,
         #: no lock.
         self.active_at = float("-inf")
+        #: The scope of an unsampled forward of so many requests: it holds nothing of the
+        #: forward's own, so one per request count serves every unsampled forward (one object
+        #: fewer per request).
+        self._unsampled: dict[int, RequestScope] = {}
 
     def arm_with(self, arm: Callable[[], None], disarm: Callable[[], None]) -> None:
         """Call ``arm`` before and ``disarm`` after every sampled forward (hooks registered
@@ -175,6 +183,13 @@ class RequestGate:
             picked = sum(draws)
             if 0 < picked < count:
                 rows = torch.tensor(_sampled_rows(draws, sizes), dtype=torch.long)
+        if not picked:
+            scope = self._unsampled.get(count)
+            if scope is None:
+                scope = RequestScope(self, count, 0)
+                if len(self._unsampled) < _UNSAMPLED_SCOPES:
+                    self._unsampled[count] = scope
+            return scope
         total = sum(sizes) if sizes is not None else batch_size
         return RequestScope(self, count, picked, rows, total)
 
@@ -195,7 +210,8 @@ class RequestGate:
             captured: dict[str, Capture] | None = getattr(self._local, "record", None)
             self._local.record = None
             if captured and keep:
-                self._hand_off(tuple([_plain(c) for c in captured.values()]))
+                # tuple() of a Capture is its PlainCapture: one C call per layer, no frame.
+                self._hand_off(tuple(map(tuple, captured.values())))  # type: ignore[arg-type]
         finally:
             # The hooks come off whatever happened in the forward or the hand-off.
             if self._disarm is not None:

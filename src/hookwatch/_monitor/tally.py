@@ -80,6 +80,8 @@ class RequestTally:
         #: The worker's count file, once :meth:`declare` made it (never where the metric set
         #: keeps one registry in this process).
         self._slots: CountSlots | None = None
+        #: Its float64 cells (:attr:`CountSlots.values`), written in place by the request path.
+        self._cells: Any = None
         self._at_requests = self._at_sampled = self._at_dropped = 0
         self._at_rejected: dict[str, int] = {}
         self._duration: HistogramSlot | None = None
@@ -92,9 +94,11 @@ class RequestTally:
         """Count ``count`` requests as received, before anything can go wrong with them."""
         with self._lock:
             self._requests += count
-            if self._slots is not None:
+            cells = self._cells
+            if cells is not None:
                 # A float in a shared memory map: a worker killed right after still counted.
-                self._slots.add(self._at_requests, count)
+                # Written here, not through CountSlots.add: one call fewer on every request.
+                cells[self._at_requests] += count
 
     def served(self, count: int, sampled: int) -> None:
         """Count the ``count`` requests of a forward pass as received, ``sampled`` of them
@@ -197,6 +201,7 @@ class RequestTally:
             )
             self._at_rejected = at_rejected
             self._duration = slots.histogram(metric.REQUEST_DURATION, **name)
+            self._cells = slots.values
             self._slots = slots
 
     def publish(self) -> None:
