@@ -526,7 +526,9 @@ class LayerHook:
         #: A pre-hook on the model's input rather than a hook on a module's output: the
         #: input keeps a small map whole (``flatten``) and its token ids are ``[B, T]``.
         self._reads_input = on_input
-        self._handle: RemovableHandle | None = None
+        #: The id torch gave this hook at its first registration, kept for the next ones.
+        self._id: int | None = None
+        self._on = False
         self.state = HookState.ATTACHED
         #: Which dimension of this layer's activations holds the batch's rows: 1 for a
         #: sequence-first layer (``nn.LSTM``, ``nn.GRU``, ``nn.MultiheadAttention`` and
@@ -537,23 +539,44 @@ class LayerHook:
         """Put the hook on its module (no-op when it is on already, faulted, removed or the
         module is gone)."""
         module = self._module_ref()
-        if self._handle is not None or self.state is not HookState.ATTACHED or module is None:
+        if self._on or self.state is not HookState.ATTACHED or module is None:
             return
-        if self._reads_input:
-            # With the keyword arguments: a forward called as model(features=x) has no args.
-            self._handle = module.register_forward_pre_hook(self._pre_hook, with_kwargs=True)
+        key = self._id
+        if key is None:
+            # The first time through torch's own registration, for its id. Later ones (on
+            # demand: every sampled forward) put the same entries back where torch's would
+            # (the end of the module's hooks), without a new RemovableHandle and the weak
+            # references it takes and reads back on removal, twice per sampled forward.
+            if self._reads_input:
+                # With the keyword arguments: a forward called as model(features=x) has no args.
+                handle = module.register_forward_pre_hook(self._pre_hook, with_kwargs=True)
+            else:
+                handle = module.register_forward_hook(self._hook)
+            self._id = handle.id
+        elif self._reads_input:
+            module._forward_pre_hooks[key] = self._pre_hook
+            module._forward_pre_hooks_with_kwargs[key] = True
         else:
-            self._handle = module.register_forward_hook(self._hook)
+            module._forward_hooks[key] = self._hook
+        self._on = True
 
     def unregister(self) -> None:
         """Take the hook off its module; idempotent, other hooks on it untouched."""
-        handle, self._handle = self._handle, None
-        if handle is not None:
-            handle.remove()
+        if not self._on:
+            return
+        self._on = False
+        module, key = self._module_ref(), self._id
+        if module is None or key is None:
+            return
+        if self._reads_input:
+            module._forward_pre_hooks.pop(key, None)
+            module._forward_pre_hooks_with_kwargs.pop(key, None)
+        else:
+            module._forward_hooks.pop(key, None)
 
     @property
     def registered(self) -> bool:
-        return self._handle is not None
+        return self._on
 
     # The gate first: it is closed on most calls, and reading it is the cheaper test.
     # ``kwargs`` has a default: PyTorch snapshots a module's hooks before calling them but
