@@ -21,7 +21,6 @@ import torch
 
 from hookwatch._capture import RateLimitedLog
 from hookwatch._drift import AccuracyTracker, DriftResult, DriftTracker, IntArray
-from hookwatch._errors import ProfileError
 from hookwatch._hooks import Held, as_array
 from hookwatch._monitor.gate import PlainCapture, Record
 from hookwatch._names import (
@@ -450,7 +449,7 @@ class CaptureProcessor:
         if expected is None or width == expected:
             return False
         self._drift_off.add(layer)
-        error = ProfileError(
+        error = ValueError(
             f"expected {expected} features per sample (the profile's), got {width} (as the "
             "hooks read the layer now; a profile built before sequence layers were read per "
             "hidden unit read them per step): a stale profile, rebuild the profile "
