@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # Extra options for `make run`, e.g. RUN_ARGS="--workers 4 --no-report" (see `hookwatch run -h`).
 RUN_ARGS ?=
 
-.PHONY: help deps venv mar run run-text stop test check lint format unit integration clean eval-drift eval-drift-text eval-accuracy rules monitoring docs bench-scrape bench-drain bench-profile bench-request bench bench-quick dashboards-check soak kubernetes scale
+.PHONY: help deps venv mar run run-text stop test check lint format unit integration clean eval-drift eval-drift-text eval-accuracy rules monitoring docs bench-scrape bench-drain bench-profile bench-request bench bench-quick dashboards-check soak kubernetes scale fleet-sim
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -142,6 +142,9 @@ soak: deps $(MAR) ## soak, 10 min (SOAK_SECONDS): 70 % of capacity, bad requests
 SCALE_ARGS ?=
 scale: deps $(MAR) ## scale by simulation (~10 min): a live scrape's series, then a real Prometheus with the rules scraping 10, 100, 500 simulated replicas; writes docs/scale.json and docs/scale.md's table (SCALE_ARGS, e.g. "--replicas 10,100 --seconds 60")
 	$(BIN)/python -m dev.scale $(SCALE_ARGS)
+
+fleet-sim: $(BIN)/.installed ## the fleet's false-page budget by simulation (~1 min CPU): 100 workers of clean traffic for simulated weeks, 10/1,000 workers, a shift on 10 % of them; writes docs/fleet-sim.json and docs/drift.md's block
+	$(BIN)/python -m dev.fleet_sim
 
 bench-drain: $(MAR) ## in-process cost of 100 % sampling with drift on: request thread, capture thread, drain wall time
 	$(BIN)/python -m dev.bench.drain --mar $(MAR)

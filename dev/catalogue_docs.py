@@ -117,13 +117,15 @@ def markdown(
         + "`) exist for the detectors of `monitoring.drift.fleet_detectors` only"
         + (
             f" ({', '.join(f'`{d}`' for d in fleet.detectors)} here, bounded with "
-            f"{fleet.classes} classes, {fleet.bins} bins and max_features {fleet.max_features})"
+            f"{fleet.classes} classes, {fleet.bins} bins, max_features {fleet.max_features} "
+            f"and fleet_features {fleet.features})"
             if fleet is not None
             else ""
         )
-        + ": each detector adds up to features x bins series to each of them. A layer "
-        "detector can add `max_features x bins`, which is why layers are tested per worker "
-        "by default (see docs/drift.md, Fleet-wide drift).",
+        + ": each detector adds up to features x bins series to each of them, where an input "
+        "or hidden-layer detector counts only `fleet_features` of its features (the leading "
+        "principal components and the residual of a projected layer), so each layer adds at "
+        "most `fleet_features x bins` (see docs/drift.md, Fleet-wide drift).",
         "",
         "| metric | series |",
         "| --- | ---: |",

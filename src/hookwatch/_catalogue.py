@@ -8,6 +8,7 @@ without importing prometheus-client.
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -45,6 +46,7 @@ __all__ = [
     "DRIFT_EVIDENCE",
     "DRIFT_EVIDENCE_THRESHOLD",
     "DRIFT_FIRST_ALARM",
+    "DRIFT_PAGE_BUDGET",
     "DRIFT_PROFILE_LOADED",
     "DRIFT_REFERENCE_BIN_SAMPLES",
     "DRIFT_SCORE",
@@ -403,6 +405,15 @@ DRIFT_WINDOW_SAMPLES = GaugeSpec(
     "are calibrated for. The maximum over live worker processes.",
     multiprocess_mode="livemax",
 )
+DRIFT_PAGE_BUDGET = GaugeSpec(
+    "hookwatch_drift_page_budget_seconds",
+    ("model",),
+    "seconds",
+    "monitoring.drift.false_page_days in seconds: the fleet's drift page (HookwatchDrift) "
+    "raises at most one false page per this long per model in expectation, whatever the "
+    "fleet's size and traffic. The maximum over live worker processes.",
+    multiprocess_mode="livemax",
+)
 DRIFT_BIN_SAMPLES = CounterSpec(
     "hookwatch_drift_bin_samples_total",
     ("model", "detector", "feature", "bin"),
@@ -529,6 +540,7 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     DRIFT_EVIDENCE,
     DRIFT_EVIDENCE_THRESHOLD,
     DRIFT_WINDOW_SAMPLES,
+    DRIFT_PAGE_BUDGET,
     DRIFT_BIN_SAMPLES,
     DRIFT_REFERENCE_BIN_SAMPLES,
     ESTIMATED_ACCURACY,
@@ -589,7 +601,8 @@ LABELS: dict[str, str] = {
     + "; `values` and `embedding` add `output`; `none` adds nothing (drift metrics).",
     "feature": "index of the feature in the detector's input (0 up to `max_features - 1`; for "
     "`output` the class; for a projected layer the principal component, the residual distance "
-    "last), as fixed by the drift profile; only `monitoring.drift.fleet_detectors`.",
+    "last), as fixed by the drift profile; only `monitoring.drift.fleet_detectors`, and of an "
+    "input or hidden-layer detector only its first `fleet_features - 1` and its last.",
     "bin": "index of the reference-quantile bin, `0` up to `drift.bins - 1` (for `class_mix` "
     "the predicted class); only bins the profile has.",
     "reason": ", ".join(f"`{v}`" for v in REJECT_REASONS)
@@ -626,12 +639,20 @@ SERIES_PER_MODEL_TARGET = 2000
 
 @dataclass(frozen=True)
 class FleetBins:
-    """What bounds the (detector, feature, bin) series of the fleet-wide drift metrics."""
+    """What bounds the (detector, feature, bin) series of the fleet-wide drift metrics.
+
+    ``detectors`` are names or ``fnmatch`` patterns (``monitoring.drift.fleet_detectors``);
+    ``features`` is ``monitoring.drift.fleet_features``, the input's and hidden layers' share.
+    """
 
     detectors: tuple[str, ...]
     classes: int
     bins: int
     max_features: int
+    features: int = 4
+
+    def matches(self, detector: str) -> bool:
+        return any(fnmatch.fnmatchcase(detector, pattern) for pattern in self.detectors)
 
     def bound(self, detector: str) -> int:
         """Most (feature, bin) pairs a detector's profile can have."""
@@ -641,11 +662,11 @@ class FleetBins:
             return self.bins
         if detector == "class_mix":
             return self.classes
-        return self.max_features * self.bins
+        return min(self.features, self.max_features) * self.bins
 
-    @property
-    def total(self) -> int:
-        return sum(self.bound(d) for d in self.detectors)
+    def total(self, detectors: tuple[str, ...] | list[str]) -> int:
+        """The bound over those of ``detectors`` (a model's) that are fleet detectors."""
+        return sum(self.bound(d) for d in detectors if self.matches(d))
 
 
 def label_domains(
@@ -681,9 +702,7 @@ def series_per_model(
     """
     values = label_domains(watched) if domains is None else domains
     present = set(drift_detectors(watched))
-    fleet_total = (
-        sum(fleet.bound(d) for d in fleet.detectors if d in present) if fleet is not None else 0
-    )
+    fleet_total = fleet.total(sorted(present)) if fleet is not None else 0
     out: dict[str, int] = {}
     for spec in CATALOGUE:
         count = spec.series if isinstance(spec, HistogramSpec) else SAMPLES_PER_LABEL_SET[spec.kind]

@@ -38,8 +38,11 @@ __all__ = [
 #: Content-Type but application/json) is read as raw little-endian float32 values, which keeps
 #: large inputs (3x224x224 images) from spending the request in a JSON parser.
 INPUT_ENCODINGS = ("json", "float32")
-#: Default ``drift.fleet_detectors``: the detectors derived from the output's logits.
-FLEET_DETECTORS = ("output", "confidence", "entropy", "class_mix")
+#: Default ``drift.fleet_detectors``: every detector (glob patterns; hidden layers and the
+#: input on ``drift.fleet_features`` features each).
+FLEET_DETECTORS = ("*",)
+#: Default ``drift.fleet_features``: a compact layer's leading components and its residual.
+FLEET_FEATURES = 4
 #: How wide layers are reduced for drift (``monitoring.drift.projection``).
 PROJECTIONS = ("pca", "none")
 #: What the model's output is (``monitoring.output.head``): it decides the output's drift
@@ -282,13 +285,20 @@ class DriftConfig:
     fleet_detectors: tuple[str, ...] = _option(
         FLEET_DETECTORS,
         "detectors whose per-bin sample counts are exported "
-        "(`hookwatch_drift_bin_samples_total`) for the fleet-wide score in PromQL; each costs "
-        "two series per bin, a layer up to `2 x max_features x bins` "
-        "([drift.md](drift.md#fleet-wide-drift)), so the default keeps the output-derived ones; "
-        "names the profile does not have are ignored",
+        "(`hookwatch_drift_bin_samples_total`) for the fleet-wide score in PromQL, as names or "
+        "glob patterns (`*`: every detector); each costs two series per bin it counts: the "
+        "output's detectors every feature, the input and hidden layers `fleet_features` each "
+        "([drift.md](drift.md#fleet-wide-drift)); names the profile does not have are ignored",
         check=lambda v: _strings(v) and _distinct(v),
-        expected="a list of distinct detector names",
-        type_doc="list of detector names",
+        expected="a list of distinct detector names or patterns",
+        type_doc="list of detector names or patterns",
+    )
+    fleet_features: int = _option(
+        FLEET_FEATURES,
+        "features of an input or hidden-layer fleet detector whose bins are counted: its first "
+        "`fleet_features - 1` and its last (for a projected layer the leading principal "
+        "components and the residual distance); all of them when it has no more",
+        bounds=(1, 256),
     )
     projection: str = _option(
         "pca",
@@ -323,11 +333,20 @@ class DriftConfig:
         "windows: the drift page (HookwatchDrift) needs it "
         "([drift.md](drift.md#anytime-valid-alarms))",
     )
+    false_page_days: float = _option(
+        30.0,
+        "the drift page's budget: at most one false page (HookwatchDrift) per model per this "
+        "many days in expectation over the whole fleet, whatever its size and traffic; the page "
+        "is a test on the fleet's merged bin counts in the recording rules "
+        "([drift.md](drift.md#the-false-page-budget))",
+        bounds=(0.01, 3650.0),
+    )
     run_length: int = _option(
         25_920_000,
         "expected sampled requests between two false alarms of all detectors together, per "
-        "worker; the default is 30 days at 10 sampled requests/s (100 requests/s at 10 % "
-        "sampling): raise it in proportion for more traffic or more workers",
+        "worker: the per-worker anytime-valid tests, which warn (HookwatchDriftWarning) and do "
+        "not page; the default is 30 days at 10 sampled requests/s (100 requests/s at 10 % "
+        "sampling)",
         bounds=(100, 10**15),
     )
     reference_confidence: float = _option(

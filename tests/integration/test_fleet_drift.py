@@ -11,23 +11,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from numpy.typing import NDArray
 
 from hookwatch._catalogue import CATALOGUE, FLEET_METRICS, series_per_model
 from hookwatch._config import MonitoringConfig
-from hookwatch._drift import bin_counts, derive
-from hookwatch._names import OUTPUT_LAYER
-from hookwatch._profile import DriftProfile, capture_features
+from hookwatch._profile import DriftProfile
 from hookwatch.tools.cli import DEMO_MODEL_CONFIG, demo_fleet_bins, demo_watched_layers
 from hookwatch.tools.demo.data import load_split
 from hookwatch.tools.devstack import Stack, http_get
 from tests.conftest import require_binary
+from tests.integration.fleet import Counts, offline_fleet, offline_tracker
 from tests.integration.helpers import (
     ROOT,
     build_variant,
     demo_config,
-    demo_model,
     demo_profile,
     eventually,
     scrape,
@@ -38,7 +35,6 @@ pytestmark = pytest.mark.integration
 MODEL = "digits"
 SCORE = "model_detector:hookwatch_drift_fleet_score:cumulative"
 BIN_SUMS = "model_detector_feature_bin:hookwatch_drift_bin_samples:sum"
-Counts = dict[tuple[str, str, str], float]
 
 
 def _send(stack: Stack, images: Iterable[NDArray[np.float32]]) -> int:
@@ -53,27 +49,8 @@ def _send(stack: Stack, images: Iterable[NDArray[np.float32]]) -> int:
 def _offline(
     profile: DriftProfile, config: MonitoringConfig, images: NDArray[np.float32]
 ) -> tuple[dict[str, float], Counts]:
-    """Scores and per-bin counts of the fleet detectors, with the serving hooks and drift.py.
-
-    One image per forward pass, one torch thread, the .mar's weights: as each worker runs it.
-    """
-    torch.set_num_threads(1)
-    batches = [torch.from_numpy(image[None]) for image in images]
-    parts = [f[OUTPUT_LAYER] for f in capture_features(demo_model(), config, batches)]
-    logits = np.concatenate(parts)
-    assert np.isfinite(logits).all()
-    scores: dict[str, float] = {}
-    counts: Counts = {}
-    for name, x in derive(OUTPUT_LAYER, logits).items():
-        if name not in config.drift.fleet_detectors:
-            continue
-        ref = profile.references[name]
-        binned = bin_counts(ref.encode(x)[None], ref.n_bins)[0]
-        scores[name] = float(ref.score(binned))
-        for f, feature in enumerate(ref.kept):
-            for k in np.flatnonzero(ref.valid[f]):
-                counts[(name, str(feature), str(k))] = float(binned[f, k])
-    return scores, counts
+    """Scores and per-bin counts of every fleet detector (tests/integration/fleet.py)."""
+    return offline_fleet(profile, config, images)
 
 
 def _rotated(images: NDArray[np.float32], degrees: float) -> NDArray[np.float32]:
@@ -131,7 +108,10 @@ def test_fleet_score_in_promql_equals_the_offline_score_on_both_instances_traffi
     union_scores, union_counts = _offline(profile, config, np.concatenate([to_a, to_b]))
     a_scores, _ = _offline(profile, config, to_a)
     b_scores, _ = _offline(profile, config, to_b)
-    assert set(union_scores) == set(config.drift.fleet_detectors)
+    # Every detector is a fleet detector by default: the output's and every layer's.
+    assert set(union_scores) == set(profile.references)
+
+    tracker = offline_tracker(profile, config)
 
     # Each exporter holds its own replica's counts, summed over its workers.
     def exported() -> None:
@@ -142,7 +122,7 @@ def test_fleet_score_in_promql_equals_the_offline_score_on_both_instances_traffi
                 if name == "hookwatch_drift_bin_samples_total":
                     per_detector[dict(labels)["detector"]] += value
             for detector in union_scores:
-                assert per_detector[detector] == n * profile.references[detector].n_features
+                assert per_detector[detector] == n * len(tracker.fleet_features(detector))
 
     eventually(exported, timeout=30)
 

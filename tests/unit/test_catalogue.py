@@ -101,15 +101,26 @@ def test_series_per_model_is_bounded_for_the_demo() -> None:
     # The bound follows the layer count: one more watched layer adds series.
     more = catalogue.series_per_model((*watched, "extra"), fleet=fleet)
     assert sum(more.values()) > sum(series.values())
-    # The per-bin drift series are bounded by the fleet detectors' features x bins.
+    # The per-bin drift series are bounded by the fleet detectors' features x bins: every
+    # detector by default, the input and hidden layers on fleet_features features each.
+    detectors = catalogue.drift_detectors(watched)
+    assert all(fleet.matches(d) for d in detectors)
     for name in catalogue.FLEET_METRICS:
-        assert series[name] == fleet.total > 0
-    # A layer among the fleet detectors costs up to max_features x bins per metric: the
-    # reason the default leaves layers to the per-worker tests.
-    wide = catalogue.FleetBins(("act1", *fleet.detectors), fleet.classes, fleet.bins, 256)
+        assert series[name] == fleet.total(detectors) > 0
+    layers = [d for d in detectors if d in ("input", "act1", "act2", "act3")]
+    assert len(layers) == 4
+    assert fleet.total(layers) == 4 * fleet.features * fleet.bins
+    # Every feature of a layer (max_features 256) would cost 2,560 series per metric and
+    # layer: the reason layers count on a compact feature set.
+    wide = catalogue.FleetBins(fleet.detectors, fleet.classes, fleet.bins, 256, features=256)
     wide_series = catalogue.series_per_model(watched, fleet=wide)
-    assert wide_series[catalogue.FLEET_METRICS[0]] - series[catalogue.FLEET_METRICS[0]] == 2560
+    assert wide_series[catalogue.FLEET_METRICS[0]] - series[catalogue.FLEET_METRICS[0]] == 4 * (
+        2560 - fleet.features * fleet.bins
+    )
     assert sum(wide_series.values()) > SERIES_PER_MODEL_TARGET
+    # Only the output's detectors, as before: no layer's bins.
+    outputs = catalogue.FleetBins(catalogue.OUTPUT_DETECTORS, fleet.classes, fleet.bins, 256)
+    assert outputs.total(detectors) == fleet.total(detectors) - fleet.total(layers)
 
 
 def test_demo_class_count_is_the_models() -> None:

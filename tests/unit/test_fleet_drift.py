@@ -9,8 +9,9 @@ import pytest
 import torch
 import yaml
 
-from hookwatch._config import FLEET_DETECTORS, MonitoringConfig
+from hookwatch._config import FLEET_DETECTORS, FLEET_FEATURES, MonitoringConfig
 from hookwatch._drift import BinnedReference, DriftTracker, bin_counts, calibrate, derive
+from hookwatch._drift.tracker import compact_features
 from hookwatch._errors import ConfigError
 from hookwatch._hooks import plan_watch
 from hookwatch._metrics import MetricSet
@@ -43,8 +44,40 @@ def test_tracker_tallies_bin_counts_of_tallied_detectors_only() -> None:
     assert quiet.take_counts() == {}  # not tallied: no work, nothing to publish
 
 
+def test_compact_features_keep_the_leading_ones_and_the_last() -> None:
+    np.testing.assert_array_equal(compact_features(3, 4), [0, 1, 2])
+    np.testing.assert_array_equal(compact_features(4, 4), [0, 1, 2, 3])
+    np.testing.assert_array_equal(compact_features(81, 4), [0, 1, 2, 80])
+    np.testing.assert_array_equal(compact_features(81, 1), [80])
+    with pytest.raises(ValueError, match="fleet feature budget"):
+        compact_features(3, 0)
+
+
+def test_choose_fleet_matches_patterns_and_compacts_layers_only() -> None:
+    rng = np.random.default_rng(1)
+    refs = {
+        "act": BinnedReference.fit("act", "activation", rng.normal(size=(400, 9)), bins=5),
+        "output": BinnedReference.fit("output", "output", rng.normal(size=(400, 9)), bins=5),
+    }
+    cal = calibrate(list(refs.values()), window=20, false_alarm_rate=0.05, windows=500)
+    tracker = DriftTracker(refs, cal, step=5)
+    tracker.choose_fleet(FLEET_DETECTORS, 3)
+    assert tracker.tallied == {"act", "output"}
+    np.testing.assert_array_equal(tracker.fleet_features("act"), [0, 1, 8])
+    np.testing.assert_array_equal(tracker.fleet_features("output"), np.arange(9))
+    x = rng.normal(size=(30, 9))
+    tracker.update("act", x)
+    taken = tracker.take_counts()
+    expected = bin_counts(refs["act"].encode(x)[:, [0, 1, 8]][None], 5)[0]
+    np.testing.assert_array_equal(taken["act"], expected)
+    tracker.choose_fleet(["out*", "missing"], 3)
+    assert tracker.tallied == {"output"}
+
+
 def test_fleet_detectors_are_configurable_and_checked() -> None:
-    assert MonitoringConfig.from_mapping({}).drift.fleet_detectors == FLEET_DETECTORS
+    default = MonitoringConfig.from_mapping({}).drift
+    assert default.fleet_detectors == FLEET_DETECTORS == ("*",)
+    assert default.fleet_features == FLEET_FEATURES
     config = MonitoringConfig.from_mapping({"drift": {"fleet_detectors": ["input", "output"]}})
     assert config.drift.fleet_detectors == ("input", "output")
     for bad in (["output", "output"], "output", [""], [3]):
@@ -108,14 +141,21 @@ def test_monitor_exports_bin_counts_equal_to_an_offline_recount(
             if name not in ("output", "class_mix", "act1"):
                 continue
             counts = bin_counts(ref.encode(x)[None], ref.n_bins)[0]
-            for f, feature in enumerate(ref.kept):
+            for f in tracker.fleet_features(name):
                 for k in np.flatnonzero(ref.valid[f]):
-                    key = (name, str(feature), str(k))
+                    key = (name, str(ref.kept[f]), str(k))
                     expected[key] = float(counts[f, k])
                     assert reference_bins[key] == ref.counts[f, k]
     assert counters == expected
+    # The hidden layer counts its compact features only (its first three and its last), the
+    # output's detectors every feature.
+    act1 = profile.references["act1"]
+    assert act1.n_features > config.drift.fleet_features == 4
+    assert {f for d, f, _ in counters if d == "act1"} == {
+        str(act1.kept[i]) for i in (0, 1, 2, act1.n_features - 1)
+    }
     for detector in ("output", "class_mix", "act1"):
-        n_features = profile.references[detector].n_features
+        n_features = len(tracker.fleet_features(detector))
         assert sum(v for (d, _, _), v in counters.items() if d == detector) == 45 * n_features
     assert values[("hookwatch_drift_window_samples", (("model", "digits"),))] == 30
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import fnmatch
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,7 +11,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from hookwatch._drift.accuracy import AccuracyTracker
-from hookwatch._drift.bins import BinnedReference, CodeArray, IntArray, bin_counts, expect
+from hookwatch._drift.bins import (
+    BinnedReference,
+    ChiSquare,
+    CodeArray,
+    IntArray,
+    bin_counts,
+    expect,
+)
 from hookwatch._drift.calibration import Calibration
 from hookwatch._drift.features import derive
 from hookwatch._drift.projection import Projection
@@ -18,11 +26,33 @@ from hookwatch._drift.sequential import SequentialAlarm, SequentialTest
 from hookwatch._names import OUTPUT_LAYER
 from hookwatch._views import UnitReference
 
-__all__ = ["MAX_PENDING_ALARMS", "DriftResult", "DriftTracker", "SlidingWindow"]
+__all__ = [
+    "COMPACT_LEVELS",
+    "MAX_PENDING_ALARMS",
+    "DriftResult",
+    "DriftTracker",
+    "SlidingWindow",
+    "compact_features",
+]
 
 #: Sequential alarms a tracker holds until they are taken; later ones are still counted by
 #: their test (``sequential_state``), just not listed.
 MAX_PENDING_ALARMS = 256
+#: Levels whose detectors join the fleet's per-bin counts on a compact feature set (see
+#: :func:`compact_features`); the output's detectors keep every feature.
+COMPACT_LEVELS = ("input", "activation")
+
+
+def compact_features(n_features: int, budget: int) -> NDArray[np.intp]:
+    """The features of a detector counted for the fleet: all of them when there are at most
+    ``budget``, else the first ``budget - 1`` and the last. For a projected layer these are its
+    leading principal components and the distance from them (the residual, always last)."""
+    expect(budget >= 1, "a fleet feature budget of at least 1", budget)
+    if n_features <= budget:
+        return np.arange(n_features, dtype=np.intp)
+    return np.concatenate(
+        [np.arange(budget - 1, dtype=np.intp), np.asarray([n_features - 1], dtype=np.intp)]
+    )
 
 
 @dataclass(frozen=True)
@@ -138,6 +168,11 @@ class DriftTracker:
     #: Detectors whose bin counts are also tallied for :meth:`take_counts` (the fleet-wide
     #: counters); the others pay nothing for it.
     tallied: frozenset[str] = frozenset()
+    #: Per tallied detector, the features (indices into its reference's) whose counts are
+    #: tallied; a detector not here tallies every feature. Set by :meth:`choose_fleet`.
+    fleet_index: Mapping[str, NDArray[np.intp]] = field(default_factory=dict)
+    #: ``drift.false_page_days`` in seconds, exported for the fleet's drift page.
+    page_budget_s: float = 30 * 86400.0
     #: Per layer, the projection its features go through before binning (wide layers only).
     projections: Mapping[str, Projection] = field(default_factory=dict)
     #: Per layer, the reference mean of each per-sample statistic (``STATISTICS`` order),
@@ -206,7 +241,9 @@ class DriftTracker:
                 if raised and len(self._alarms) < MAX_PENDING_ALARMS:
                     self._alarms.extend(raised[: MAX_PENDING_ALARMS - len(self._alarms)])
             if name in self.tallied:
-                counts = bin_counts(codes[None], ref.n_bins)[0]
+                index = self.fleet_index.get(name)
+                tallied = codes if index is None else codes[:, index]
+                counts = bin_counts(tallied[None], ref.n_bins)[0]
                 pending = self._tally.get(name)
                 self._tally[name] = counts if pending is None else pending + counts
             ends = self._verdict_ends(name, len(codes))
@@ -218,6 +255,38 @@ class DriftTracker:
             scores = ref.score(window.push_counting(codes, np.asarray(ends, dtype=np.int64)))
             results.extend(self._verdict(name, float(score)) for score in scores)
         return results
+
+    def choose_fleet(self, patterns: Sequence[str], features: int) -> None:
+        """Tally the detectors whose names match one of ``patterns`` (``fnmatch`` globs) for the
+        fleet's per-bin counters; input and hidden-layer detectors on their
+        :func:`compact_features` only, the output's on every feature."""
+        chosen = {
+            name
+            for name in self.references
+            if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+        }
+        self.tallied = frozenset(chosen)
+        self.fleet_index = {
+            name: compact_features(self.references[name].n_features, features)
+            for name in sorted(chosen)
+            if self.references[name].level in COMPACT_LEVELS
+        }
+
+    def fleet_features(self, name: str) -> NDArray[np.intp]:
+        """Indices into ``name``'s reference features of those tallied for the fleet."""
+        index = self.fleet_index.get(name)
+        if index is None:
+            return np.arange(self.references[name].n_features, dtype=np.intp)
+        return index
+
+    def fleet_score(self, name: str, counts: IntArray) -> float:
+        """The fleet recording rules' score of ``name`` on tallied counts ``[len(index), K]``
+        (summed over workers and replicas): the mean over its fleet features of the chi-square
+        per degree of freedom, as :class:`ChiSquare` scores a window."""
+        ref = self.references[name]
+        index = self.fleet_features(name)
+        chi_square = ChiSquare(ref.counts[index], ref.valid[index], ref.n_ref)
+        return float(np.mean(chi_square(np.asarray(counts))))
 
     def state_bytes(self) -> int:
         """Memory of the streaming state (windows, their counts' inputs, sequential tests):

@@ -104,7 +104,8 @@ class Monitor:
         self._metrics = metrics if metrics is not None else default_metrics()
         drift = drift if config.enabled else None
         if drift is not None:
-            drift.tallied = frozenset(config.drift.fleet_detectors) & set(drift.references)
+            drift.choose_fleet(config.drift.fleet_detectors, config.drift.fleet_features)
+            drift.page_budget_s = config.drift.false_page_days * 86400.0
         self._drift = drift
         #: Faults found while loading (a profile that could not be used), counted with the
         #: capture thread's under ``layer="all"``.

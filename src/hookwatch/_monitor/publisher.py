@@ -135,6 +135,7 @@ class Publisher:
                 m.set(metric.DRIFT_EVIDENCE, 0, **labels)
                 m.set(metric.DRIFT_EVIDENCE_THRESHOLD, test.log_threshold, **labels)
         m.set(metric.DRIFT_WINDOW_SAMPLES, drift.window, model=name)
+        m.set(metric.DRIFT_PAGE_BUDGET, drift.page_budget_s, model=name)
         if drift.accuracy is not None:
             # Their presence tells the alert rules this model pages on harm, not on drift.
             estimator = drift.accuracy.estimator
@@ -182,18 +183,19 @@ class Publisher:
             ref = drift.references[detector]
             valid = ref.valid
             bound: dict[tuple[int, int], CounterChild] = {}
-            for f, feature in enumerate(ref.kept):
+            # Tallied counts are [len(index), K]: row t is the reference's feature index[t].
+            for t, f in enumerate(drift.fleet_features(detector)):
                 for k in range(ref.n_bins):
                     if not valid[f, k]:
                         continue
                     labels = {
                         "model": self.model_name,
                         "detector": detector,
-                        "feature": str(feature),
+                        "feature": str(ref.kept[f]),
                         "bin": str(k),
                     }
                     m.set(metric.DRIFT_REFERENCE_BIN_SAMPLES, int(ref.counts[f, k]), **labels)
-                    bound[(f, k)] = m.counter(metric.DRIFT_BIN_SAMPLES, **labels)
+                    bound[(t, k)] = m.counter(metric.DRIFT_BIN_SAMPLES, **labels)
             self._bin_counters[detector] = bound
 
     def publish(self, snapshot: Snapshot) -> None:

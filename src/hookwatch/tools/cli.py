@@ -773,7 +773,11 @@ def demo_fleet_bins(model_config: Path) -> FleetBins:
 
     config = read_model_config(model_config).monitoring
     return FleetBins(
-        config.drift.fleet_detectors, DEMO_CLASSES, config.drift.bins, config.max_features
+        config.drift.fleet_detectors,
+        DEMO_CLASSES,
+        config.drift.bins,
+        config.max_features,
+        config.drift.fleet_features,
     )
 
 
