@@ -330,8 +330,8 @@ class DriftConfig:
     sequential: bool = _option(
         True,
         "run the anytime-valid test per detector beside the "
-        "windows: the drift page (HookwatchDrift) needs it "
-        "([drift.md](drift.md#anytime-valid-alarms))",
+        "windows: the per-worker drift warning (HookwatchDriftWarning) needs it; the page "
+        "(HookwatchDrift) is the fleet's test ([drift.md](drift.md#anytime-valid-alarms))",
     )
     false_page_days: float = _option(
         30.0,
