@@ -304,7 +304,8 @@ def test_the_summary_says_what_happened_first(tmp_path: Path) -> None:
         in said
     )
     assert (
-        "The anytime-valid test, which pages, alarmed 2 times: 1 for act2 and 1 for input." in said
+        "The per-worker anytime-valid test, which warns, alarmed 2 times: 1 for act2 and 1 "
+        "for input." in said
     )
     assert "right 97 % of the time before the switch and 3 % after it" in said
     assert (

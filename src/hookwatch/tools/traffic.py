@@ -328,7 +328,7 @@ class LiveView:
 
     def pages(self, window: str = TABLE_WINDOW) -> list[tuple[str, float]]:
         """(detector, alarms) for the detectors whose anytime-valid test alarmed in ``window``
-        over every worker: what HookwatchDrift pages on."""
+        over every worker: what HookwatchDriftWarning warns on (the page is the fleet's test)."""
         rows = self._stack.query(
             f"sum by (detector) (increase(hookwatch_drift_sequential_alarms_total"
             f"{{model={self._label}}}[{window}])) > 0"
@@ -423,7 +423,7 @@ class LiveView:
         width = min(30, max([len(d) for _, d, *_ in rows] + [8]))
         lines = [
             f"  drift: score of {size} per worker vs its threshold (x thr: how far);",
-            f"  pages: the anytime-valid test's alarms in the last {TABLE_WINDOW} (what pages)",
+            f"  pages: the anytime-valid test's alarms in the last {TABLE_WINDOW} (a warning)",
             f"    {'detector':<{width}} {'score':>10}   {'threshold':>9} {'x thr':>7}  "
             f"{'state':<6} pages",
         ]

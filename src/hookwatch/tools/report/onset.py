@@ -30,7 +30,7 @@ class Alarms:
     onset: Onset | None
     #: (start, end) of each stretch with a sliding-window alarm episode under way.
     spans: tuple[tuple[float, float], ...]
-    #: Per detector, the times its anytime-valid test alarmed (what pages): marked on the plots.
+    #: Per detector, the times its anytime-valid test alarmed (a warning): marked on the plots.
     pages: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
 
 

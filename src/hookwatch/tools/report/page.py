@@ -94,7 +94,8 @@ def _header(header: Header, tz: tzinfo) -> str:
         f'<p id="summary">{summary}</p>\n<dl>\n{items}\n</dl>\n'
         '<p class="note">On every plot: the red line is the first alarm of any detector, the '
         "shading the alarm episodes, red triangles along the top the alarms of the "
-        "anytime-valid test (which pages); dashed lines are the reference and the thresholds. "
+        "per-worker anytime-valid test (a warning); dashed lines are the reference and the "
+        "thresholds. "
         f"Generated {e(when(header.generated, tz, True))} by <code>hookwatch report</code> "
         "from the queries of the Grafana dashboards.</p></header>"
     )

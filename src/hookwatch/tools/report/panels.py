@@ -71,7 +71,7 @@ SECTIONS: tuple[Section, ...] = (
                 caption="Each detector's latest window score divided by its calibrated "
                 "threshold, on a log scale where the values span orders of magnitude: above "
                 "the dashed line at 1 the window alarms (a warning). Triangles along the top: "
-                "alarms of the anytime-valid test, which pages.",
+                "alarms of the per-worker anytime-valid test (a warning).",
                 line_at=1.0,
             ),
             PanelRef(
@@ -88,7 +88,7 @@ SECTIONS: tuple[Section, ...] = (
                 "Evidence against the reference",
                 facet=("level", "detector"),
                 caption="Per detector, the anytime-valid test's evidence that traffic left the "
-                "reference (log) against the level at which it alarms, pages and restarts "
+                "reference (log) against the level at which it alarms (a warning) and restarts "
                 "from 0 (dashed). Drawn at one point per step, a climb and its restart can "
                 "fall between two points: the triangles mark every alarm the counters "
                 "recorded.",

@@ -197,13 +197,13 @@ def sentences(story: Story, start: float, end: float, profile: bool, tz: tzinfo)
             counts = sorted(story.page_counts.items(), key=lambda item: (-item[1], item[0]))
             total = sum(story.page_counts.values())
             said.append(
-                f"The anytime-valid test, which pages, alarmed {total} time"
+                f"The per-worker anytime-valid test, which warns, alarmed {total} time"
                 f"{'s' if total != 1 else ''}: "
                 + _list([f"{n} for {name}" for name, n in counts], most=5)
                 + "."
             )
         else:
-            said.append("The anytime-valid test, which pages, did not alarm: nothing paged.")
+            said.append("The per-worker anytime-valid test, which warns, did not alarm.")
     if client is not None and client.accuracy_before is not None:
         after_acc = (
             f" and {_pct(client.accuracy_after)} after it"
