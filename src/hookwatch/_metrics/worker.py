@@ -120,15 +120,18 @@ class HistogramSlot:
     stores them; the exporter accumulates) and its sum."""
 
     def __init__(self, file: _SlotFile, bounds: Sequence[float], buckets: list[int], sum_: int):
-        self._values = file.values
-        self._bounds = list(bounds)
-        self._buckets = buckets
-        self._sum = sum_
+        #: The file's float64 cells; bucket ``i`` (of ``bisect_left(bounds, value)``) is cell
+        #: ``buckets[i]``, the sum cell ``sum_index``: what :meth:`observe` adds to, public
+        #: for a caller that inlines it (the request path's duration, once per batch).
+        self.values: Any = file.values
+        self.bounds = list(bounds)
+        self.buckets = buckets
+        self.sum_index = sum_
 
     def observe(self, value: float, count: int = 1) -> None:
-        values = self._values
-        values[self._buckets[bisect.bisect_left(self._bounds, value)]] += count
-        values[self._sum] += value * count
+        values = self.values
+        values[self.buckets[bisect.bisect_left(self.bounds, value)]] += count
+        values[self.sum_index] += value * count
 
 
 class CountSlots:

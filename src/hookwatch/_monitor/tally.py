@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import operator
 import threading
+from bisect import bisect_left
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -145,8 +146,11 @@ class RequestTally:
                     metric.REQUEST_DURATION, seconds, count, model=self.model_name
                 )
             return
+        # HistogramSlot.observe inlined: one frame fewer on every batch's answer.
+        cells = duration.values
         with self._lock:
-            duration.observe(seconds, count)
+            cells[duration.buckets[bisect_left(duration.bounds, seconds)]] += count
+            cells[duration.sum_index] += seconds * count
 
     def counts(self) -> RequestCounts:
         with self._lock:
