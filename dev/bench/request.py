@@ -46,6 +46,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 import zipfile
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -179,14 +180,11 @@ def _bodies(count: int) -> list[dict[str, Any]]:
     return [{"body": {"data": images[i % len(images)].tolist()}} for i in range(count)]
 
 
-class _FixedDraw:
-    """The gate's random draw, fixed: 0.0 is below any rate (sampled), 1.0 above (not)."""
-
-    def __init__(self, value: float) -> None:
-        self.value = value
-
-    def random(self) -> float:
-        return self.value
+def _fixed_draw(value: float) -> Any:
+    """The gate's random draw, fixed: 0.0 is below any rate (sampled), 1.0 above (not). Its
+    ``random`` is a C-level callable, as ``random.Random.random`` is: no Python frame more
+    than the served path has."""
+    return types.SimpleNamespace(random=float(value).__float__)
 
 
 def _gate(handler: Any) -> Any:
@@ -319,7 +317,7 @@ def _timer_overhead(timers: Timers) -> float:
 
 
 def _configure(handler: Any, sampled: bool) -> None:
-    _gate(handler)._rng = _FixedDraw(0.0 if sampled else 1.0)
+    _gate(handler)._rng = _fixed_draw(0.0 if sampled else 1.0)
 
 
 def _drain(handler: Any) -> None:
@@ -453,7 +451,9 @@ def attribution_pass(
     return phases, arms / (rounds * len(batches))
 
 
-def measure(label: str, rounds: int, requests: int, attribution_rounds: int) -> Result:
+def measure(
+    label: str, rounds: int, requests: int, attribution_rounds: int, only: str = ""
+) -> Result:
     import torch
 
     workdir = Path(tempfile.mkdtemp(prefix="hookwatch-request-bench-"))
@@ -468,6 +468,8 @@ def measure(label: str, rounds: int, requests: int, attribution_rounds: int) -> 
     bodies = _bodies(256)
     cases: list[CaseResult] = []
     for name, batch, sampled in CASES:
+        if only and name not in only.split(","):
+            continue
         plain = _build("plain_handler", model_dir, copy.deepcopy(config))
         monitored = _build("hookwatch_handler", model_dir, copy.deepcopy(config))
         plain_us, monitored_us, diffs, cpu = timing_pass(
@@ -516,12 +518,15 @@ def measure(label: str, rounds: int, requests: int, attribution_rounds: int) -> 
 
 
 def _commit() -> str:
+    """The commit of the hookwatch being measured (a base worktree's under ``PYTHONPATH``)."""
     import subprocess
+
+    import hookwatch
 
     try:
         return subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],
-            cwd=ROOT,
+            cwd=Path(hookwatch.__file__).parent,
             capture_output=True,
             text=True,
             check=True,
@@ -589,6 +594,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attribution-rounds", type=int, default=60)
     parser.add_argument("--label", default="after", help="the run's name in the table")
     parser.add_argument(
+        "--cases",
+        default="",
+        help="comma-separated subset of the cases (a quick look; not for the table)",
+    )
+    parser.add_argument(
         "--keep",
         default="",
         help="comma-separated labels of runs already in request.json to keep (e.g. before)",
@@ -611,7 +621,9 @@ def run(args: argparse.Namespace) -> int:
     if args.add is None:
         metrics_dir = tempfile.mkdtemp(prefix="hookwatch-request-bench-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # as in a TorchServe worker
-        result = asdict(measure(args.label, args.rounds, args.requests, args.attribution_rounds))
+        result = asdict(
+            measure(args.label, args.rounds, args.requests, args.attribution_rounds, args.cases)
+        )
     else:
         result = json.loads(args.add.read_text())
     if args.json_only is not None:
