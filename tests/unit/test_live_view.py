@@ -65,6 +65,11 @@ class FakeStack:
             )
         if "hookwatch_reference_accuracy" in promql:
             return [] if self.estimate is None else [{"metric": {}, "value": [0, "0.97"]}]
+        if "hookwatch_reference_activation_statistic" in promql:
+            return [
+                {"metric": {"layer": "act1", "statistic": s}, "value": [0, str(v)]}
+                for s, v in (("mean", 4.7), ("std", 2.0), ("min", -17.0), ("max", 19.0))
+            ]
         if "activation_statistic_sum" in promql:
             return [
                 {"metric": {"layer": layer, "statistic": s}, "value": [0, str(v)]}
@@ -202,3 +207,20 @@ def test_colour_on_a_terminal_only(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "\x1b[" not in "".join(plain)
     assert "\x1b[1m\x1b[31m" in coloured[4].splitlines()[1]
     assert [visible(s) for s in coloured] == plain
+
+
+def test_layer_cells_far_from_the_reference_are_marked() -> None:
+    shots, _, _ = frames()
+    text = shots[-1]
+    assert "fleet average over the last 1m (a step shows here slowly); * far from the " in text
+    table = text.split("  layers: ", 1)[1].split("    detector ", 1)[0].splitlines()
+    (act1,) = (line for line in table if line.strip().startswith("act1 "))
+    # mean 4.8 against 4.7 and min/max near theirs: unmarked; std 1234567 against 2.0: marked.
+    cells = act1.split()[1:]
+    assert cells[0] == "4.800" and cells[2] == "-17.060" and cells[3] == "19.100", cells
+    assert cells[1].endswith("*"), cells
+    # Layers the profile has no value for are never marked.
+    (other,) = (line for line in table if line.strip().startswith("input "))
+    assert "*" not in other
+    assert live.far_from_reference(0.5, 0.1) and not live.far_from_reference(0.2, 0.1)
+    assert not live.far_from_reference(float("nan"), 1.0)

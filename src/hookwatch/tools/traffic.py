@@ -199,6 +199,19 @@ def _number(value: float, width: int = 10) -> str:
     return f"{text if len(text) <= width else f'{value:.3g}':>{width}}"
 
 
+#: A layer table cell is "far from the reference" when it differs from the profile's value by
+#: more than this share of the reference's magnitude (or of 1, for values near 0 such as a zero
+#: fraction): a coarse cue for the eye; the drift detectors are the test.
+FAR_FROM_REFERENCE = 0.25
+
+
+def far_from_reference(value: float, reference: float) -> bool:
+    """Whether a live statistic is far enough from its reference value to mark its cell."""
+    if not (math.isfinite(value) and math.isfinite(reference)):
+        return False
+    return abs(value - reference) > FAR_FROM_REFERENCE * max(abs(reference), 1.0)
+
+
 def _pair(score: float, limit: float) -> tuple[str, str]:
     """Score and threshold with enough decimals that two different numbers never print alike."""
     for decimals in (2, 3, 4, 6):
@@ -399,20 +412,44 @@ class LiveView:
             )
         return "  accuracy " + "  |  ".join(parts) if parts else None
 
+    def reference_means(self) -> dict[tuple[str, str], float]:
+        """The drift profile's mean of each per-sample statistic, by (layer, statistic); empty
+        for a model served without a profile."""
+        rows = self._stack.query(
+            "max by (layer, statistic) "
+            f"(hookwatch_reference_activation_statistic{{model={self._label}}})"
+        )
+        return {
+            (row["metric"]["layer"], row["metric"]["statistic"]): float(row["value"][1])
+            for row in rows
+            if "layer" in row["metric"] and "statistic" in row["metric"]
+        }
+
+    def _cell(self, value: float, reference: float | None) -> str:
+        """A table cell, marked ``*`` (red on a terminal) when it is far from the reference."""
+        if reference is None or not far_from_reference(value, reference):
+            return _number(value, 9) + " "
+        return self._paint(_number(value, 9) + "*", _BOLD, _RED)
+
     def _layers(self) -> list[str]:
         table = self.layer_means()
         if not table:
             return []
+        reference = self.reference_means()
         width = min(30, max([len(layer) for layer in table] + [8]))
         names = ("mean", "std", "min", "max", "zero frac")
         lines = [
-            f"  layers: fleet average over the last {TABLE_WINDOW} (a step shows here slowly)",
-            f"    {'layer':<{width}} " + " ".join(f"{s:>10}" for s in names),
+            f"  layers: fleet average over the last {TABLE_WINDOW} (a step shows here slowly)"
+            + ("; * far from the reference" if reference else ""),
+            f"    {'layer':<{width}} " + " ".join(f"{s:>9} " for s in names),
         ]
         for layer in sorted(table):
-            cells = (table[layer].get(s, float("nan")) for s in self.STATISTICS)
             # NaN: no sampled request in the window (0/0), shown as no data.
-            lines.append(f"    {_middle(layer, width):<{width}} " + " ".join(map(_number, cells)))
+            cells = (
+                self._cell(table[layer].get(s, float("nan")), reference.get((layer, s)))
+                for s in self.STATISTICS
+            )
+            lines.append(f"    {_middle(layer, width):<{width}} " + " ".join(cells))
         return lines
 
     def _drift(
