@@ -42,6 +42,20 @@ TABLE = "    layer "
 START_TIMEOUT = 240.0
 
 
+def assert_stopped(lines: list[str], ctrl_c: bool = False) -> None:
+    """What a stopped run prints after its last frame: the live view's run summary (a headline
+    and indented lines; none for a run stopped before its view started), then STOPPED, last;
+    with ``ctrl_c`` the terminal's echoed ``^C`` first, alone or in front of the next line."""
+    if ctrl_c:
+        assert lines and lines[0].startswith("^C"), lines
+        lines = [lines[0][2:], *lines[1:]] if lines[0] != "^C" else lines[1:]
+    assert lines and lines[-1] == STOPPED, lines
+    summary = lines[:-1]
+    if summary:
+        assert summary[0].startswith("run summary: "), lines
+        assert all(line.startswith("  ") for line in summary[1:]), lines
+
+
 class Command:
     """One command in a session of its own, its output (stdout and stderr) in a file.
 
@@ -256,7 +270,7 @@ def test_make_run_ends_on_ctrl_c_and_a_second_run_is_refused(runs: Runs) -> None
     # recipe did: 0.
     assert first.finish() == 0, first.output[-3000:]
     # The terminal echoes the Ctrl-C as ^C, as it does for a person.
-    assert first.after(offset) == [f"^C{STOPPED}"]
+    assert_stopped(first.after(offset), ctrl_c=True)
     runs.assert_clean()
 
 
@@ -267,7 +281,7 @@ def test_serve_ends_on_sigterm(runs: Runs) -> None:
     offset = serve.quiet_moment()
     serve.signal(signal.SIGTERM)
     assert serve.finish() == 0, serve.output[-3000:]
-    assert serve.after(offset) == [STOPPED]
+    assert_stopped(serve.after(offset))
     runs.assert_clean()
 
 
@@ -281,7 +295,7 @@ def test_make_stop_from_another_shell_ends_a_run(runs: Runs) -> None:
     pid = run.proc.pid
     assert stop.after(0) == [f"stopped hookwatch run (pid {pid}) and everything it started"]
     assert run.finish() == 0, run.output[-3000:]
-    assert run.after(offset) == [STOPPED]
+    assert_stopped(run.after(offset))
     runs.assert_clean()
     # Nothing runs any more: stop says so, in one line, and succeeds.
     again = runs.hookwatch("stop")
@@ -305,7 +319,7 @@ def test_a_run_stopped_while_starting_exits_cleanly(runs: Runs, how: str, after_
         run.signal(signal.SIGTERM if how == "SIGTERM" else signal.SIGINT, group=how == "Ctrl-C")
     assert run.finish() == 0, run.output[-3000:]
     assert RUNNING not in run.output, "the stack was up before the stop: not a stop while starting"
-    assert run.after(offset) == [STOPPED]
+    assert_stopped(run.after(offset))
     runs.assert_clean()
 
 
@@ -319,7 +333,7 @@ def test_signals_while_stopping_change_nothing(runs: Runs) -> None:
         if run.proc.poll() is None:
             run.signal(sig, group=sig == signal.SIGINT)
     assert run.finish() == 0, run.output[-3000:]
-    assert run.after(offset) == [STOPPED]
+    assert_stopped(run.after(offset))
     runs.assert_clean()
 
 
@@ -345,7 +359,7 @@ def test_what_a_killed_run_left_is_stopped_by_the_next_run(runs: Runs) -> None:
     offset = run.quiet_moment()
     run.signal(signal.SIGTERM)
     assert run.finish() == 0
-    assert run.after(offset) == [STOPPED]
+    assert_stopped(run.after(offset))
     runs.assert_clean()
 
 

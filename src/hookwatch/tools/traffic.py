@@ -515,7 +515,7 @@ class LiveView:
             sent = sum(traffic.status.values())
             head += f", {sent} requests sent, {traffic.status.get(200, 0)} answered"
         elif served is not None:
-            head += f", {served:.0f} requests served"
+            head += f", {served:.0f} request{'' if round(served) == 1 else 's'} served"
         lines = [head]
         switched = traffic.switched_at if traffic is not None else None
         if switched is not None and traffic is not None:
