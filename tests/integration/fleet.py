@@ -4,6 +4,8 @@ fleet recording rules must equal on the union of the replicas' traffic."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 from numpy.typing import NDArray
@@ -11,10 +13,22 @@ from numpy.typing import NDArray
 from hookwatch._config import MonitoringConfig
 from hookwatch._drift import DriftTracker, IntArray
 from hookwatch._profile import DriftProfile, capture_features
-from tests.integration.helpers import demo_model
+from tests.integration.helpers import build_variant, demo_config, demo_model, demo_profile
 
 #: Per (detector, feature label, bin label): samples.
 Counts = dict[tuple[str, str, str], float]
+
+
+def fully_sampled_demo(tmp_path: Path) -> tuple[Path, MonitoringConfig, DriftProfile]:
+    """A model store with the demo at 100 % sampling, its monitoring config, and the same
+    profile loaded for the offline side (checked against that config)."""
+    store = tmp_path / "store"
+    raw_config = demo_config(sample_rate=1.0)
+    build_variant(store, raw_config, profile=True)
+    config = MonitoringConfig.from_mapping(raw_config["handler"]["monitoring"])
+    profile = DriftProfile.load(demo_profile(tmp_path / "offline"))
+    profile.check(config)
+    return store, config, profile
 
 
 def offline_tracker(profile: DriftProfile, config: MonitoringConfig) -> DriftTracker:

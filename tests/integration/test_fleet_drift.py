@@ -20,12 +20,9 @@ from hookwatch.tools.cli import DEMO_MODEL_CONFIG, demo_fleet_bins, demo_watched
 from hookwatch.tools.demo.data import load_split
 from hookwatch.tools.devstack import Stack, http_get
 from tests.conftest import require_binary
-from tests.integration.fleet import Counts, offline_fleet, offline_tracker
+from tests.integration.fleet import Counts, fully_sampled_demo, offline_fleet, offline_tracker
 from tests.integration.helpers import (
     ROOT,
-    build_variant,
-    demo_config,
-    demo_profile,
     eventually,
     scrape,
 )
@@ -64,12 +61,7 @@ def test_fleet_score_in_promql_equals_the_offline_score_on_both_instances_traffi
     make_stack: Callable[..., Stack], tmp_path: Path
 ) -> None:
     require_binary("prometheus")
-    store = tmp_path / "store"
-    raw_config = demo_config(sample_rate=1.0)
-    build_variant(store, raw_config, profile=True)
-    config = MonitoringConfig.from_mapping(raw_config["handler"]["monitoring"])
-    profile = DriftProfile.load(demo_profile(tmp_path / "offline"))
-    profile.check(config)
+    store, config, profile = fully_sampled_demo(tmp_path)
 
     # Replica B first: replica A's Prometheus must know B's ports to scrape it as well, and
     # A's free ports are picked while B's are bound, so the two can never collide.

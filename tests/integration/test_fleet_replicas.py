@@ -19,13 +19,11 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from hookwatch._config import MonitoringConfig
-from hookwatch._profile import DriftProfile
 from hookwatch.tools.demo.data import load_split
 from hookwatch.tools.devstack import Stack
 from tests.conftest import require_binary
-from tests.integration.fleet import Counts, offline_fleet
-from tests.integration.helpers import build_variant, demo_config, demo_profile, eventually
+from tests.integration.fleet import Counts, fully_sampled_demo, offline_fleet
+from tests.integration.helpers import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -84,12 +82,7 @@ def test_three_replicas_one_prometheus_shift_restart_and_no_false_page(
     make_stack: Callable[..., Stack], tmp_path: Path
 ) -> None:
     require_binary("prometheus")
-    store = tmp_path / "store"
-    raw_config = demo_config(sample_rate=1.0)
-    build_variant(store, raw_config, profile=True)
-    config = MonitoringConfig.from_mapping(raw_config["handler"]["monitoring"])
-    profile = DriftProfile.load(demo_profile(tmp_path / "offline"))
-    profile.check(config)
+    store, config, profile = fully_sampled_demo(tmp_path)
 
     # Replicas B and C first: A's Prometheus scrapes them too, and A's free ports are picked
     # while theirs are bound, so none collide. One worker each: three JVMs on two cores.
