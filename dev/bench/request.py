@@ -317,7 +317,11 @@ def _timer_overhead(timers: Timers) -> float:
 
 
 def _configure(handler: Any, sampled: bool) -> None:
-    _gate(handler)._rng = _fixed_draw(0.0 if sampled else 1.0)
+    gate = _gate(handler)
+    gate._rng = _fixed_draw(0.0 if sampled else 1.0)
+    # Setting the rate again makes a gate that draws a countdown to its next sampled request
+    # draw it from the fixed draw (an older gate, drawing per request, takes it as it was).
+    gate.sample_rate = gate.sample_rate
 
 
 def _drain(handler: Any) -> None:

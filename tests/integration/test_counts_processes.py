@@ -107,3 +107,55 @@ def test_a_dead_workers_counts_are_folded_into_the_archive_exactly(tmp_path: Pat
     after = _totals(tmp_path)
     assert after == before
     assert after[("hookwatch_requests_total", (("model", "m"),))] == first[0] + second[0]
+
+
+#: Several request threads counting at once, through the lock-free request path (the count
+#: file written in place), with the interpreter switching threads as often as it can.
+THREADS = textwrap.dedent(
+    """
+    import os, signal, sys, threading, torch
+    from torch import nn
+    from hookwatch._config import MonitoringConfig
+    from hookwatch._hooks import plan_watch
+    from hookwatch._metrics import MetricSet
+    from hookwatch._monitor import Monitor
+
+    sys.setswitchinterval(1e-6)
+    net = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    config = MonitoringConfig.from_mapping(
+        {"layers": ["1"], "sample_rate": 0.0, "flush_interval_s": 60}
+    )
+    monitor = Monitor(net, plan_watch(net, config, "m"), metrics=MetricSet())
+    assert monitor._tally._cells is not None  # the lock-free path is the one under test
+    start = threading.Barrier(THREADS)
+
+    def serve():
+        start.wait()
+        for _ in range(EACH):
+            received = monitor.receive(1)
+            with received.request(1):
+                pass
+            monitor.answered(0.001)
+
+    threads = [threading.Thread(target=serve) for _ in range(THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+def test_request_threads_counting_at_once_lose_no_count(tmp_path: Path) -> None:
+    threads, each = 8, 20_000
+    source = THREADS.replace("THREADS", str(threads)).replace("EACH", str(each))
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", source], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    totals = _totals(tmp_path)
+    model = (("model", "m"),)
+    assert totals[("hookwatch_requests_total", model)] == threads * each
+    assert totals[("hookwatch_request_duration_seconds_count", model)] == threads * each

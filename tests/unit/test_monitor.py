@@ -453,3 +453,42 @@ def test_requests_counted_on_arrival_are_counted_once_whatever_becomes_of_them(
     assert value(metrics, "hookwatch_requests_sampled_total", model="m") == 4
     for reason in ("not_json", "model_refused"):
         assert value(metrics, "hookwatch_requests_rejected_total", model="m", reason=reason) == 1
+
+
+def test_the_countdown_samples_each_request_independently_at_the_rate() -> None:
+    # The gate draws the gap to the next sampled request instead of a draw per request: the
+    # sampled requests must still be Bernoulli(rate), each on its own, whatever the batches.
+    from hookwatch._monitor.gate import RequestGate
+    from hookwatch._monitor.tally import RequestTally
+
+    rate, requests = 0.2, 60_000
+    gate = RequestGate("m", rate, lambda record: True, RequestTally("m", MetricSet()), seed=11)
+    flags: list[bool] = []
+    sizes = [1, 8, 3, 1, 1, 5]
+    while len(flags) < requests:
+        size = sizes[len(flags) % len(sizes)]
+        scope = gate.request(size)
+        rows = scope._rows.tolist() if scope._rows is not None else None
+        flags += [bool(scope.picked) and (rows is None or i in rows) for i in range(size)]
+    x = np.array(flags[:requests], dtype=float)
+    sd = np.sqrt(rate * (1 - rate) / requests)
+    assert abs(x.mean() - rate) < 4 * sd
+    # Independent: a sampled request is followed by a sampled one at the rate, not more or less.
+    after = x[1:][x[:-1] == 1]
+    assert abs(after.mean() - rate) < 4 * np.sqrt(rate * (1 - rate) / len(after))
+    # A batch of 8 picks Binomial(8, rate) of its requests: its variance, not all or nothing.
+    picked = [gate.request(8).picked for _ in range(5000)]
+    assert np.var(picked) == pytest.approx(8 * rate * (1 - rate), rel=0.1)
+
+
+def test_a_new_sample_rate_holds_from_the_next_request() -> None:
+    from hookwatch._monitor.gate import RequestGate
+    from hookwatch._monitor.tally import RequestTally
+
+    gate = RequestGate("m", 0.5, lambda record: True, RequestTally("m", MetricSet()), seed=2)
+    gate.request(4)
+    gate.sample_rate = 1.0
+    assert all(gate.request(3).picked == 3 for _ in range(20))
+    gate.sample_rate = 0.0  # as capture going off sets it
+    assert not any(gate.request(5).picked for _ in range(200))
+    assert gate.request(0).picked == 0 and gate.request(0).requests == 0

@@ -1,8 +1,9 @@
 """The request path: sampling decision and the hand-off of a forward's record.
 
-Everything here runs in the thread serving the request, so it only decides and appends: one
-random draw per request, a thread-local record the hooks append to, and at the end of a sampled
-forward one non-blocking offer of that record. The requests themselves are counted by the
+Everything here runs in the thread serving the request, so it only decides and appends: a
+countdown to the next sampled request (one random draw per *sampled* request, none for the
+others), a thread-local record the hooks append to, and at the end of a sampled forward one
+non-blocking offer of that record. The requests themselves are counted by the
 caller, in the model's :class:`~hookwatch._monitor.tally.RequestTally`; the gate reports the
 captures it drops there. No Prometheus here.
 """
@@ -10,9 +11,9 @@ captures it drops there. No Prometheus here.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import threading
-import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from types import TracebackType
@@ -113,7 +114,15 @@ class RequestGate:
         seed: int | None = None,
     ) -> None:
         self.model_name = model_name
-        self.sample_rate = sample_rate if enabled else 0.0
+        self._rate = sample_rate if enabled else 0.0
+        #: Requests still to pass unsampled before the next sampled one (``math.inf``: none
+        #: will be). Drawn once per sampled request from the geometric distribution of the
+        #: gaps between successes of a Bernoulli(rate) draw per request: the same requests
+        #: are sampled, in law, as with a draw per request, and an unsampled request pays a
+        #: comparison and a subtraction instead of a draw (docs/bench/request.md). 0 with
+        #: ``_redraw`` set: the next request takes the slow path, which draws afresh.
+        self._skip: float = 0
+        self._redraw = True
         #: The flag every hook reads (thread-local, open only inside a sampled forward).
         self.hook_flag = Gate()
         self._offer = offer
@@ -129,14 +138,37 @@ class RequestGate:
         self._disarm: Callable[[], None] | None = None
         self._pinned = False
         self._pin_lock = threading.Lock()
-        #: ``time.monotonic()`` of the last forward's scope: the capture thread paces its
-        #: drains while requests come (:meth:`Monitor._pace`). One float written per forward,
-        #: no lock.
-        self.active_at = float("-inf")
         #: The scope of an unsampled forward of so many requests: it holds nothing of the
         #: forward's own, so one per request count serves every unsampled forward (one object
         #: fewer per request).
         self._unsampled: dict[int, RequestScope] = {}
+
+    @property
+    def sample_rate(self) -> float:
+        """The share of requests captured; setting it (capture going off sets 0) takes effect
+        from the next request."""
+        return self._rate
+
+    @sample_rate.setter
+    def sample_rate(self, rate: float) -> None:
+        self._rate = rate
+        # The countdown was drawn for the old rate: the next request redraws it (and pins or
+        # unpins the hooks), on the request thread.
+        self._redraw = True
+        self._skip = 0
+
+    def _draw_skip(self) -> float:
+        """How many requests pass unsampled before the next sampled one: the failures before
+        the first success of Bernoulli(rate) draws, by inversion of one uniform draw."""
+        rate = self._rate
+        if rate <= 0.0:
+            return math.inf
+        if rate >= 1.0:
+            return 0
+        u = self._rng.random()
+        if u >= 1.0:  # only a fixed draw (the bench's) gets here: never sampled
+            return math.inf
+        return int(math.log1p(-u) / math.log1p(-rate))
 
     def arm_with(self, arm: Callable[[], None], disarm: Callable[[], None]) -> None:
         """Call ``arm`` before and ``disarm`` after every sampled forward (hooks registered
@@ -158,40 +190,57 @@ class RequestGate:
 
         ``sizes`` gives the rows of each request in the batch (a request of several texts has
         several); without it each of ``batch_size`` rows is a request of its own. Each request
-        is sampled on its own draw, so a batch of TorchServe's dynamic batching is sampled as
-        its requests would be one at a time; when only some are, the hooks capture their rows.
+        is sampled on its own, so a batch of TorchServe's dynamic batching is sampled as its
+        requests would be one at a time; when only some are, the hooks capture their rows.
         """
-        if sizes is not None:
-            count = len(sizes)
-        elif type(batch_size) is int and batch_size >= 0:
-            count = batch_size  # the common case, without a call on every request
-        else:
-            count = whole_requests(batch_size, "batch_size")
-        self.active_at = time.monotonic()
-        rate = self.sample_rate
+        skip = self._skip
+        if sizes is None and type(batch_size) is int and 0 <= batch_size <= skip:
+            # The common case, a forward none of whose requests is due: a comparison, a
+            # subtraction and a lookup (each call more here cost every request, measured in
+            # docs/bench/request.md).
+            self._skip = skip - batch_size
+            scope = self._unsampled.get(batch_size)
+            return scope if scope is not None else self._unsampled_scope(batch_size)
+        return self._decide(batch_size, sizes)
+
+    def _decide(self, batch_size: int, sizes: Sequence[int] | None) -> RequestScope:
+        """:meth:`request` for a forward with a request due (or a rate just set)."""
+        count = len(sizes) if sizes is not None else whole_requests(batch_size, "batch_size")
+        rate = self._rate
         if (rate >= 1.0) is not self._pinned:
             self._pin(rate >= 1.0)
+        if self._redraw:
+            self._redraw = False
+            self._skip = self._draw_skip()
+        skip = self._skip
+        if count <= skip:
+            self._skip = skip - count
+            return self._unsampled_scope(count)
+        # The due request is sampled, then the countdown is drawn again from the one after it,
+        # as often as the batch has requests left.
+        picks: list[int] = []
+        at = skip
+        while at < count:
+            picks.append(int(at))
+            at += 1 + self._draw_skip()
+        self._skip = at - count
+        picked = len(picks)
         rows: torch.Tensor | None = None
-        if rate <= 0.0 or count == 0:
-            picked = 0
-        elif rate >= 1.0:
-            picked = count
-        elif count == 1:
-            picked = 1 if self._rng.random() < rate else 0
-        else:
-            draws = [self._rng.random() < rate for _ in range(count)]
-            picked = sum(draws)
-            if 0 < picked < count:
-                rows = torch.tensor(_sampled_rows(draws, sizes), dtype=torch.long)
-        if not picked:
-            scope = self._unsampled.get(count)
-            if scope is None:
-                scope = RequestScope(self, count, 0)
-                if len(self._unsampled) < _UNSAMPLED_SCOPES:
-                    self._unsampled[count] = scope
-            return scope
-        total = sum(sizes) if sizes is not None else batch_size
+        if picked < count:
+            draws = [False] * count
+            for index in picks:
+                draws[index] = True
+            rows = torch.tensor(_sampled_rows(draws, sizes), dtype=torch.long)
+        total = sum(sizes) if sizes is not None else count
         return RequestScope(self, count, picked, rows, total)
+
+    def _unsampled_scope(self, count: int) -> RequestScope:
+        scope = self._unsampled.get(count)
+        if scope is None:
+            scope = RequestScope(self, count, 0)
+            if len(self._unsampled) < _UNSAMPLED_SCOPES:
+                self._unsampled[count] = scope
+        return scope
 
     def hook_faults(self) -> dict[str, int]:
         """Faults of the hooks so far, per layer."""

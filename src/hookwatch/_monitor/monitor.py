@@ -159,6 +159,11 @@ class Monitor:
         #: True once the count file exists and every series is declared (see _setup_metrics).
         self._metrics_ready = False
         self._setup_lock = threading.Lock()
+        #: What :meth:`_serving` last saw of the request count, when, and when it last saw it
+        #: move (the capture thread's own state: the request path writes no clock).
+        self._seen = 0
+        self._looked_at = float("-inf")
+        self._moved_at = float("-inf")
         self._log = RateLimitedLog(log)
         if config.enabled:
             # A compiled model guards its graphs on the hooks of its modules: registering
@@ -288,17 +293,32 @@ class Monitor:
         it up at every torch operation of its forward: a step that runs then keeps it, and
         the request waits for the step, once per operation. Spread out, the steps of a drain
         meet fewer requests, and each of them one step at most; the drain takes longer in
-        wall time, not in CPU. An idle server (no forward for ``ACTIVE_S``) is not paced, nor
-        is a buffer more than half full: a server with no gaps would otherwise fill it and
-        drop.
+        wall time, not in CPU. An idle server (no request for ``ACTIVE_S``) is not paced,
+        nor is a buffer more than half full: a server with no gaps would otherwise fill it
+        and drop.
         """
-        if (
-            time.monotonic() - self._gate.active_at < ACTIVE_S
-            and self._worker.depth * 2 <= self._worker.capacity
-        ):
+        if self._serving() and self._worker.depth * 2 <= self._worker.capacity:
             time.sleep(STEP_GAP_S)
         else:
             yield_gil()
+
+    def _serving(self) -> bool:
+        """Whether a request came within ``ACTIVE_S``, as far as the capture thread can tell.
+
+        The request path keeps no clock for this (a clock read per request was part of what
+        an unsampled request cost): the capture thread compares the request count with what
+        it saw at its last look. A count that moved since a look less than ``ACTIVE_S`` ago
+        means a request since then; one that moved since an older look says nothing of when,
+        and is not taken as serving (at most the first step of a drain goes unpaced).
+        """
+        now = time.monotonic()
+        seen = self._tally.requests_seen
+        if seen != self._seen:
+            if now - self._looked_at < ACTIVE_S:
+                self._moved_at = now
+            self._seen = seen
+        self._looked_at = now
+        return now - self._moved_at < ACTIVE_S
 
     def _process(self, records: list[Record]) -> None:
         self._processor.process(records)

@@ -9,8 +9,14 @@ file (:class:`~hookwatch._metrics.CountSlots`), so a worker killed with SIGKILL 
 elsewhere (one process, one registry) :meth:`RequestTally.publish` adds what came since the
 last publish to the counters.
 
-The counting runs in the thread serving the request: plain integers under one uncontended lock
-(and a float added in place in a memory map), never a Prometheus call. An exported counter's
+The counting runs in the thread serving the request: plain integers and floats added in place
+in a memory map, never a Prometheus call. The two calls every request makes (:meth:`received`
+and :meth:`answered`) take no lock once the count file is attached: each of their additions is
+one read and one write of a ``memoryview`` item or an attribute, which the GIL serialises
+(CPython switches threads only at calls and backward jumps, and there is none between the read
+and the write). An uncontended lock taken twice per request cost ~2 µs per request in the
+served path (docs/bench/request.md). On a free-threaded interpreter (no GIL) the count file is
+written under the lock, as every rarer count is. An exported counter's
 increment (a lock, a struct pack into a memory-mapped file, three Python frames) cost far more
 per request between the layers of a real forward than in a tight loop (docs/bench/README.md,
 "Figures behind the code's constants").
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
+import sys
 import threading
 from bisect import bisect_left
 from collections import defaultdict
@@ -31,6 +38,12 @@ from hookwatch._metrics import CountSlots, HistogramSlot, MetricSet
 from hookwatch._names import REJECT_REASONS
 
 __all__ = ["RequestCounts", "RequestTally", "whole_requests"]
+
+
+def _gil_enabled() -> bool:
+    """False on a free-threaded interpreter running without its GIL (3.13t and later)."""
+    is_enabled = getattr(sys, "_is_gil_enabled", None)
+    return True if is_enabled is None else bool(is_enabled())
 
 
 @dataclass(frozen=True)
@@ -81,7 +94,8 @@ class RequestTally:
         #: The worker's count file, once :meth:`declare` made it (never where the metric set
         #: keeps one registry in this process).
         self._slots: CountSlots | None = None
-        #: Its float64 cells (:attr:`CountSlots.values`), written in place by the request path.
+        #: Its float64 cells (:attr:`CountSlots.values`), written in place and without the lock
+        #: by the request path; set last when the file is attached, and only under a GIL.
         self._cells: Any = None
         self._at_requests = self._at_sampled = self._at_dropped = 0
         self._at_rejected: dict[str, int] = {}
@@ -93,13 +107,32 @@ class RequestTally:
 
     def received(self, count: int) -> None:
         """Count ``count`` requests as received, before anything can go wrong with them."""
+        cells = self._cells
+        if cells is not None:
+            # A float in a shared memory map: a worker killed right after still counted.
+            # Lock-free (module docstring); written here, not through CountSlots.add: one call
+            # fewer on every request. The file's cell is the count from here on (``_requests``
+            # stops where it was: see _requests_total).
+            cells[self._at_requests] += count
+            return
         with self._lock:
+            if self._slots is not None:  # attached meanwhile, or no GIL
+                self._slots.add(self._at_requests, count)
             self._requests += count
-            cells = self._cells
-            if cells is not None:
-                # A float in a shared memory map: a worker killed right after still counted.
-                # Written here, not through CountSlots.add: one call fewer on every request.
-                cells[self._at_requests] += count
+
+    def _requests_total(self) -> int:
+        """Every request counted: the count file's cell once attached (which took what
+        ``_requests`` held then, and every count since), ``_requests`` before."""
+        cells = self._cells
+        if cells is not None:
+            return int(cells[self._at_requests])
+        return self._requests
+
+    @property
+    def requests_seen(self) -> int:
+        """Requests counted so far, read without the lock (the capture thread's sign that
+        requests are coming: :meth:`Monitor._pace`)."""
+        return self._requests_total()
 
     def served(self, count: int, sampled: int) -> None:
         """Count the ``count`` requests of a forward pass as received, ``sampled`` of them
@@ -146,8 +179,13 @@ class RequestTally:
                     metric.REQUEST_DURATION, seconds, count, model=self.model_name
                 )
             return
-        # HistogramSlot.observe inlined: one frame fewer on every batch's answer.
+        # HistogramSlot.observe inlined: one frame fewer on every batch's answer. Lock-free
+        # where the request counts are (module docstring).
         cells = duration.values
+        if self._cells is not None:
+            cells[duration.buckets[bisect_left(duration.bounds, seconds)]] += count
+            cells[duration.sum_index] += seconds * count
+            return
         with self._lock:
             cells[duration.buckets[bisect_left(duration.bounds, seconds)]] += count
             cells[duration.sum_index] += seconds * count
@@ -158,7 +196,7 @@ class RequestTally:
 
     def _counts_locked(self) -> RequestCounts:
         return RequestCounts(
-            self._requests,
+            self._requests_total(),
             self._sampled,
             sum(self._rejected.values()),
             self._dropped,
@@ -205,8 +243,11 @@ class RequestTally:
             )
             self._at_rejected = at_rejected
             self._duration = slots.histogram(metric.REQUEST_DURATION, **name)
-            self._cells = slots.values
             self._slots = slots
+            # Last: from here on the request path writes the file without the lock, and what
+            # it counted before went in above, under it.
+            if _gil_enabled():
+                self._cells = slots.values
 
     def publish(self) -> None:
         """Add what was counted since the last publish to the registry's counters; nothing
