@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dev.bench.runner import BenchResult, GroupResult
-from hookwatch._config import MonitoringConfig
 from hookwatch.tools.bench.loadgen import Segment
 from hookwatch.tools.bench.stats import (
     CONFIDENCE,
@@ -233,9 +232,8 @@ def render(result: BenchResult) -> str:
     add("")
     add("## Ratios against the plain handler")
     add("")
-    default_rate = MonitoringConfig.sample_rate  # the field default, written once
     for key in VARIANTS:
-        add(f"- `{key}`: " + VARIANT_TEXT[key].format(default_rate=default_rate))
+        add(f"- `{key}`: " + VARIANT_TEXT[key].format(default_sampling=result.default_sampling))
     add("")
     add(
         "*worker CPU* is the CPU time (all threads, the capture thread included) the variant's "

@@ -30,6 +30,7 @@ import psutil
 
 from dev.bench import micro
 from dev.bench.variants import MODELS, Group, build_group
+from hookwatch._config import MonitoringConfig
 from hookwatch.tools.bench.loadgen import CpuClock, Segment, Target, closed_loop, open_loop
 from hookwatch.tools.bench.server import BenchServer
 from hookwatch.tools.bench.stats import MONITORED, PLAIN, VARIANTS, round_order
@@ -143,6 +144,9 @@ class BenchResult:
     duration_s: float = 0.0
     load_before: tuple[float, float, float] = (0.0, 0.0, 0.0)
     load_after: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    #: What the ``default`` variant sampled: hookwatch's defaults when the run was made (a
+    #: run from before the cap existed sampled a plain 10 %).
+    default_sampling: str = "`sample_rate` unset: 0.1"
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, default=str)
@@ -176,7 +180,19 @@ class BenchResult:
             duration_s=float(data.get("duration_s", 0.0)),
             load_before=tuple(data.get("load_before", (0.0, 0.0, 0.0))),
             load_after=tuple(data.get("load_after", (0.0, 0.0, 0.0))),
+            **(
+                {"default_sampling": data["default_sampling"]} if "default_sampling" in data else {}
+            ),
         )
+
+
+def default_sampling() -> str:
+    """hookwatch's default sampling as the ``default`` variant runs it."""
+    defaults = MonitoringConfig(layers=())
+    return (
+        f"`sample_rate` unset: {defaults.share:g} of the requests, at most "
+        f"{defaults.max_sampled_per_s:g} a second per worker"
+    )
 
 
 def describe_machine() -> dict[str, str]:
@@ -372,6 +388,7 @@ def run(root: Path, settings: Settings, work: Path, ports: Ports) -> BenchResult
         describe_machine(),
         started=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         load_before=os.getloadavg(),
+        default_sampling=default_sampling(),
     )
     store, build = work / "model_store", work / "build"
     groups = [

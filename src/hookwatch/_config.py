@@ -43,6 +43,11 @@ INPUT_ENCODINGS = ("json", "float32")
 FLEET_DETECTORS = ("*",)
 #: Default ``drift.fleet_features``: a compact layer's leading components and its residual.
 FLEET_FEATURES = 4
+#: ``sample_rate`` unset: this share of the requests, at most ``max_sampled_per_s`` of them a
+#: second per worker (20 a second fill a 200-sample drift window in 10 s; on the demo CNN at
+#: ~900 requests/s it is ~2 % of them: docs/bench/results.md).
+DEFAULT_SAMPLE_RATE = 0.1
+DEFAULT_MAX_SAMPLED_PER_S = 20.0
 #: How wide layers are reduced for drift (``monitoring.drift.projection``).
 PROJECTIONS = ("pca", "none")
 #: What the model's output is (``monitoring.output.head``): it decides the output's drift
@@ -229,6 +234,11 @@ def _strings(value: Any) -> bool:
 
 def _distinct(value: Any) -> bool:
     return len(set(value)) == len(value)
+
+
+def _number(value: Any) -> bool:
+    """A finite int or float, never a bool."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _index(value: Any) -> bool:
@@ -497,11 +507,27 @@ class MonitoringConfig:
             )
         }
     )
-    sample_rate: float = _option(
-        0.1,
+    sample_rate: float | None = _option(
+        None,
         "share of requests captured, each on its own draw (in a batch, the sampled requests' "
-        "rows are captured; a request of several texts is captured whole)",
-        bounds=(0.0, 1.0),
+        "rows are captured; a request of several texts is captured whole), taken exactly; "
+        f"null: hookwatch's default, {DEFAULT_SAMPLE_RATE:g} of the requests and at most "
+        "`max_sampled_per_s` of them a second per worker",
+        check=lambda v: v is None or (_number(v) and 0.0 <= v <= 1.0),
+        expected="a number in [0.0, 1.0] or null",
+        type_doc="number in [0, 1] or null",
+    )
+    max_sampled_per_s: float = _option(
+        DEFAULT_MAX_SAMPLED_PER_S,
+        "with `sample_rate` unset, the most requests a worker samples per second: above "
+        f"{DEFAULT_MAX_SAMPLED_PER_S / DEFAULT_SAMPLE_RATE:g} requests/s (at the default share) "
+        "the share drops so that the samples a second stay at this, re-decided on every "
+        "publish (`flush_interval_s`) from the requests counted since the last; it bounds what "
+        "monitoring costs a busy worker (a sampled request costs its forward tens of µs and "
+        "the capture thread as much again: docs/bench/request.md) while a quiet one is "
+        "sampled at the full share. A `sample_rate` that is set is taken exactly, and this is "
+        "ignored",
+        bounds=(0.01, 1_000_000),
     )
     capture_input: bool = _option(True, 'watch the model\'s input (`layer="input"`)')
     capture_output: bool = _option(True, 'watch the model\'s output (`layer="output"`)')
@@ -601,6 +627,8 @@ class MonitoringConfig:
 
     def __post_init__(self) -> None:
         _validate(self, "monitoring")
+        if self.sample_rate is not None:
+            object.__setattr__(self, "sample_rate", float(self.sample_rate))
         for name, section in (
             ("drift", DriftConfig),
             ("output", OutputSpec),
@@ -626,6 +654,17 @@ class MonitoringConfig:
             "components is one more feature",
             self.drift.components,
         )
+
+    @property
+    def share(self) -> float:
+        """The share of requests sampled: ``sample_rate``, or the default's share."""
+        return DEFAULT_SAMPLE_RATE if self.sample_rate is None else self.sample_rate
+
+    @property
+    def sample_cap(self) -> float | None:
+        """The most requests sampled per second and worker: ``max_sampled_per_s`` with
+        ``sample_rate`` unset, None (no cap) with it set."""
+        return self.max_sampled_per_s if self.sample_rate is None else None
 
     @property
     def resolved(self) -> bool:

@@ -18,7 +18,10 @@ from hookwatch._errors import ConfigError
 
 def test_defaults_and_watched_order() -> None:
     config = MonitoringConfig.from_mapping({"layers": ["a", "b.c"]})
-    assert config.sample_rate == 0.1
+    # Unset: hookwatch's default share, capped per second; a set rate is taken exactly.
+    assert config.sample_rate is None and config.share == 0.1 and config.sample_cap == 20.0
+    exact = MonitoringConfig.from_mapping({"layers": [], "sample_rate": 0.1})
+    assert exact.share == 0.1 and exact.sample_cap is None
     assert config.watched == ("input", "a", "b.c", "output")
     no_io = MonitoringConfig.from_mapping(
         {"layers": ["a"], "capture_input": False, "capture_output": False}
@@ -34,7 +37,7 @@ def test_defaults_and_watched_order() -> None:
         ({"layers": ["output"]}, "no layer named 'output'"),
         (
             {"layers": [], "sample_rate": 1.5},
-            "sample_rate: expected a number in [0.0, 1.0], got 1.5",
+            "sample_rate: expected a number in [0.0, 1.0] or null, got 1.5",
         ),
         ({"layers": [], "sample_rate": True}, "sample_rate"),
         ({"layers": [], "queue_size": 0}, "queue_size: expected an integer"),
@@ -95,7 +98,7 @@ def test_one_reader_parses_a_whole_model_config(tmp_path: Path) -> None:
 def test_from_mapping_defaults_are_the_field_defaults() -> None:
     parsed = MonitoringConfig.from_mapping({})
     assert parsed == MonitoringConfig(layers=())
-    assert parsed.sample_rate == MonitoringConfig.sample_rate == 0.1
+    assert parsed.sample_rate is MonitoringConfig.sample_rate is None
     assert parsed.drift.window == DriftConfig.window
 
 
@@ -104,7 +107,7 @@ def test_from_mapping_defaults_are_the_field_defaults() -> None:
     [
         (
             lambda: MonitoringConfig(layers=(), sample_rate=2.0),
-            "monitoring.sample_rate: expected a number in [0.0, 1.0], got 2.0",
+            "monitoring.sample_rate: expected a number in [0.0, 1.0] or null, got 2.0",
         ),
         (
             lambda: MonitoringConfig(layers=("a", "a")),

@@ -492,3 +492,58 @@ def test_a_new_sample_rate_holds_from_the_next_request() -> None:
     gate.sample_rate = 0.0  # as capture going off sets it
     assert not any(gate.request(5).picked for _ in range(200))
     assert gate.request(0).picked == 0 and gate.request(0).requests == 0
+
+
+class _Clock:
+    """time.monotonic for the monitor module, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    ("raw", "per_s", "expected"),
+    [
+        ({}, 1000, 0.02),  # the default's cap: 20 a second of 1,000
+        ({}, 100, 0.1),  # under the cap: the default share
+        ({"max_sampled_per_s": 50}, 1000, 0.05),
+        ({"sample_rate": 0.1}, 1000, 0.1),  # a rate that is set is taken exactly
+    ],
+)
+def test_the_default_sampling_holds_to_its_cap_per_second(
+    monkeypatch: pytest.MonkeyPatch, raw: dict[str, Any], per_s: int, expected: float
+) -> None:
+    from hookwatch._monitor import monitor as monitor_module
+
+    clock = _Clock()
+    monkeypatch.setattr(monitor_module.time, "monotonic", clock)
+    net = Net()
+    config = MonitoringConfig.from_mapping({"layers": [], "flush_interval_s": 60, **raw})
+    with Monitor(net, plan_watch(net, config, "m"), metrics=MetricSet()) as monitor:
+        monitor._cap_sampling()  # the first look: no rate yet
+        assert monitor._gate.sample_rate == config.share
+        for _ in range(2):  # a second look at the same rate changes nothing more
+            for _ in range(per_s):
+                monitor.receive(1)
+            clock.now += 1.0
+            monitor._cap_sampling()
+            assert monitor._gate.sample_rate == pytest.approx(expected)
+        # The gate samples at the capped share from the next request on.
+        sampled = sum(monitor._received.request(1).picked for _ in range(20_000))
+        sd = math.sqrt(20_000 * expected * (1 - expected))
+        assert abs(sampled - 20_000 * expected) < 4 * sd
+        if not raw:
+            for _ in range(10):  # traffic drops: back to the full share
+                monitor.receive(1)
+            clock.now += 1.0
+            monitor._cap_sampling()
+            assert monitor._gate.sample_rate == config.share
+            monitor._capture_off()  # capture off for good: the cap never turns it back on
+            for _ in range(10):
+                monitor.receive(1)
+            clock.now += 1.0
+            monitor._cap_sampling()
+            assert monitor._gate.sample_rate == 0.0

@@ -127,7 +127,7 @@ class Monitor:
         self._tally = RequestTally(model_name, self._metrics)
         self._gate = RequestGate(
             model_name,
-            config.sample_rate,
+            config.share,
             self._worker.offer,
             self._tally,
             config.enabled,
@@ -164,6 +164,10 @@ class Monitor:
         self._seen = 0
         self._looked_at = float("-inf")
         self._moved_at = float("-inf")
+        #: The request count and the time when the sampling cap was last re-decided.
+        self._rate_from: tuple[int, float] | None = None
+        self._cap_lock = threading.Lock()  # a flush publishes from the caller's thread too
+        self._capture_is_off = False
         self._log = RateLimitedLog(log)
         if config.enabled:
             # A compiled model guards its graphs on the hooks of its modules: registering
@@ -326,11 +330,34 @@ class Monitor:
     def _capture_off(self) -> None:
         """The capture thread gave up processing: stop sampling and switch every hook off,
         so requests pay nothing for captures that would only be discarded."""
+        self._capture_is_off = True
         self._gate.sample_rate = 0.0
         for layer in self._hooks.layer_states():
             self._hooks.disable(layer)
 
+    def _cap_sampling(self) -> None:
+        """Hold the default sampling to ``max_sampled_per_s`` (``MonitoringConfig.sample_cap``):
+        from the requests counted since the last publish, the share that samples at most that
+        many a second, never above the configured share. Runs on the capture thread at every
+        publish; the gate takes a new share from its next request."""
+        cap = self.config.sample_cap
+        if cap is None or self._capture_is_off:
+            return
+        with self._cap_lock:
+            now, seen = time.monotonic(), self._tally.requests_seen
+            last, self._rate_from = self._rate_from, (seen, now)
+        if last is None or now <= last[1]:
+            return
+        per_s = (seen - last[0]) / (now - last[1])
+        share = self.config.share
+        rate = share if per_s * share <= cap else cap / per_s
+        current = self._gate.sample_rate
+        # Re-set only on a real change: each set restarts the countdown (harmless, not free).
+        if abs(rate - current) > 0.05 * max(rate, current):
+            self._gate.sample_rate = rate
+
     def _publish(self) -> None:
+        self._cap_sampling()
         # Until the metric files exist, nothing is published (the counts wait in the tally).
         self._setup_metrics()
         self._tally.publish()

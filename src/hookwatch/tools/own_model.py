@@ -557,7 +557,7 @@ def init_config(
             f"    layers: [{', '.join(layers)}]",
             *sequence_note,
             f"    output: {{head: {head}}}   # {heads}",
-            "    sample_rate: 0.1",
+            "    # sample_rate unset: 10 % of requests, at most max_sampled_per_s (20) a second",
             "    drift: {window: 200}",
             "",
         ]

@@ -17,7 +17,7 @@ VARIANTS: tuple[str, ...] = (PLAIN, "default", "full", "naive")
 MONITORED: tuple[str, ...] = ("default", "full")
 VARIANT_TEXT: Mapping[str, str] = {
     PLAIN: "plain BaseHandler (same decode/encode, no monitor)",
-    "default": "hookwatch at its default sampling (`sample_rate` unset: {default_rate:g})",
+    "default": "hookwatch at its default sampling ({default_sampling})",
     "full": "hookwatch, 100 % sampling",
     "naive": "naive capture (tutorial style, every request, in the request thread)",
 }
