@@ -75,12 +75,14 @@ CPU_TARGETS: Mapping[str, TargetSpec] = {
 }
 #: Per model, where issue 19 set them: the demo CNN keeps >= 0.99 of the plain throughput at
 #: default sampling and >= 0.95 at 100 %; ResNet-18 >= 0.99 at both (its 40 ms forward leaves
-#: the hooks nothing to hide behind but their own cost).
+#: the hooks nothing to hide behind but their own cost); the MiniLM >= 0.99 at default sampling
+#: (issue 31).
 MODEL_TARGETS: Mapping[tuple[str, str], TargetSpec] = {
     ("digits", "default"): TargetSpec(throughput_loss=0.01, p99_increase=0.03),
     ("digits", "full"): TargetSpec(throughput_loss=0.05, p99_increase=0.08),
     ("resnet18", "default"): TargetSpec(throughput_loss=0.01, p99_increase=0.03),
     ("resnet18", "full"): TargetSpec(throughput_loss=0.01, p99_increase=0.08),
+    ("minilm", "default"): TargetSpec(throughput_loss=0.01, p99_increase=0.03),
 }
 
 
