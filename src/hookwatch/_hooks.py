@@ -22,7 +22,7 @@ import threading
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any, NamedTuple, Protocol, TypeAlias
+from typing import Any, Final, NamedTuple, Protocol, TypeAlias
 
 import numpy as np
 import torch
@@ -123,6 +123,16 @@ class Capture(NamedTuple):
     raw: Held | None = None
 
 
+#: A :class:`Capture` as a plain tuple, field for field: what a record holds (see
+#: ``hookwatch._monitor.gate.Record``).
+PlainCapture: TypeAlias = tuple[str, Held | None, Held | None, Held | None]
+
+
+#: Read by every hook call: a module global, where the enum's attribute lookup costs ten times
+#: as much.
+_ATTACHED: Final = HookState.ATTACHED
+
+
 class CaptureSink(Protocol):
     def offer(self, capture: Capture) -> bool:
         """Take ``capture`` without blocking; return False if it was dropped."""
@@ -143,17 +153,31 @@ class Gate(threading.local):
     batch whose other requests were not sampled; None: every row) out of ``batch`` rows, and
     ``mask`` holds the forward's attention mask ``[rows, T]`` once the model's mask pre-hook
     has read it: hooks reduce token activations over the tokens it marks.
+
+    ``record``, when the opener gives one, is where the hooks put their captures, a plain
+    tuple of :class:`Capture`'s fields per layer (a layer called again replaces its entry),
+    instead of offering a :class:`Capture` to the sink: the request gate's record, read back
+    when the forward ends. It saves a named tuple, a call into the sink and a conversion per
+    capture on a sampled forward's path.
     """
 
     open: bool = False
     rows: torch.Tensor | None = None
     batch: int = 0
     mask: torch.Tensor | None = None
+    record: dict[str, PlainCapture] | None = None
 
-    def set(self, value: bool, rows: torch.Tensor | None = None, batch: int = 0) -> None:
+    def set(
+        self,
+        value: bool,
+        rows: torch.Tensor | None = None,
+        batch: int = 0,
+        record: dict[str, PlainCapture] | None = None,
+    ) -> None:
         self.open = value
         self.rows = rows if value else None
         self.batch = batch
+        self.record = record if value else None
         # A mask belongs to one forward: the next one's pre-hook reads its own.
         self.mask = None
 
@@ -538,8 +562,10 @@ class LayerHook:
     def register(self) -> None:
         """Put the hook on its module (no-op when it is on already, faulted, removed or the
         module is gone)."""
+        if self._on or self.state is not _ATTACHED:
+            return
         module = self._module_ref()
-        if self._on or self.state is not HookState.ATTACHED or module is None:
+        if module is None:
             return
         key = self._id
         if key is None:
@@ -565,7 +591,8 @@ class LayerHook:
         if not self._on:
             return
         self._on = False
-        module, key = self._module_ref(), self._id
+        module = self._module_ref()
+        key = self._id
         if module is None or key is None:
             return
         if self._reads_input:
@@ -585,11 +612,11 @@ class LayerHook:
     def _pre_hook(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None
     ) -> None:
-        if self._gate.open and self.state is HookState.ATTACHED:
+        if self._gate.open and self.state is _ATTACHED:
             self._capture(args[0] if args else select_tensor(kwargs or {}))
 
     def _hook(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        if self._gate.open and self.state is HookState.ATTACHED:
+        if self._gate.open and self.state is _ATTACHED:
             self._capture(output)
 
     def _capture(self, value: Any) -> None:
@@ -609,8 +636,9 @@ class LayerHook:
                 tensor = tensor.dequantize()
                 owned = True
             shape = tensor.shape
+            dims = len(shape)
             batch = gate.batch
-            if len(shape) > 2 and batch:
+            if dims > 2 and batch:
                 # Which of the first two dimensions is the batch's: when exactly one has its
                 # size, that one (a sequence-first layer's [T, B, H] is read through a
                 # transposed view); when both or neither, the layer's last decision stands
@@ -623,7 +651,7 @@ class LayerHook:
                 if self.batch_dim:
                     tensor = tensor.transpose(0, 1)
                     shape = tensor.shape
-            if gate.rows is not None and shape and shape[0] == batch:
+            if gate.rows is not None and dims and shape[0] == batch:
                 # Only the sampled requests' rows; index_select copies them (owned storage).
                 picked = gate.rows
                 if picked.device != tensor.device:
@@ -632,59 +660,67 @@ class LayerHook:
                 shape = tensor.shape
                 owned = True
             mask = gate.mask
-            if self._logits and len(shape) > 2:
-                if len(shape) > 3:
+            if self._logits and dims > 2:
+                if dims > 3:
                     raise sequence_logits_error(shape)
                 # Per-position logits [B, T, C]: reduced here, never copied raw (the capture
                 # thread reads a raw copy's rows as a layer's features).
                 positions = mask if mask is not None and mask.shape == shape[:2] else None
-                self._sink.offer(
-                    Capture(
-                        self.name,
-                        hold(reduce_activation(tensor), True, self._host),
-                        hold(position_summary(tensor, positions), True, self._host),
-                    )
+                self._keep(
+                    gate,
+                    hold(reduce_activation(tensor), True, self._host),
+                    hold(position_summary(tensor, positions), True, self._host),
                 )
                 return
             if mask is not None and self._is_tokens(tensor, mask):
                 stats, features = token_summary(tensor, mask, self._max_features)
-                self._sink.offer(
-                    Capture(
-                        self.name, hold(stats, True, self._host), hold(features, True, self._host)
-                    )
-                )
+                self._keep(gate, hold(stats, True, self._host), hold(features, True, self._host))
                 return
-            rows = len(shape) and shape[0]
             # From sizes alone: indexing a sample would be one more torch call per hook.
-            per_sample = tensor.numel() // rows if rows else tensor.numel()
+            numel = tensor.numel()
             # A sequence's [B, T, H] is read by its units: H goes to dimension 1, where a
             # channels-first map has its features, as a view (the statistics do not depend on
             # the order of a sample's values).
-            units = 2 < len(shape) <= self._last_dims
-            if shape and per_sample <= self._copy_limit:
+            units = 2 < dims <= self._last_dims
+            if dims and (numel // shape[0] if shape[0] else numel) <= self._copy_limit:
                 # The copy is taken now, before any later in-place operation can change it;
                 # swapping the axes of the copy is a view, cheaper than copying a strided one.
                 held = hold(tensor, owned, self._host)
-                capture = Capture(self.name, None, None, held.swapaxes(1, -1) if units else held)
-            else:
-                capture = Capture(
-                    layer=self.name,
-                    stats=hold(reduce_activation(tensor), True, self._host),
-                    features=hold(
-                        feature_summary(
-                            tensor.movedim(-1, 1) if units else tensor,
-                            self._max_features,
-                            self._reads_input,
-                        ),
-                        True,
-                        self._host,
+                if units:
+                    held = held.swapaxes(1, -1)
+                # Into the gate's record as it is (see Gate.record), else through the sink:
+                # inline, this is every sampled call of every layer.
+                record = gate.record
+                if record is not None:
+                    record[self.name] = (self.name, None, None, held)
+                else:
+                    self._sink.offer(Capture(self.name, None, None, held))
+                return
+            self._keep(
+                gate,
+                hold(reduce_activation(tensor), True, self._host),
+                hold(
+                    feature_summary(
+                        tensor.movedim(-1, 1) if units else tensor,
+                        self._max_features,
+                        self._reads_input,
                     ),
-                )
-            self._sink.offer(capture)
+                    True,
+                    self._host,
+                ),
+            )
         except Exception as error:  # a monitor must never fail the request
             self.state = HookState.FAULTED
             with contextlib.suppress(Exception):
                 self._sink.on_fault(self.name, error)
+
+    def _keep(self, gate: Gate, stats: Held, features: Held) -> None:
+        """Hand off a capture the hook reduced: into the gate's record, else to the sink."""
+        record = gate.record
+        if record is not None:
+            record[self.name] = (self.name, stats, features, None)
+        else:
+            self._sink.offer(Capture(self.name, stats, features))
 
     def _is_tokens(self, tensor: torch.Tensor, mask: torch.Tensor) -> bool:
         """A hidden state ``[B, T, H]`` (or the input's token ids ``[B, T]``) of this forward's
@@ -947,7 +983,7 @@ class HookSet:
         if not self.on_demand:
             return
         with self._arm_lock:
-            if self.state is not HookState.ATTACHED:
+            if self.state is not _ATTACHED:
                 return
             self._armed += 1
             if self._armed > 1:

@@ -51,6 +51,22 @@ def test_gate_closed_captures_nothing_gate_open_captures_every_layer() -> None:
     assert all(c.stats.shape == (3, 7) for c in sink.captures)
 
 
+def test_an_open_gate_with_a_record_gets_plain_tuples_and_the_sink_nothing() -> None:
+    net, sink, gate = Net(), ListSink(), Gate()
+    record: dict[str, tuple[object, ...]] = {}
+    with HookSet(gate, sink, copy_limit=64).attach(net, ["encoder.1", "head"]):
+        gate.set(True, None, 3, record)
+        net(torch.randn(3, 4))
+        net(torch.randn(3, 4))  # a layer called again keeps its last capture
+        gate.set(False)
+    assert gate.record is None and sink.captures == []
+    assert list(record) == ["input", "encoder.1", "head", "output"]
+    for layer, capture in record.items():
+        # Exact tuples, never Capture (a tuple subclass the collector keeps tracking).
+        assert type(capture) is tuple and capture[0] == layer
+        assert capture[1] is None and capture[2] is None and capture[3].shape[0] == 3
+
+
 def test_detach_is_idempotent_and_removes_hooks() -> None:
     net, sink, gate = Net(), ListSink(), Gate()
     hooks = HookSet(gate, sink).attach(net, ["head"])

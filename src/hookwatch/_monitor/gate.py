@@ -21,7 +21,7 @@ from types import TracebackType
 import torch
 
 from hookwatch._capture import RateLimitedLog
-from hookwatch._hooks import Capture, Gate, Held
+from hookwatch._hooks import Capture, Gate, PlainCapture
 from hookwatch._monitor.tally import RequestTally, whole_requests
 
 __all__ = ["Record", "RequestGate", "RequestScope"]
@@ -31,11 +31,11 @@ log = logging.getLogger("hookwatch")
 #: What the hooks of one sampled forward pass captured, handed off as one item: one capture per
 #: layer. A module called several times in one forward (an activation module reused inside a
 #: residual block) keeps its last call, the block's output; one sample stays one capture.
-#: Plain tuples, not the dict the hooks fill during the forward nor their named tuples: the
-#: collector stops tracking an exact tuple of strings and numpy arrays at its first young
-#: collection (never a tuple subclass), so a waiting record is never promoted to the oldest
-#: generation (see ``hookwatch._hooks.hold``). A :class:`Capture` is one too, field for field.
-PlainCapture = tuple[str, Held | None, Held | None, Held | None]
+#: Plain tuples, not the dict the hooks fill during the forward (``Gate.record``) nor named
+#: tuples: the collector stops tracking an exact tuple of strings and numpy arrays at its first
+#: young collection (never a tuple subclass), so a waiting record is never promoted to the
+#: oldest generation (see ``hookwatch._hooks.hold``). The hooks put :class:`Capture`'s fields
+#: into the dict as plain tuples already; a capture offered to the gate is converted.
 Record = tuple[PlainCapture, ...]
 
 
@@ -250,17 +250,17 @@ class RequestGate:
     def _begin_record(self, rows: torch.Tensor | None = None, batch: int = 0) -> None:
         if self._arm is not None:
             self._arm()  # never raises; a failed registration only loses this capture
-        self._local.record = {}
-        self.hook_flag.set(True, rows, batch)
+        # The record lives on the hooks' thread-local flag: they put their plain captures
+        # straight into it (see hookwatch._hooks.Gate.record).
+        self.hook_flag.set(True, rows, batch, {})
 
     def _end_record(self, keep: bool) -> None:
         try:
-            self.hook_flag.set(False)
-            captured: dict[str, Capture] | None = getattr(self._local, "record", None)
-            self._local.record = None
+            flag = self.hook_flag
+            captured = flag.record
+            flag.set(False)
             if captured and keep:
-                # tuple() of a Capture is its PlainCapture: one C call per layer, no frame.
-                self._hand_off(tuple(map(tuple, captured.values())))  # type: ignore[arg-type]
+                self._hand_off(tuple(captured.values()))
         finally:
             # The hooks come off whatever happened in the forward or the hand-off.
             if self._disarm is not None:
@@ -275,12 +275,14 @@ class RequestGate:
     # -- the hooks' sink --------------------------------------------------------------------
 
     def offer(self, capture: Capture) -> bool:
-        """Add to the running forward's record (a list append, never blocks)."""
-        record: dict[str, Capture] | None = getattr(self._local, "record", None)
+        """Add to the running forward's record (a dict write, never blocks). The hooks write
+        into the record themselves while a scope is open; this is the way in for a capture
+        made without one."""
+        record = self.hook_flag.record
         if record is None:
             # The gate was opened without a request scope: hand the capture off on its own.
             return self._hand_off((_plain(capture),))
-        record[capture.layer] = capture
+        record[capture.layer] = _plain(capture)
         return True
 
     def on_fault(self, layer: str, error: BaseException) -> None:

@@ -21,8 +21,8 @@ import torch
 
 from hookwatch._capture import RateLimitedLog
 from hookwatch._drift import AccuracyTracker, DriftResult, DriftTracker, IntArray
-from hookwatch._hooks import Held, as_array
-from hookwatch._monitor.gate import PlainCapture, Record
+from hookwatch._hooks import Held, PlainCapture, as_array
+from hookwatch._monitor.gate import Record
 from hookwatch._names import (
     CLASS_STATISTICS,
     INPUT_LAYER,
