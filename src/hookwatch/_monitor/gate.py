@@ -127,8 +127,6 @@ class RequestGate:
         self.hook_flag = Gate()
         self._offer = offer
         self._rng = random.Random(seed)
-        # The record of the sampled forward running on this thread, if any.
-        self._local = threading.local()
         self._log = RateLimitedLog(log)
         self._tally = tally
         self._lock = threading.Lock()
