@@ -7,7 +7,8 @@ metric files in a ``PROMETHEUS_MULTIPROC_DIR`` of their own) and driven through 
 ``BaseHandler.handle``. Four cases: batch 1 and batch 8, every request unsampled or every
 request sampled. The gate keeps the model-config's sample rate; only its random draw is fixed
 per case, so an unsampled request takes exactly the path an unsampled request takes when
-served (no hooks registered, nothing pinned).
+served (no hooks registered, nothing pinned). A control comes first: the plain handler against
+a second plain handler, timed the same way, whose difference is the harness's own floor.
 
 Two passes:
 
@@ -69,6 +70,12 @@ CASES: tuple[tuple[str, int, bool], ...] = (
     ("b8-unsampled", 8, False),
     ("b8-sampled", 8, True),
 )
+
+#: The control: the plain handler against a second plain handler built the same way, timed as
+#: the cases are. Its difference is the harness's own floor on this machine (the build order,
+#: where each handler's objects landed in memory, the rounds' order): a case's difference
+#: within it is no difference this harness can show.
+CONTROL = ("b1-plain-vs-plain", 1)
 
 #: The phases, in table order, and what they cover.
 PHASES: dict[str, str] = {
@@ -317,6 +324,8 @@ def _timer_overhead(timers: Timers) -> float:
 
 
 def _configure(handler: Any, sampled: bool) -> None:
+    if handler.service.monitor is None:  # the control's second plain handler
+        return
     gate = _gate(handler)
     gate._rng = _fixed_draw(0.0 if sampled else 1.0)
     # Setting the rate again makes a gate that draws a countdown to its next sampled request
@@ -351,6 +360,8 @@ def _median_interval(values: list[float]) -> tuple[float, float, float]:
 
 def _capture_cpu(handler: Any) -> float:
     """CPU seconds of the monitored handler's capture thread so far (Linux)."""
+    if handler.service.monitor is None:
+        return 0.0
     thread = getattr(_worker(handler), "_thread", None)
     native = getattr(thread, "native_id", None)
     if native is None:
@@ -471,6 +482,8 @@ def measure(
     rate = float(config["handler"]["monitoring"]["sample_rate"])
     bodies = _bodies(256)
     cases: list[CaseResult] = []
+    if not only or CONTROL[0] in only.split(","):
+        cases.append(_control(model_dir, config, bodies, rounds, requests))
     for name, batch, sampled in CASES:
         if only and name not in only.split(","):
             continue
@@ -521,6 +534,42 @@ def measure(
     )
 
 
+def _control(
+    model_dir: Path,
+    config: dict[str, Any],
+    bodies: list[dict[str, Any]],
+    rounds: int,
+    requests: int,
+) -> CaseResult:
+    """The plain handler against a second plain handler (``CONTROL``); no attribution."""
+    name, batch = CONTROL
+    first = _build("plain_handler", model_dir, copy.deepcopy(config))
+    second = _build("plain_handler", model_dir, copy.deepcopy(config))
+    plain_us, second_us, diffs, _ = timing_pass(
+        first, second, bodies, batch, False, rounds, requests
+    )
+    first[0].service.close()
+    second[0].service.close()
+    diff, low, high = _median_interval(diffs)
+    print(f"{name}: difference {diff:+.2f} µs [{low:+.2f}, {high:+.2f}]", file=sys.stderr)
+    return CaseResult(
+        case=name,
+        batch=batch,
+        sampled=False,
+        rounds=rounds,
+        requests_per_round=max(1, requests // batch) * batch,
+        plain_us=round(plain_us, 2),
+        monitored_us=round(second_us, 2),
+        diff_us=round(diff, 2),
+        diff_low_us=round(low, 2),
+        diff_high_us=round(high, 2),
+        ratio=round(plain_us / second_us, 4),
+        capture_cpu_us=0.0,
+        phases_us={},
+        arms_per_forward=0.0,
+    )
+
+
 def _commit() -> str:
     """The commit of the hookwatch being measured (a base worktree's under ``PYTHONPATH``)."""
     import subprocess
@@ -565,18 +614,19 @@ def render(runs: list[dict[str, Any]]) -> str:
                 f"{case['diff_high_us']:+.2f}) | {case['ratio']:.3f} | "
                 f"{case['capture_cpu_us']:.1f} | {case['arms_per_forward']:.2f} |"
             )
+        attributed = [c for c in run["cases"] if c["phases_us"]]  # not the control
         lines += [
             "",
             "Attribution, monitored minus plain, µs per request (exclusive time of the wrapped "
             "functions, the timers' own cost taken out):",
             "",
-            "| phase | " + " | ".join(c["case"] for c in run["cases"]) + " |",
-            "|---|" + "---:|" * len(run["cases"]),
+            "| phase | " + " | ".join(c["case"] for c in attributed) + " |",
+            "|---|" + "---:|" * len(attributed),
         ]
         for phase in PHASES:
-            values = " | ".join(f"{c['phases_us'].get(phase, 0.0):+.2f}" for c in run["cases"])
+            values = " | ".join(f"{c['phases_us'].get(phase, 0.0):+.2f}" for c in attributed)
             lines.append(f"| {phase} | {values} |")
-        sums = " | ".join(f"{sum(c['phases_us'].values()):+.2f}" for c in run["cases"])
+        sums = " | ".join(f"{sum(c['phases_us'].values()):+.2f}" for c in attributed)
         lines += [f"| **sum** | {sums} |", ""]
     lines.append(END)
     return "\n".join(lines)
