@@ -531,8 +531,12 @@ def test_the_default_sampling_holds_to_its_cap_per_second(
             clock.now += 1.0
             monitor._cap_sampling()
             assert monitor._gate.sample_rate == pytest.approx(expected)
-        # The gate samples at the capped share from the next request on.
-        sampled = sum(monitor._received.request(1).picked for _ in range(20_000))
+        # The gate samples at the capped share from the next request on (the requests come
+        # at the same rate: the gate's bucket, a second's worth, seldom has to step in).
+        sampled = 0
+        for _ in range(20_000):
+            clock.now += 1.0 / per_s
+            sampled += monitor._received.request(1).picked
         sd = math.sqrt(20_000 * expected * (1 - expected))
         assert abs(sampled - 20_000 * expected) < 4 * sd
         if not raw:
@@ -547,3 +551,28 @@ def test_the_default_sampling_holds_to_its_cap_per_second(
             clock.now += 1.0
             monitor._cap_sampling()
             assert monitor._gate.sample_rate == 0.0
+
+
+def test_a_burst_after_a_quiet_spell_is_held_to_the_cap_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The share is re-decided at publishes; between them the gate's bucket holds the cap.
+    from hookwatch._monitor import gate as gate_module
+    from hookwatch._monitor.gate import RequestGate
+    from hookwatch._monitor.tally import RequestTally
+
+    clock = _Clock()
+    monkeypatch.setattr(gate_module.time, "monotonic", clock)
+    tally = RequestTally("m", MetricSet())
+    gate = RequestGate("m", 0.5, lambda record: True, tally, seed=4, max_per_s=20.0)
+    first = sum(gate.request(1).picked for _ in range(1000))  # all within one instant
+    assert first == 20
+    clock.now += 0.5  # half a second refills half the bucket
+    assert sum(gate.request(1).picked for _ in range(1000)) == 10
+    clock.now += 10.0  # a long quiet spell fills it, and no more than full
+    batch = [gate.request(8) for _ in range(100)]
+    assert sum(s.picked for s in batch) == 20
+    partial = next(s for s in batch if 0 < s.picked < 8)
+    assert partial._rows is not None and len(partial._rows) == partial.picked
+    slow = RequestGate("m", 1.0, lambda record: True, tally, max_per_s=0.5)
+    assert sum(slow.request(1).picked for _ in range(100)) == 1  # under 1 a second: one

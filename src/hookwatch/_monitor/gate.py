@@ -14,6 +14,7 @@ import logging
 import math
 import random
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from types import TracebackType
@@ -112,9 +113,21 @@ class RequestGate:
         tally: RequestTally,
         enabled: bool = True,
         seed: int | None = None,
+        max_per_s: float | None = None,
     ) -> None:
         self.model_name = model_name
         self._rate = sample_rate if enabled else 0.0
+        #: At most this many sampled requests a second (None: no limit): a bucket of one
+        #: second's worth, refilled with time and checked only when a request is due, so an
+        #: unsampled request never reads the clock. The monitor also lowers ``sample_rate``
+        #: towards the limit at every publish; the bucket holds it meanwhile (the first second
+        #: of a burst after a quiet spell, sampled at the share the quiet spell set).
+        self._max_per_s = max_per_s
+        #: The bucket holds a second's worth, and at least one sample (a limit under 1 a
+        #: second still samples, once every 1 / limit seconds).
+        self._bucket = max(1.0, max_per_s or 0.0)
+        self._tokens = self._bucket
+        self._filled_at = time.monotonic()
         #: Requests still to pass unsampled before the next sampled one (``math.inf``: none
         #: will be). Drawn once per sampled request from the geometric distribution of the
         #: gaps between successes of a Bernoulli(rate) draw per request: the same requests
@@ -222,6 +235,10 @@ class RequestGate:
             picks.append(int(at))
             at += 1 + self._draw_skip()
         self._skip = at - count
+        if self._max_per_s is not None:
+            picks = picks[: self._take(len(picks))]
+            if not picks:
+                return self._unsampled_scope(count)
         picked = len(picks)
         rows: torch.Tensor | None = None
         if picked < count:
@@ -231,6 +248,17 @@ class RequestGate:
             rows = torch.tensor(_sampled_rows(draws, sizes), dtype=torch.long)
         total = sum(sizes) if sizes is not None else count
         return RequestScope(self, count, picked, rows, total)
+
+    def _take(self, wanted: int) -> int:
+        """Up to ``wanted`` samples from the bucket (``max_per_s``): how many it had."""
+        limit = self._max_per_s
+        assert limit is not None
+        now = time.monotonic()
+        tokens = min(self._bucket, self._tokens + (now - self._filled_at) * limit)
+        self._filled_at = now
+        took = min(wanted, int(tokens))
+        self._tokens = tokens - took
+        return took
 
     def _unsampled_scope(self, count: int) -> RequestScope:
         scope = self._unsampled.get(count)

@@ -132,6 +132,7 @@ class Monitor:
             self._tally,
             config.enabled,
             config.seed,
+            config.sample_cap,
         )
         self._received = ReceivedRequests(self._gate, self._tally)
         self._hooks = HookSet(
