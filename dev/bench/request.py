@@ -483,44 +483,24 @@ def measure(
     bodies = _bodies(256)
     cases: list[CaseResult] = []
     if not only or CONTROL[0] in only.split(","):
-        cases.append(_control(model_dir, config, bodies, rounds, requests))
+        name, batch = CONTROL
+        cases.append(
+            _timed_case(
+                name, batch, False, "plain_handler", model_dir, config, bodies, rounds, requests
+            )
+        )
     for name, batch, sampled in CASES:
         if only and name not in only.split(","):
             continue
-        plain = _build("plain_handler", model_dir, copy.deepcopy(config))
-        monitored = _build("hookwatch_handler", model_dir, copy.deepcopy(config))
-        plain_us, monitored_us, diffs, cpu = timing_pass(
-            plain, monitored, bodies, batch, sampled, rounds, requests
+        case = _timed_case(
+            name, batch, sampled, "hookwatch_handler", model_dir, config, bodies, rounds, requests
         )
-        plain[0].service.close()
-        monitored[0].service.close()
-        diff, low, high = _median_interval(diffs)
         phases, arms = attribution_pass(
             model_dir, copy.deepcopy(config), bodies, batch, sampled, attribution_rounds, requests
         )
-        cases.append(
-            CaseResult(
-                case=name,
-                batch=batch,
-                sampled=sampled,
-                rounds=rounds,
-                requests_per_round=max(1, requests // batch) * batch,
-                plain_us=round(plain_us, 2),
-                monitored_us=round(monitored_us, 2),
-                diff_us=round(diff, 2),
-                diff_low_us=round(low, 2),
-                diff_high_us=round(high, 2),
-                ratio=round(plain_us / monitored_us, 4),
-                capture_cpu_us=round(cpu, 1),
-                phases_us={k: round(v, 2) for k, v in phases.items()},
-                arms_per_forward=round(arms, 3),
-            )
-        )
-        print(
-            f"{name}: plain {plain_us:.1f} µs, monitored {monitored_us:.1f} µs, "
-            f"difference {diff:+.2f} µs [{low:+.2f}, {high:+.2f}]",
-            file=sys.stderr,
-        )
+        case.phases_us = {k: round(v, 2) for k, v in phases.items()}
+        case.arms_per_forward = round(arms, 3)
+        cases.append(case)
     return Result(
         label=label,
         commit=_commit(),
@@ -534,37 +514,45 @@ def measure(
     )
 
 
-def _control(
+def _timed_case(
+    name: str,
+    batch: int,
+    sampled: bool,
+    handler: str,
     model_dir: Path,
     config: dict[str, Any],
     bodies: list[dict[str, Any]],
     rounds: int,
     requests: int,
 ) -> CaseResult:
-    """The plain handler against a second plain handler (``CONTROL``); no attribution."""
-    name, batch = CONTROL
-    first = _build("plain_handler", model_dir, copy.deepcopy(config))
-    second = _build("plain_handler", model_dir, copy.deepcopy(config))
-    plain_us, second_us, diffs, _ = timing_pass(
-        first, second, bodies, batch, False, rounds, requests
+    """The timing pass of one case: the plain handler against ``handler`` (the monitored one,
+    or a second plain one for ``CONTROL``); the attribution is the caller's."""
+    plain = _build("plain_handler", model_dir, copy.deepcopy(config))
+    other = _build(handler, model_dir, copy.deepcopy(config))
+    plain_us, other_us, diffs, cpu = timing_pass(
+        plain, other, bodies, batch, sampled, rounds, requests
     )
-    first[0].service.close()
-    second[0].service.close()
+    plain[0].service.close()
+    other[0].service.close()
     diff, low, high = _median_interval(diffs)
-    print(f"{name}: difference {diff:+.2f} µs [{low:+.2f}, {high:+.2f}]", file=sys.stderr)
+    print(
+        f"{name}: plain {plain_us:.1f} µs, {handler} {other_us:.1f} µs, "
+        f"difference {diff:+.2f} µs [{low:+.2f}, {high:+.2f}]",
+        file=sys.stderr,
+    )
     return CaseResult(
         case=name,
         batch=batch,
-        sampled=False,
+        sampled=sampled,
         rounds=rounds,
         requests_per_round=max(1, requests // batch) * batch,
         plain_us=round(plain_us, 2),
-        monitored_us=round(second_us, 2),
+        monitored_us=round(other_us, 2),
         diff_us=round(diff, 2),
         diff_low_us=round(low, 2),
         diff_high_us=round(high, 2),
-        ratio=round(plain_us / second_us, 4),
-        capture_cpu_us=0.0,
+        ratio=round(plain_us / other_us, 4),
+        capture_cpu_us=round(cpu, 1),
         phases_us={},
         arms_per_forward=0.0,
     )
