@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import copy
 import io
+import os
+import subprocess
+import sys
 import time
 import zipfile
 from collections.abc import Callable
@@ -22,6 +25,24 @@ ROOT = Path(__file__).resolve().parents[2]
 MAR = ROOT / "model_store" / "digits.mar"
 #: Name of the drift profile inside the demo .mar (monitoring.drift.profile's default).
 PROFILE = "drift-profile.npz"
+
+
+def hookwatch(
+    *args: str, cwd: Path = ROOT, timeout: float = 120.0, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``hookwatch ARGS`` as a user runs it, in a process of its own; without the debug switch
+    (tracebacks) or a run directory inherited from the test's environment."""
+    base = {
+        k: v for k, v in os.environ.items() if k not in ("HOOKWATCH_DEBUG", "HOOKWATCH_RUN_DIR")
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "hookwatch.tools.cli", *args],
+        cwd=cwd,
+        env={**base, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def demo_config(**monitoring: Any) -> dict[str, Any]:

@@ -4,28 +4,14 @@ tests/unit/test_cli_errors.py: each test runs the command as a process)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.unit.test_cli_errors import ROOT, _free_port
+from tests.integration.helpers import hookwatch
+from tests.unit.test_cli_errors import _free_port
 
 pytestmark = pytest.mark.integration
-
-
-def hookwatch(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "HOOKWATCH_DEBUG"}
-    return subprocess.run(
-        [sys.executable, "-m", "hookwatch.tools.cli", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def test_the_issues_offenders_in_a_real_process() -> None:

@@ -3,32 +3,15 @@ tests/unit/test_serve_anywhere.py: each runs hookwatch in a process of its own).
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.integration.helpers import hookwatch
 from tests.unit.test_serve_anywhere import a_mar
 
 pytestmark = pytest.mark.integration
-
-
-def hookwatch(
-    *args: str, cwd: Path, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    base = {
-        k: v for k, v in os.environ.items() if k not in ("HOOKWATCH_DEBUG", "HOOKWATCH_RUN_DIR")
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "hookwatch.tools.cli", *args],
-        cwd=cwd,
-        env={**base, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def test_a_mar_that_is_not_hookwatchs_is_one_line(tmp_path: Path) -> None:

@@ -6,7 +6,6 @@ timing."""
 from __future__ import annotations
 
 import math
-import os
 import re
 import shutil
 import subprocess
@@ -16,20 +15,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, require_binary
+from tests.integration.helpers import hookwatch
 
 pytestmark = pytest.mark.integration
-
-
-def hookwatch(*args: str, cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "HOOKWATCH_DEBUG"}
-    return subprocess.run(
-        [sys.executable, "-m", "hookwatch.tools.cli", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def test_bench_prints_plain_against_hookwatch_for_an_archived_model(tmp_path: Path) -> None:
