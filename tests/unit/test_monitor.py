@@ -545,7 +545,10 @@ def test_the_default_sampling_holds_to_its_cap_per_second(
             clock.now += 1.0
             monitor._cap_sampling()
             assert monitor._gate.sample_rate == config.share
-            monitor._capture_off()  # capture off for good: the cap never turns it back on
+            # Capture off for good (as the capture thread does it): the cap never turns it
+            # back on.
+            monitor._worker.off = True
+            monitor._capture_off()
             for _ in range(10):
                 monitor.receive(1)
             clock.now += 1.0

@@ -168,7 +168,6 @@ class Monitor:
         #: The request count and the time when the sampling cap was last re-decided.
         self._rate_from: tuple[int, float] | None = None
         self._cap_lock = threading.Lock()  # a flush publishes from the caller's thread too
-        self._capture_is_off = False
         self._log = RateLimitedLog(log)
         if config.enabled:
             # A compiled model guards its graphs on the hooks of its modules: registering
@@ -331,7 +330,6 @@ class Monitor:
     def _capture_off(self) -> None:
         """The capture thread gave up processing: stop sampling and switch every hook off,
         so requests pay nothing for captures that would only be discarded."""
-        self._capture_is_off = True
         self._gate.sample_rate = 0.0
         for layer in self._hooks.layer_states():
             self._hooks.disable(layer)
@@ -342,7 +340,7 @@ class Monitor:
         many a second, never above the configured share. Runs on the capture thread at every
         publish; the gate takes a new share from its next request."""
         cap = self.config.sample_cap
-        if cap is None or self._capture_is_off:
+        if cap is None or self._worker.off:  # capture off for good stays off
             return
         with self._cap_lock:
             now, seen = time.monotonic(), self._tally.requests_seen
