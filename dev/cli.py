@@ -141,6 +141,12 @@ def _bench_request(args: argparse.Namespace) -> int:
     return request.run(args)
 
 
+def _bench_gpu(args: argparse.Namespace) -> int:
+    from dev.bench import gpu
+
+    return gpu.run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m dev", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -211,6 +217,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(bench_request)
     bench_request.set_defaults(func=_bench_request)
+
+    bench_gpu = sub.add_parser(
+        "bench-gpu",
+        help="the bench's GPU rows: --prepare a folder for a GPU machine, run there, --add the "
+        "run here to rewrite docs/bench/gpu.md and gpu.json",
+    )
+    from dev.bench.gpu import add_arguments as gpu_arguments
+
+    gpu_arguments(bench_gpu)
+    bench_gpu.set_defaults(func=_bench_gpu)
     return parser
 
 
