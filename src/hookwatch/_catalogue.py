@@ -166,8 +166,8 @@ REQUESTS_SAMPLED = CounterSpec(
     "hookwatch_requests_sampled_total",
     ("model",),
     "requests",
-    "Requests sampled for capture, each on its own draw (in a batch, only their rows are "
-    "captured).",
+    "Requests sampled for capture: a forward pass is sampled on its own draw, with all its "
+    "requests (`max_sampled_per_s` may cut it to its first ones).",
 )
 REQUESTS_REJECTED = CounterSpec(
     "hookwatch_requests_rejected_total",

@@ -509,8 +509,9 @@ class MonitoringConfig:
     )
     sample_rate: float | None = _option(
         None,
-        "share of requests captured, each on its own draw (in a batch, the sampled requests' "
-        "rows are captured; a request of several texts is captured whole), taken exactly; "
+        "share of forward passes captured, each on its own draw, a sampled one with all its "
+        "requests (each request is captured at this rate; a request of several texts is "
+        "captured whole), taken exactly; "
         f"null: hookwatch's default, {DEFAULT_SAMPLE_RATE:g} of the requests and at most "
         "`max_sampled_per_s` of them a second per worker",
         check=lambda v: v is None or (_number(v) and 0.0 <= v <= 1.0),

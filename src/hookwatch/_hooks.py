@@ -652,7 +652,9 @@ class LayerHook:
                     tensor = tensor.transpose(0, 1)
                     shape = tensor.shape
             if gate.rows is not None and dims and shape[0] == batch:
-                # Only the sampled requests' rows; index_select copies them (owned storage).
+                # Only the rows of the requests the per-second cap let through (a sampled
+                # forward is otherwise captured whole); index_select copies them (owned
+                # storage).
                 picked = gate.rows
                 if picked.device != tensor.device:
                     picked = picked.to(tensor.device)

@@ -1,8 +1,9 @@
 """TorchServe's dynamic batching with monitoring, on the real stack: the image demo and the
 MiniLM text model. Requests that arrive together are batched into one forward (counted from
-TorchServe's own per-batch metric lines), yet each request is sampled, counted and answered on
-its own: a bad one gets its 4xx, the rest of its batch is served, no worker restarts, and texts
-of different lengths answer exactly what they answer alone."""
+TorchServe's own per-batch metric lines), yet each request is counted and answered on its own
+(and sampled with the rest of its forward): a bad one gets its 4xx, the rest of its batch is
+served, no worker restarts, and texts of different lengths answer exactly what they answer
+alone."""
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ import logging
 import warnings
 from collections import OrderedDict
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -431,7 +432,7 @@ class Recurrent(nn.Module):
 def test_sequence_first_layers_are_watched_per_request_like_their_batch_first_twins() -> None:
     """A layer whose activations are ``[T, B, H]`` is read with the batch's rows first: each
     request is one sample of it, as with the same weights built ``batch_first``, and a batch
-    whose requests were sampled apart captures only the sampled requests' rows."""
+    the per-second cap cut short captures only its first requests' rows (the test below)."""
     torch.manual_seed(0)
     seq_first = Recurrent(batch_first=False).eval()
     twin = Recurrent(batch_first=True).eval()
@@ -502,25 +503,32 @@ def test_hookwatch_layers_shows_sequence_first_layers_batch_first() -> None:
     assert guess_head(discover_layers(squeezed, example_input((6,)))) == "values"
 
 
-def test_a_sequence_first_layer_sampled_apart_keeps_only_the_sampled_rows(
-    metrics: MetricSet,
+def test_a_sequence_first_layer_cut_short_by_the_cap_keeps_only_the_captured_rows(
+    metrics: MetricSet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A forward is sampled whole; only the per-second cap captures part of one. Sampling
+    # unset with a cap of 2 a second, at a share of 1 and with the gate's clock stopped: the
+    # first forward of 4 takes the bucket's 2 samples, the others none.
+    from hookwatch._monitor import gate as gate_module
+
+    monkeypatch.setattr(gate_module, "time", SimpleNamespace(monotonic=lambda: 1000.0))
     torch.manual_seed(1)
     model = Recurrent(batch_first=False).eval()
     config = resolve_layers(
         model,
-        MonitoringConfig.from_mapping({"layers": ["act"], "sample_rate": 0.5, "seed": 3}),
+        MonitoringConfig.from_mapping({"layers": ["act"], "max_sampled_per_s": 2, "seed": 3}),
     )
     monitor = Monitor(model, plan_watch(model, config, "rnn"), metrics=metrics)
+    monitor._gate.sample_rate = 1.0
     with torch.inference_mode():
         for _ in range(40):
             with monitor.request(4):
                 model(torch.randn(4, 7, 6))
     monitor.flush()
     monitor.close()
-    sampled = value(metrics, "hookwatch_requests_sampled_total", model="rnn")
-    assert 0 < sampled < 160
-    assert value(metrics, "hookwatch_captures_total", model="rnn", layer="act") == sampled
+    assert value(metrics, "hookwatch_requests_sampled_total", model="rnn") == 2
+    # Two rows of the batch's four, read along the batch's dimension (the second here).
+    assert value(metrics, "hookwatch_captures_total", model="rnn", layer="act") == 2
 
 
 def test_weights_load_from_a_state_dict_or_a_checkpoint(tmp_path: Path) -> None:

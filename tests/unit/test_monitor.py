@@ -4,6 +4,7 @@ import gc
 import logging
 import math
 import threading
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -455,30 +456,45 @@ def test_requests_counted_on_arrival_are_counted_once_whatever_becomes_of_them(
         assert value(metrics, "hookwatch_requests_rejected_total", model="m", reason=reason) == 1
 
 
-def test_the_countdown_samples_each_request_independently_at_the_rate() -> None:
-    # The gate draws the gap to the next sampled request instead of a draw per request: the
-    # sampled requests must still be Bernoulli(rate), each on its own, whatever the batches.
+def test_the_countdown_samples_whole_forwards_independently_at_the_rate() -> None:
+    # The gate draws the gap to the next sampled forward instead of a draw per forward: the
+    # sampled forwards must still be Bernoulli(rate), each on its own, whatever their size,
+    # and a sampled forward captures all its requests (hooks cost per hooked forward).
     from hookwatch._monitor.gate import RequestGate
     from hookwatch._monitor.tally import RequestTally
 
-    rate, requests = 0.2, 60_000
+    rate, forwards = 0.2, 30_000
     gate = RequestGate("m", rate, lambda record: True, RequestTally("m", MetricSet()), seed=11)
-    flags: list[bool] = []
-    sizes = [1, 8, 3, 1, 1, 5]
-    while len(flags) < requests:
-        size = sizes[len(flags) % len(sizes)]
-        scope = gate.request(size)
-        rows = scope._rows.tolist() if scope._rows is not None else None
-        flags += [bool(scope.picked) and (rows is None or i in rows) for i in range(size)]
-    x = np.array(flags[:requests], dtype=float)
-    sd = np.sqrt(rate * (1 - rate) / requests)
-    assert abs(x.mean() - rate) < 4 * sd
-    # Independent: a sampled request is followed by a sampled one at the rate, not more or less.
+    cycle = [1, 8, 3, 0, 1, 1, 5]
+    sizes = np.array([cycle[i % len(cycle)] for i in range(forwards)])
+    scopes = [gate.request(int(size)) for size in sizes]
+    assert all(s.requests == size for s, size in zip(scopes, sizes, strict=True))
+    # All or nothing: no rows picked out of a batch when no cap applies.
+    assert all(s.picked in (0, s.requests) and s._rows is None for s in scopes)
+    # A forward of no requests is never sampled and takes no turn of the countdown.
+    assert not any(s.picked for s, size in zip(scopes, sizes, strict=True) if size == 0)
+    x = np.array([bool(s.picked) for s in scopes], dtype=float)[sizes > 0]
+    n = len(x)
+    assert abs(x.mean() - rate) < 4 * np.sqrt(rate * (1 - rate) / n)
+    # Each size is sampled at the rate: a batch of 8 is no likelier than a single request.
+    for size in (1, 3, 5, 8):
+        of_size = np.array([bool(s.picked) for s in scopes if s.requests == size], dtype=float)
+        assert abs(of_size.mean() - rate) < 4 * np.sqrt(rate * (1 - rate) / len(of_size))
+    # Each request is captured at the rate: the captured share of the requests, weighted by
+    # the forwards' sizes (sd from the variance of a forward's captured count).
+    served = sizes[sizes > 0]
+    captured = x * served
+    sd = np.sqrt(rate * (1 - rate) * np.sum(served.astype(float) ** 2)) / served.sum()
+    assert abs(captured.sum() / served.sum() - rate) < 4 * sd
+    # Independent: a sampled forward is followed by a sampled one at the rate, not more or less.
     after = x[1:][x[:-1] == 1]
     assert abs(after.mean() - rate) < 4 * np.sqrt(rate * (1 - rate) / len(after))
-    # A batch of 8 picks Binomial(8, rate) of its requests: its variance, not all or nothing.
-    picked = [gate.request(8).picked for _ in range(5000)]
-    assert np.var(picked) == pytest.approx(8 * rate * (1 - rate), rel=0.1)
+    # Several-row requests: a sampled forward captures every row of every request.
+    picked = [gate.request(3, sizes=[2, 1, 3]) for _ in range(2000)]
+    assert all(s.picked in (0, 3) and s._rows is None for s in picked)
+    sampled = sum(bool(s.picked) for s in picked)
+    assert abs(sampled / 2000 - rate) < 4 * np.sqrt(rate * (1 - rate) / 2000)
+    assert all(s._batch == 6 for s in picked if s.picked)
 
 
 def test_a_new_sample_rate_holds_from_the_next_request() -> None:
@@ -579,3 +595,35 @@ def test_a_burst_after_a_quiet_spell_is_held_to_the_cap_at_once(
     assert partial._rows is not None and len(partial._rows) == partial.picked
     slow = RequestGate("m", 1.0, lambda record: True, tally, max_per_s=0.5)
     assert sum(slow.request(1).picked for _ in range(100)) == 1  # under 1 a second: one
+
+
+def test_a_sampled_batch_the_bucket_cannot_hold_captures_its_first_requests(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The cap counts requests: a sampled forward of 8 takes 8 samples, and with 3 left in the
+    # bucket captures the rows of its first 3 requests (none left: not sampled at all).
+    from hookwatch._monitor import gate as gate_module
+    from hookwatch._monitor.gate import RequestGate
+    from hookwatch._monitor.tally import RequestTally
+
+    clock = _Clock()
+    monkeypatch.setattr(gate_module, "time", SimpleNamespace(monotonic=clock))
+    tally = RequestTally("m", MetricSet())
+    gate = RequestGate("m", 1.0, lambda record: True, tally, max_per_s=3.0)
+    scope = gate.request(8)
+    assert (scope.requests, scope.picked, scope._batch) == (8, 3, 8)
+    assert scope._rows is not None and scope._rows.tolist() == [0, 1, 2]
+    empty = gate.request(8)
+    assert empty.picked == 0 and empty._rows is None
+    clock.now += 1.0 / 3.0 + 1e-9  # one sample's worth
+    one = gate.request(8)
+    assert one.picked == 1 and one._rows is not None and one._rows.tolist() == [0]
+    # Requests of several rows: the first 2 requests' rows, 3 of them, out of a batch of 7.
+    clock.now += 2.0 / 3.0 + 1e-9
+    rows = gate.request(3, sizes=[1, 2, 4])
+    assert rows.picked == 2 and rows._batch == 7
+    assert rows._rows is not None and rows._rows.tolist() == [0, 1, 2]
+    # A batch the bucket holds is captured whole.
+    clock.now += 10.0
+    whole = gate.request(3)
+    assert whole.picked == 3 and whole._rows is None

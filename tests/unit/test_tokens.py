@@ -243,38 +243,38 @@ def test_a_mask_that_is_not_a_tensor_switches_the_mask_hook_off_visibly() -> Non
     hooks.detach()
 
 
-def test_each_request_of_a_batch_is_sampled_on_its_own_draw() -> None:
+def test_a_batch_is_sampled_whole_with_every_text_of_its_requests() -> None:
     tally = RequestTally("m", MetricSet())
     gate = RequestGate("m", 0.5, lambda record: True, tally, seed=3)
     scopes = [gate.request(8) for _ in range(400)]
     assert sum(s.requests for s in scopes) == 3200
-    sampled = sum(s.picked for s in scopes)
-    # Per request, not per batch: about half of the requests, nearly every batch partially.
-    assert 1400 < sampled < 1800
-    partial = [len(s._rows) for s in scopes if s._rows is not None]
-    assert (
-        len(partial) > 380
-        and sum(partial) + 8 * sum(1 for s in scopes if s.picked and s._rows is None) == sampled
-    )
-    rows_of = RequestGate("m", 0.5, lambda record: True, tally, seed=1)
-    scopes = [rows_of.request(3, sizes=[2, 1, 3]) for _ in range(50)]
-    partial = [s for s in scopes if s._rows is not None]
-    assert partial
-    for scope in partial:
-        rows = scope._rows.tolist()  # type: ignore[union-attr]
-        # A request's rows go together: a request of two texts is captured whole or not at all.
-        assert (0 in rows) == (1 in rows)
-        assert set(rows) <= set(range(6)) and scope._batch == 6
+    # Per forward, not per request: about half of the batches, each all or nothing.
+    assert all(s.picked in (0, 8) and s._rows is None for s in scopes)
+    assert 160 < sum(1 for s in scopes if s.picked) < 240  # Binomial(400, 0.5): sd 10
+    texts = RequestGate("m", 0.5, lambda record: True, tally, seed=1)
+    scopes = [texts.request(3, sizes=[2, 1, 3]) for _ in range(50)]
+    sampled = [s for s in scopes if s.picked]
+    assert sampled and len(sampled) < 50
+    assert all(s.picked == 3 and s._rows is None and s._batch == 6 for s in sampled)
+    # Cut short by the per-second cap (a bucket of 2 samples), a request of several texts is
+    # still captured whole: the rows of the first 2 requests, 3 of the batch's 6.
+    capped = RequestGate("m", 1.0, lambda record: True, tally, max_per_s=2.0)
+    scope = capped.request(3, sizes=[2, 1, 3])
+    assert scope.picked == 2 and scope._batch == 6
+    assert scope._rows is not None and scope._rows.tolist() == [0, 1, 2]
 
 
 def test_only_the_sampled_requests_rows_are_captured_with_their_mask(
     metrics: MetricSet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model = TinyEncoder().eval()
+    # A forward is sampled whole; only the per-second cap captures part of one. Sampling
+    # unset with a cap of 3 a second, at a share of 1: the first forward of 6 takes the
+    # bucket's 3 samples.
     config = MonitoringConfig.from_mapping(
         {
             "layers": LAYERS,
-            "sample_rate": 0.5,
+            "max_sampled_per_s": 3,
             "seed": 7,
             "mask": "attention_mask",
             "output": {"head": "embedding", "select": "pooler_output"},
@@ -291,6 +291,7 @@ def test_only_the_sampled_requests_rows_are_captured_with_their_mask(
     # Each record as the capture buffer is offered it, in the request's thread.
     monkeypatch.setattr(CaptureWorker, "offer", keep)
     monitor = Monitor(model, plan_watch(model, config, "tiny"), metrics=metrics)
+    monitor._gate.sample_rate = 1.0
     scopes = 0
     while not any(0 < len(r["input"].stats) < 6 for r in records):  # type: ignore[arg-type]
         with torch.inference_mode(), monitor.request(6):

@@ -1,8 +1,8 @@
 """The request path: sampling decision and the hand-off of a forward's record.
 
 Everything here runs in the thread serving the request, so it only decides and appends: a
-countdown to the next sampled request (one random draw per *sampled* request, none for the
-others), a thread-local record the hooks append to, and at the end of a sampled forward one
+countdown to the next sampled forward pass (one random draw per *sampled* forward, none for
+the others), a thread-local record the hooks append to, and at the end of a sampled forward one
 non-blocking offer of that record. The requests themselves are counted by the
 caller, in the model's :class:`~hookwatch._monitor.tally.RequestTally`; the gate reports the
 captures it drops there. No Prometheus here.
@@ -48,17 +48,10 @@ def _plain(capture: Capture) -> PlainCapture:
     return (capture.layer, capture.stats, capture.features, capture.raw)
 
 
-def _sampled_rows(draws: Sequence[bool], sizes: Sequence[int] | None) -> list[int]:
-    """The batch rows of the sampled requests, each request ``sizes[i]`` rows (default 1)."""
-    if sizes is None:
-        return [i for i, drawn in enumerate(draws) if drawn]
-    rows: list[int] = []
-    start = 0
-    for drawn, size in zip(draws, sizes, strict=True):
-        if drawn:
-            rows.extend(range(start, start + size))
-        start += size
-    return rows
+def _sampled_rows(took: int, sizes: Sequence[int] | None) -> list[int]:
+    """The batch rows of the first ``took`` requests, each request ``sizes[i]`` rows (default
+    1)."""
+    return list(range(sum(sizes[:took]) if sizes is not None else took))
 
 
 class RequestScope:
@@ -118,22 +111,29 @@ class RequestGate:
         self.model_name = model_name
         self._rate = sample_rate if enabled else 0.0
         #: At most this many sampled requests a second (None: no limit): a bucket of one
-        #: second's worth, refilled with time and checked only when a request is due, so an
-        #: unsampled request never reads the clock. The monitor also lowers ``sample_rate``
-        #: towards the limit at every publish; the bucket holds it meanwhile (the first second
-        #: of a burst after a quiet spell, sampled at the share the quiet spell set).
+        #: second's worth, refilled with time and checked only when a forward is due, so an
+        #: unsampled forward never reads the clock. It counts requests, not forwards (what
+        #: the capture thread and the drift windows pay for is samples): a sampled forward
+        #: takes a token per request, and one that finds fewer captures its first requests.
+        #: The monitor also lowers ``sample_rate`` towards the limit at every publish; the
+        #: bucket holds it meanwhile (the first second of a burst after a quiet spell, sampled
+        #: at the share the quiet spell set).
         self._max_per_s = max_per_s
         #: The bucket holds a second's worth, and at least one sample (a limit under 1 a
         #: second still samples, once every 1 / limit seconds).
         self._bucket = max(1.0, max_per_s or 0.0)
         self._tokens = self._bucket
         self._filled_at = time.monotonic()
-        #: Requests still to pass unsampled before the next sampled one (``math.inf``: none
-        #: will be). Drawn once per sampled request from the geometric distribution of the
-        #: gaps between successes of a Bernoulli(rate) draw per request: the same requests
-        #: are sampled, in law, as with a draw per request, and an unsampled request pays a
-        #: comparison and a subtraction instead of a draw (docs/bench/request.md). 0 with
-        #: ``_redraw`` set: the next request takes the slow path, which draws afresh.
+        #: Forward passes still to pass unsampled before the next sampled one (``math.inf``:
+        #: none will be). Forwards, not requests: the hooks cost per hooked forward whatever
+        #: its batch, so a draw per request hooked 1 - (1 - rate)^8 of batches of 8 (57 % at
+        #: 10 %) to capture 10 % of the requests. Drawn once per sampled forward from the
+        #: geometric distribution of the gaps between successes of a Bernoulli(rate) draw per
+        #: forward: the same forwards are sampled, in law, as with a draw per forward, and an
+        #: unsampled forward pays a comparison and a subtraction instead of a draw
+        #: (docs/bench/request.md). Each request is still captured with probability ``rate``,
+        #: whatever its content; those of one forward together. 0 with ``_redraw`` set: the
+        #: next forward takes the slow path, which draws afresh.
         self._skip: float = 0
         self._redraw = True
         #: The flag every hook reads (thread-local, open only inside a sampled forward).
@@ -156,20 +156,20 @@ class RequestGate:
 
     @property
     def sample_rate(self) -> float:
-        """The share of requests captured; setting it (capture going off sets 0) takes effect
-        from the next request."""
+        """The share of forwards, and so of requests, captured; setting it (capture going off
+        sets 0) takes effect from the next forward."""
         return self._rate
 
     @sample_rate.setter
     def sample_rate(self, rate: float) -> None:
         self._rate = rate
-        # The countdown was drawn for the old rate: the next request redraws it (and pins or
+        # The countdown was drawn for the old rate: the next forward redraws it (and pins or
         # unpins the hooks), on the request thread.
         self._redraw = True
         self._skip = 0
 
     def _draw_skip(self) -> float:
-        """How many requests pass unsampled before the next sampled one: the failures before
+        """How many forwards pass unsampled before the next sampled one: the failures before
         the first success of Bernoulli(rate) draws, by inversion of one uniform draw."""
         rate = self._rate
         if rate <= 0.0:
@@ -196,27 +196,35 @@ class RequestGate:
             self._pinned = pin
 
     def request(self, batch_size: int = 1, sizes: Sequence[int] | None = None) -> RequestScope:
-        """Decide which of the requests of one forward pass are captured (counting them is
-        the caller's: the scope says how many there are and how many were picked).
+        """Decide whether the requests of one forward pass are captured (counting them is the
+        caller's: the scope says how many there are and how many were picked).
 
         ``sizes`` gives the rows of each request in the batch (a request of several texts has
-        several); without it each of ``batch_size`` rows is a request of its own. Each request
-        is sampled on its own, so a batch of TorchServe's dynamic batching is sampled as its
-        requests would be one at a time; when only some are, the hooks capture their rows.
+        several); without it each of ``batch_size`` rows is a request of its own. The forward
+        is sampled with probability ``sample_rate``, independently of every other, and a
+        sampled forward captures all its requests: each request is captured at the rate,
+        whatever its content, and those of one batch of TorchServe's dynamic batching
+        together. Only the per-second cap (``max_per_s``) captures part of a batch: its first
+        requests, as many as the bucket has samples left.
         """
         skip = self._skip
-        if sizes is None and type(batch_size) is int and 0 <= batch_size <= skip:
-            # The common case, a forward none of whose requests is due: a comparison, a
-            # subtraction and a lookup (each call more here cost every request, measured in
+        if sizes is None and type(batch_size) is int and batch_size > 0 and skip >= 1:
+            # The common case, a forward that is not due: a comparison, a subtraction and a
+            # lookup (each call more here cost every request, measured in
             # docs/bench/request.md).
-            self._skip = skip - batch_size
+            self._skip = skip - 1
             scope = self._unsampled.get(batch_size)
             return scope if scope is not None else self._unsampled_scope(batch_size)
         return self._decide(batch_size, sizes)
 
     def _decide(self, batch_size: int, sizes: Sequence[int] | None) -> RequestScope:
-        """:meth:`request` for a forward with a request due (or a rate just set)."""
+        """:meth:`request` for a forward that is due (or a rate just set, or a forward of
+        several-row requests or of none)."""
         count = len(sizes) if sizes is not None else whole_requests(batch_size, "batch_size")
+        if not count:
+            # Nothing to capture: the countdown is left to a forward that has requests, so
+            # empty forwards do not thin out the sampled ones.
+            return self._unsampled_scope(0)
         rate = self._rate
         if (rate >= 1.0) is not self._pinned:
             self._pin(rate >= 1.0)
@@ -224,28 +232,19 @@ class RequestGate:
             self._redraw = False
             self._skip = self._draw_skip()
         skip = self._skip
-        if count <= skip:
-            self._skip = skip - count
+        if skip >= 1:
+            self._skip = skip - 1
             return self._unsampled_scope(count)
-        # The due request is sampled, then the countdown is drawn again from the one after it,
-        # as often as the batch has requests left.
-        picks: list[int] = []
-        at = skip
-        while at < count:
-            picks.append(int(at))
-            at += 1 + self._draw_skip()
-        self._skip = at - count
+        # This forward is sampled; the countdown to the next starts after it.
+        self._skip = self._draw_skip()
+        picked = count
         if self._max_per_s is not None:
-            picks = picks[: self._take(len(picks))]
-            if not picks:
+            picked = self._take(count)
+            if not picked:
                 return self._unsampled_scope(count)
-        picked = len(picks)
         rows: torch.Tensor | None = None
         if picked < count:
-            draws = [False] * count
-            for index in picks:
-                draws[index] = True
-            rows = torch.tensor(_sampled_rows(draws, sizes), dtype=torch.long)
+            rows = torch.tensor(_sampled_rows(picked, sizes), dtype=torch.long)
         total = sum(sizes) if sizes is not None else count
         return RequestScope(self, count, picked, rows, total)
 

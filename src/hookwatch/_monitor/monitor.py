@@ -338,7 +338,11 @@ class Monitor:
         """Hold the default sampling to ``max_sampled_per_s`` (``MonitoringConfig.sample_cap``):
         from the requests counted since the last publish, the share that samples at most that
         many a second, never above the configured share. Runs on the capture thread at every
-        publish; the gate takes a new share from its next request."""
+        publish; the gate takes a new share from its next forward. Requests, not forwards: the
+        gate samples forwards at the share and captures all of a sampled forward's requests,
+        so the share is also each request's chance of capture and requests a second times
+        the share is what is sampled a second on average, whatever the batches (the samples
+        come a batch at a time, and the gate's bucket holds the cap against a run of them)."""
         cap = self.config.sample_cap
         if cap is None or self._worker.off:  # capture off for good stays off
             return
