@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 import zipfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +78,28 @@ class GroupResult:
 
 
 @dataclass
+class ProfileRow:
+    op: str
+    calls_per_forward: float
+    self_cpu_us_per_forward: float
+
+
+@dataclass
+class Profile:
+    """torch.profiler's operator table for one variant: what the request thread launches."""
+
+    model: str
+    batch: int
+    variant: str
+    forwards: int
+    #: Every operator's self CPU time, per forward.
+    cpu_us_per_forward: float
+    #: CUDA kernel launches per forward (``cudaLaunchKernel`` calls).
+    launches_per_forward: float
+    top: list[ProfileRow]
+
+
+@dataclass
 class Result:
     when: str
     commit: str
@@ -87,6 +109,8 @@ class Result:
     python: str
     cpus: int
     groups: list[GroupResult]
+    label: str = ""
+    profiles: list[Profile] = field(default_factory=list)
 
 
 # -- preparing the model directories (here, where TorchServe's archiver is) -----------------
@@ -219,18 +243,94 @@ def measure_group(
     return GroupResult(model, batch, rounds, count, results)
 
 
+def profile_group(
+    model: str, model_dir: Path, batch: int, device: str, forwards: int = 50
+) -> list[Profile]:
+    """The operators each variant's forwards run on the request thread (the capture thread is
+    idle: the buffer is flushed before, and drains only past the profiled window)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    bodies = _bodies(model)
+    batches = [
+        [bodies[(i * batch + j) % len(bodies)] for j in range(batch)] for i in range(forwards)
+    ]
+    activities = [ProfilerActivity.CPU]
+    if device == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    profiles = []
+    for variant in ("plain", "full"):
+        handler, context = _build(model, model_dir, variant, batch, device)
+        for _ in range(3):
+            _segment(handler, context, batches[:8])
+        if handler.service.monitor is not None:
+            handler.service.monitor.flush(timeout=30)
+        with profile(activities=activities) as prof:
+            _segment(handler, context, batches)
+        handler.service.close()
+        table = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+        launches = sum(e.count for e in table if e.key == "cudaLaunchKernel")
+        profiles.append(
+            Profile(
+                model=model,
+                batch=batch,
+                variant=variant,
+                forwards=forwards,
+                cpu_us_per_forward=round(sum(e.self_cpu_time_total for e in table) / forwards, 1),
+                launches_per_forward=round(launches / forwards, 1),
+                top=[
+                    ProfileRow(
+                        e.key,
+                        round(e.count / forwards, 2),
+                        round(e.self_cpu_time_total / forwards, 1),
+                    )
+                    for e in table
+                    if e.self_cpu_time_total >= 0.5 * forwards or e.key == "cudaLaunchKernel"
+                ],
+            )
+        )
+        print(
+            f"profile {model} b{batch} {variant}: {profiles[-1].cpu_us_per_forward} µs of "
+            f"operators, {profiles[-1].launches_per_forward} launches per forward",
+            file=sys.stderr,
+        )
+    plain = {r.op: r for r in profiles[0].top}
+    for row in sorted(
+        profiles[1].top,
+        key=lambda r: (
+            r.self_cpu_us_per_forward - getattr(plain.get(r.op), "self_cpu_us_per_forward", 0)
+        ),
+        reverse=True,
+    )[:25]:
+        base = plain.get(row.op, ProfileRow(row.op, 0.0, 0.0))
+        print(
+            f"  {row.op}: {row.calls_per_forward} calls (plain {base.calls_per_forward}), "
+            f"{row.self_cpu_us_per_forward} µs (plain {base.self_cpu_us_per_forward})"
+        )
+    return profiles
+
+
 def measure(
-    models_dir: Path, rounds: int, seconds: float, models: list[str], commit: str = ""
+    models_dir: Path,
+    rounds: int,
+    seconds: float,
+    models: list[str],
+    commit: str = "",
+    profiles: tuple[str, ...] = (),
+    label: str = "",
 ) -> Result:
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     groups = []
+    tables: list[Profile] = []
     for model in models:
         model_dir = models_dir / model
         sys.path.insert(0, str(model_dir))  # the worker imports the model file from there
         for batch in BATCHES:
-            groups.append(measure_group(model, model_dir, batch, rounds, seconds, device))
+            if f"{model}:{batch}" in profiles:
+                tables += profile_group(model, model_dir, batch, device)
+            if rounds:
+                groups.append(measure_group(model, model_dir, batch, rounds, seconds, device))
         sys.path.remove(str(model_dir))
     from dev.bench.request import _commit
 
@@ -243,6 +343,8 @@ def measure(
         python=platform.python_version(),
         cpus=os.cpu_count() or 0,
         groups=groups,
+        label=label,
+        profiles=tables,
     )
 
 
@@ -294,6 +396,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--commit", default="", help="the commit measured (the GPU machine's copy has no git)"
     )
+    parser.add_argument("--label", default="", help="the run's name in the table")
+    parser.add_argument(
+        "--profile",
+        default="",
+        help="comma-separated model:batch groups to profile with torch.profiler (plain, full)",
+    )
     parser.add_argument("--json-only", type=Path, default=None, help="write the run here")
     parser.add_argument("--add", type=Path, default=None, help="no run: render this run")
     parser.add_argument("--json", type=Path, default=JSON_OUT)
@@ -313,7 +421,17 @@ def run(args: argparse.Namespace) -> int:
             return 2
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="hookwatch-gpu-")
         models = [m for m in args.models.split(",") if m]
-        result = asdict(measure(args.models_dir, args.rounds, args.seconds, models, args.commit))
+        result = asdict(
+            measure(
+                args.models_dir,
+                args.rounds,
+                args.seconds,
+                models,
+                args.commit,
+                tuple(filter(None, args.profile.split(","))),
+                args.label,
+            )
+        )
     else:
         result = json.loads(args.add.read_text())
     if args.json_only is not None:
