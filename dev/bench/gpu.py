@@ -351,19 +351,54 @@ def measure(
 # -- the table -------------------------------------------------------------------------------
 
 
+def _profile_lines(profiles: list[dict[str, Any]]) -> list[str]:
+    """Per profiled group: the fully sampled variant's operators against the plain one's."""
+    lines: list[str] = []
+    for plain, full in zip(profiles[::2], profiles[1::2], strict=True):
+        base = {row["op"]: row for row in plain["top"]}
+        lines += [
+            f"torch.profiler, {full['model']} at batch {full['batch']}, {full['forwards']} "
+            f"forwards per variant: operators' own CPU time {plain['cpu_us_per_forward']:.0f} "
+            f"µs (plain) and {full['cpu_us_per_forward']:.0f} µs (full) per forward, "
+            f"{plain['launches_per_forward']:.0f} and {full['launches_per_forward']:.0f} kernel "
+            "launches. The operators whose time grew most:",
+            "",
+            "| operator | calls per forward, plain → full "
+            "| self CPU µs per forward, plain → full |",
+            "|---|---:|---:|",
+        ]
+
+        def grew(row: dict[str, Any], base: dict[str, Any] = base) -> float:
+            was = base.get(row["op"], {}).get("self_cpu_us_per_forward", 0.0)
+            return float(row["self_cpu_us_per_forward"]) - float(was)
+
+        for row in sorted(full["top"], key=grew, reverse=True)[:12]:
+            was = base.get(row["op"], {"calls_per_forward": 0.0, "self_cpu_us_per_forward": 0.0})
+            lines.append(
+                f"| `{row['op']}` | {was['calls_per_forward']:g} → {row['calls_per_forward']:g} "
+                f"| {was['self_cpu_us_per_forward']:.1f} → {row['self_cpu_us_per_forward']:.1f} |"
+            )
+        lines.append("")
+    return lines
+
+
 def render(runs: list[dict[str, Any]]) -> str:
     lines = [BEGIN, ""]
     for run in runs:
+        name = f"{run['label']}: " if run.get("label") else ""
         lines += [
-            f"### {run['gpu']} (commit {run['commit']}, {run['when']})",
+            f"### {name}{run['gpu']} (commit {run['commit']}, {run['when']})",
             "",
             f"CUDA {run['cuda']}, torch {run['torch']}, Python {run['python']}, "
             f"{run['cpus']} CPUs; in process, the handler files' handle() on `cuda:0`.",
             "",
-            "| model | batch | variant | µs/request | throughput vs plain (95 % CI) "
-            "| capture thread CPU µs/request | forwards hooked |",
-            "|---|---:|---|---:|---:|---:|---:|",
         ]
+        if run["groups"]:
+            lines += [
+                "| model | batch | variant | µs/request | throughput vs plain (95 % CI) "
+                "| capture thread CPU µs/request | forwards hooked |",
+                "|---|---:|---|---:|---:|---:|---:|",
+            ]
         for group in run["groups"]:
             for v in group["variants"]:
                 lines.append(
@@ -372,7 +407,9 @@ def render(runs: list[dict[str, Any]]) -> str:
                     f"{v['ratio_high']:.3f}) | {v['capture_cpu_us']:.1f} | "
                     f"{v['hooked_share']:.3f} |"
                 )
-        lines.append("")
+        if run["groups"]:
+            lines.append("")
+        lines += _profile_lines(run.get("profiles", []))
     lines.append(END)
     return "\n".join(lines)
 
@@ -434,11 +471,15 @@ def run(args: argparse.Namespace) -> int:
         )
     else:
         result = json.loads(args.add.read_text())
+        result["label"] = args.label or result.get("label", "")
     if args.json_only is not None:
         args.json_only.write_text(json.dumps(result, indent=2) + "\n")
         return 0
-    args.json.write_text(json.dumps({"runs": [result]}, indent=2) + "\n")
-    rewrite(args.markdown, [result])
+    # A run replaces the committed run of its label and keeps the others (before and after).
+    runs = json.loads(args.json.read_text())["runs"] if args.json.exists() else []
+    runs = [r for r in runs if r.get("label", "") != result.get("label", "")] + [result]
+    args.json.write_text(json.dumps({"runs": runs}, indent=2) + "\n")
+    rewrite(args.markdown, runs)
     print(f"wrote {args.json} and {args.markdown}", file=sys.stderr)
     return 0
 

@@ -1,0 +1,46 @@
+"""docs/bench/gpu.md's generated block is what docs/bench/gpu.json holds, and the GPU harness
+runs (on the host here: no CI machine has a GPU)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import zipfile
+from pathlib import Path
+
+from dev.bench import gpu
+from tests.conftest import MAR, require
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_gpu_table_matches_its_json() -> None:
+    runs = json.loads((ROOT / "docs/bench/gpu.json").read_text())["runs"]
+    text = (ROOT / "docs/bench/gpu.md").read_text()
+    assert gpu.generated_block(text) == gpu.render(runs), (
+        "docs/bench/gpu.md is stale: `python -m dev bench-gpu --add <run.json>` regenerates it"
+    )
+    for run in runs:
+        assert run["label"] and (run["groups"] or run["profiles"])
+        for group in run["groups"]:
+            assert [v["variant"] for v in group["variants"]] == list(gpu.VARIANTS)
+            for v in group["variants"]:
+                assert v["ratio_low"] <= v["ratio"] <= v["ratio_high"]
+
+
+def test_the_harness_measures_the_handlers(tmp_path: Path) -> None:
+    require(MAR.exists(), f"{MAR} (make mar builds it)")
+    model_dir = tmp_path / "digits"
+    with zipfile.ZipFile(MAR) as archive:
+        archive.extractall(model_dir)
+    sys.path.insert(0, str(model_dir))
+    try:
+        group = gpu.measure_group("digits", model_dir, 8, rounds=3, seconds=0.02, device="cpu")
+    finally:
+        sys.path.remove(str(model_dir))
+    by_variant = {v.variant: v for v in group.variants}
+    assert by_variant["plain"].ratio == 1.0 and by_variant["plain"].hooked_share == 0.0
+    # Every forward of the full variant is hooked; the capture thread did work for it.
+    assert by_variant["full"].hooked_share == 1.0
+    assert by_variant["full"].capture_cpu_us >= 0.0
+    assert all(v.us_per_request > 0 for v in group.variants)
