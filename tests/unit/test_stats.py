@@ -132,3 +132,38 @@ def test_complex_activations_are_read_as_their_magnitude() -> None:
             (torch.from_numpy(feature_rows(x.numpy(), 8)), feature_summary(magnitude, 8)),
         ):
             torch.testing.assert_close(reduced, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64])
+def test_the_device_form_agrees_with_the_host_forms(dtype: torch.dtype) -> None:
+    # reduce_activation takes _reduce_launches on a GPU, where no CI machine runs it: it is
+    # checked here on the host, against float64 numpy (it accumulates in float32 whatever the
+    # dtype in, as the host forms do for float32) and against the numpy form for float32.
+    from hookwatch._stats import _reduce_launches
+
+    x = torch.relu(torch.randn(6, 3, 5, 5, generator=torch.Generator().manual_seed(3)))
+    x = (x * 4).to(dtype)
+    flat = x.reshape(6, -1)
+    got = _reduce_launches(flat, flat.shape[1]).numpy()
+    reference = _numpy_reference(x.float().numpy().reshape(6, -1))
+    np.testing.assert_allclose(got, reference, rtol=1e-5, atol=1e-5)
+    if dtype == torch.float32:
+        np.testing.assert_allclose(got, reduce_rows(x.numpy()), rtol=1e-5, atol=1e-6)
+    if dtype.is_floating_point:
+        # NaN and Inf counted on every row (no branch on their presence); a NaN is no zero.
+        odd = torch.zeros(2, 10, dtype=dtype)
+        odd[0, 1] = odd[0, 2] = float("nan")
+        odd[1, 3], odd[1, 4] = float("inf"), float("-inf")
+        got = _reduce_launches(odd, 10)
+        assert got[:, STATISTICS.index("nan_count")].tolist() == [2.0, 0.0]
+        assert got[:, STATISTICS.index("inf_count")].tolist() == [0.0, 2.0]
+        assert got[:, STATISTICS.index("zero_fraction")].tolist() == pytest.approx([0.8, 0.8])
+    assert _reduce_launches(flat, flat.shape[1]).dtype == torch.float32
+
+
+def test_map_features_are_float32_means_of_their_own() -> None:
+    x = torch.rand(2, 3, 4, 4, dtype=torch.float16)
+    got = feature_summary(x, max_features=8)
+    assert got.dtype == torch.float32
+    assert got.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    np.testing.assert_allclose(got.numpy(), x.float().numpy().reshape(2, 3, 16).mean(2), rtol=1e-3)

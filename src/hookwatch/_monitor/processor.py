@@ -273,6 +273,10 @@ class CaptureProcessor:
                 rows, feats = self._reduce_array(layer, x, width)
                 return rows, feats, [a.shape[0] for a in arrays]
         # (`None in raws` would compare arrays with ==.)
+        elif all(t is None for t in raws):
+            moved = _device_rows(items)
+            if moved is not None:
+                return moved
         elif all(t is not None for t in raws):
             # Device copies of one sample shape and dtype: one batch, one move to the host.
             held = cast("list[Held]", raws)
@@ -553,6 +557,32 @@ class CaptureProcessor:
             error,
             consequence,
         )
+
+
+def _device_rows(
+    items: Sequence[PlainCapture],
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], list[int]] | None:
+    """A layer's reductions made on a device, moved to the host in one copy each for the
+    statistics and the features (None: not all of them device tensors of one width).
+
+    Item by item, each move is a copy and a wait for the device's stream: two per layer and
+    record, where a GPU's hooks hand over a few dozen records a drain.
+    """
+    stats = [c[1] for c in items]
+    features = [c[2] for c in items]
+    if not all(type(t) is torch.Tensor for t in (*stats, *features)):
+        return None
+    tensors = cast("list[torch.Tensor]", stats)
+    joined = cast("list[torch.Tensor]", features)
+    device, width, dtype = tensors[0].device, joined[0].shape[1:], joined[0].dtype
+    if device.type == "cpu" or not all(
+        s.device == device and f.device == device and f.shape[1:] == width and f.dtype == dtype
+        for s, f in zip(tensors, joined, strict=True)
+    ):
+        return None
+    rows = torch.cat(tensors).cpu().numpy()
+    feats = torch.cat(joined).cpu().numpy()
+    return rows, feats, [t.shape[0] for t in tensors]
 
 
 def _by_layer(records: Sequence[Record]) -> dict[str, tuple[IntArray, list[PlainCapture]]]:
