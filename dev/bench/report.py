@@ -393,10 +393,9 @@ def render(result: BenchResult) -> str:
     add("## GPU")
     add("")
     add(
-        "Pending: no GPU machine was lent to this run. `tests/gpu/test_sync_free.py` "
-        "(marker `gpu`) checks that a hooked, sampled forward forces no host synchronisation; "
-        "run `make bench` on a CUDA machine to add the GPU rows (target: <= 1 % at 100 % "
-        "sampling)."
+        "Not in this run: this bench serves through TorchServe's Java frontend, which the lent "
+        "GPU machines lack. The GPU rows are measured in process by `python -m dev bench-gpu` "
+        "(docs/bench/gpu.md), where `tests/gpu/` (marker `gpu`) is run too."
     )
     add("")
     return "\n".join(out)

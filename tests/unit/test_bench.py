@@ -207,7 +207,7 @@ def test_table_lists_every_variant_target_and_micro_figure() -> None:
     assert "**misses by 5.0 pp**" in text
     assert "RSS growth over 1,000 requests | +1.0 MB | - | 20 MB | holds" in text
     assert "| digits | 5 | 70.0 µs | 2.00 µs | 50.0 µs | 60.0 µs |" in text
-    assert "Pending: no GPU machine" in text
+    assert "The GPU rows are measured in process" in text
     assert "closed: machine CPU" not in text  # segments without the machine's figures
     timed = [
         {
