@@ -45,6 +45,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dev.bench import runs
+
 ROOT = Path(__file__).resolve().parents[2]
 JSON_OUT = ROOT / "docs" / "bench" / "gpu.json"
 MD_OUT = ROOT / "docs" / "bench" / "gpu.md"
@@ -415,13 +417,7 @@ def render(runs: list[dict[str, Any]]) -> str:
 
 
 def generated_block(text: str) -> str:
-    return text[text.index(BEGIN) : text.index(END) + len(END)]
-
-
-def rewrite(markdown: Path, runs: list[dict[str, Any]]) -> None:
-    text = markdown.read_text()
-    start, end = text.index(BEGIN), text.index(END) + len(END)
-    markdown.write_text(text[:start] + render(runs) + text[end:])
+    return runs.block(text, BEGIN, END)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -476,10 +472,7 @@ def run(args: argparse.Namespace) -> int:
         args.json_only.write_text(json.dumps(result, indent=2) + "\n")
         return 0
     # A run replaces the committed run of its label and keeps the others (before and after).
-    runs = json.loads(args.json.read_text())["runs"] if args.json.exists() else []
-    runs = [r for r in runs if r.get("label", "") != result.get("label", "")] + [result]
-    args.json.write_text(json.dumps({"runs": runs}, indent=2) + "\n")
-    rewrite(args.markdown, runs)
+    runs.save(result, lambda run: True, args.json, args.markdown, render, (BEGIN, END))
     print(f"wrote {args.json} and {args.markdown}", file=sys.stderr)
     return 0
 

@@ -55,6 +55,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from dev.bench import runs
+
 ROOT = Path(__file__).resolve().parents[2]
 MAR = ROOT / "model_store" / "digits.mar"
 HANDLERS = ROOT / "handlers"
@@ -620,14 +622,8 @@ def render(runs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def rewrite(markdown: Path, runs: list[dict[str, Any]]) -> None:
-    text = markdown.read_text()
-    start, end = text.index(BEGIN), text.index(END) + len(END)
-    markdown.write_text(text[:start] + render(runs) + text[end:])
-
-
 def generated_block(text: str) -> str:
-    return text[text.index(BEGIN) : text.index(END) + len(END)]
+    return runs.block(text, BEGIN, END)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -672,10 +668,9 @@ def run(args: argparse.Namespace) -> int:
         args.json_only.write_text(json.dumps(result, indent=2) + "\n")
         return 0
     keep = set(filter(None, args.keep.split(",")))
-    runs = json.loads(args.json.read_text())["runs"] if args.json.exists() else []
-    runs = [r for r in runs if r["label"] in keep and r["label"] != result["label"]] + [result]
-    args.json.write_text(json.dumps({"runs": runs}, indent=2) + "\n")
-    rewrite(args.markdown, runs)
+    runs.save(
+        result, lambda run: run["label"] in keep, args.json, args.markdown, render, (BEGIN, END)
+    )
     print(f"wrote {args.json} and {args.markdown}", file=sys.stderr)
     return 0
 
