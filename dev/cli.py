@@ -3,7 +3,8 @@
 ``bench`` (``make bench``, ``make bench-quick``) measures the handler variants and rewrites
 docs/bench/ (its README's bench blocks) and README.md's overhead verdict; ``soak``
 (``make soak``) writes docs/soak/;
-``bench-request`` (``make bench-request``) rewrites docs/bench/request.md;
+``bench-request`` (``make bench-request``) rewrites docs/bench/request.md; ``bench-gpu``
+prepares, runs on a GPU machine and adds the runs of docs/bench/gpu.md;
 ``catalogue`` (``make docs``) prints docs/metrics.md; ``config-docs`` (``make docs``) rewrites
 docs/configuration.md's option tables. None of them is installed with hookwatch:
 a user measures their own model with ``hookwatch bench MAR``, which prints and writes nothing
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import os
 import signal
 import sys
@@ -135,18 +137,6 @@ def _soak(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
-def _bench_request(args: argparse.Namespace) -> int:
-    from dev.bench import request
-
-    return request.run(args)
-
-
-def _bench_gpu(args: argparse.Namespace) -> int:
-    from dev.bench import gpu
-
-    return gpu.run(args)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m dev", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -208,25 +198,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.set_defaults(func=_bench)
 
-    bench_request = sub.add_parser(
-        "bench-request",
-        help="per-request cost in process: the plain and the monitored handler's handle() "
-        "interleaved, split by phase; rewrites docs/bench/request.md and request.json",
-    )
-    from dev.bench.request import add_arguments
-
-    add_arguments(bench_request)
-    bench_request.set_defaults(func=_bench_request)
-
-    bench_gpu = sub.add_parser(
-        "bench-gpu",
-        help="the bench's GPU rows: --prepare a folder for a GPU machine, run there, --add the "
-        "run here to rewrite docs/bench/gpu.md and gpu.json",
-    )
-    from dev.bench.gpu import add_arguments as gpu_arguments
-
-    gpu_arguments(bench_gpu)
-    bench_gpu.set_defaults(func=_bench_gpu)
+    # The in-process harnesses: each module has its own options and its own run().
+    for name, module, summary in (
+        (
+            "bench-request",
+            "request",
+            "per-request cost in process: the plain and the monitored handler's handle() "
+            "interleaved, split by phase; rewrites docs/bench/request.md and request.json",
+        ),
+        (
+            "bench-gpu",
+            "gpu",
+            "the bench's GPU rows: --prepare a folder for a GPU machine, run there, --add the "
+            "run here to rewrite docs/bench/gpu.md and gpu.json",
+        ),
+    ):
+        harness = importlib.import_module(f"dev.bench.{module}")
+        command = sub.add_parser(name, help=summary)
+        harness.add_arguments(command)
+        command.set_defaults(func=harness.run)
     return parser
 
 
