@@ -48,6 +48,9 @@ FLEET_FEATURES = 4
 #: ~900 requests/s it is ~2 % of them: docs/bench/results.md).
 DEFAULT_SAMPLE_RATE = 0.1
 DEFAULT_MAX_SAMPLED_PER_S = 20.0
+#: ``sample_rate`` unset: sampled forwards add at most this share of a worker's wall time
+#: (what they cost over unsampled ones, measured on the served requests).
+DEFAULT_MAX_OVERHEAD = 0.01
 #: How wide layers are reduced for drift (``monitoring.drift.projection``).
 PROJECTIONS = ("pca", "none")
 #: What the model's output is (``monitoring.output.head``): it decides the output's drift
@@ -513,7 +516,8 @@ class MonitoringConfig:
         "requests (each request is captured at this rate; a request of several texts is "
         "captured whole), taken exactly; "
         f"null: hookwatch's default, {DEFAULT_SAMPLE_RATE:g} of the requests and at most "
-        "`max_sampled_per_s` of them a second per worker",
+        "`max_sampled_per_s` of them a second per worker, their hooks at most `max_overhead` "
+        "of its time",
         check=lambda v: v is None or (_number(v) and 0.0 <= v <= 1.0),
         expected="a number in [0.0, 1.0] or null",
         type_doc="number in [0, 1] or null",
@@ -531,6 +535,21 @@ class MonitoringConfig:
         "sampled at the full share. A `sample_rate` that is set is taken exactly, and this is "
         "ignored",
         bounds=(0.01, 1_000_000),
+    )
+    max_overhead: float = _option(
+        DEFAULT_MAX_OVERHEAD,
+        "with `sample_rate` unset, the share of a worker's wall time that sampled forwards "
+        "may add over unsampled ones: the share also drops so that (sampled forwards a "
+        "second) x (what a sampled forward takes more than an unsampled one) stays at this. "
+        "Measured on the served requests' durations (those of sampled forwards against the "
+        "others', smoothed over publishes; at least 3 sampled forwards per estimate), "
+        "re-decided on every publish with `max_sampled_per_s`, whichever gives the lower "
+        "share; what a hooked forward costs differs by orders of magnitude between models "
+        "and devices ([architecture](architecture.md#two-paths), *How many are sampled*). "
+        "Measured where hookwatch's handler serves the model (it reports which forwards were "
+        "sampled). A `sample_rate` that is set is taken exactly, and this is ignored",
+        bounds=(0.0, 1.0),
+        open_end="lo",
     )
     capture_input: bool = _option(True, 'watch the model\'s input (`layer="input"`)')
     capture_output: bool = _option(True, 'watch the model\'s output (`layer="output"`)')

@@ -408,6 +408,8 @@ class BatchResult:
     sizes: list[int] | None = None
     listed: frozenset[int] = frozenset()
     received: float = 0.0
+    #: The forward was sampled (hooked): its duration measures what sampling costs.
+    sampled: bool = False
 
 
 #: A logits head answers every class's probability up to this many classes, the top 5 above.
@@ -507,6 +509,7 @@ class ModelService:
 
     def infer(self, batch: DecodedBatch) -> BatchResult:
         outputs: torch.Tensor | list[torch.Tensor] | None = None
+        sampled = False
         if batch.inputs is not None:
             scope = (
                 batch.arrivals.request(len(batch.positions), batch.sizes)
@@ -515,6 +518,7 @@ class ModelService:
             )
             try:
                 if scope is not None and scope.picked:
+                    sampled = True
                     with torch.inference_mode(), scope:
                         raw = call_model(self.pipeline, self.model, batch.inputs)
                 else:
@@ -536,6 +540,7 @@ class ModelService:
             batch.sizes,
             batch.listed,
             batch.received,
+            sampled,
         )
 
     def _output_tensor(self, raw: Any) -> torch.Tensor:
@@ -689,7 +694,10 @@ class ModelService:
                 answers[index] = rows if index in result.listed else rows[0]
                 row += size
         if self.monitor is not None and result.received:
-            self.monitor.answered(time.perf_counter() - result.received, result.size)
+            if result.sampled:  # the one check an unsampled batch pays for the cost cap
+                self.monitor._answered_sampled(time.perf_counter() - result.received, result.size)
+            else:
+                self.monitor.answered(time.perf_counter() - result.received, result.size)
         return answers
 
     def handle(self, bodies: Sequence[Any]) -> list[Any]:

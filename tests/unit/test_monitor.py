@@ -4,6 +4,7 @@ import gc
 import logging
 import math
 import threading
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -627,3 +628,238 @@ def test_a_sampled_batch_the_bucket_cannot_hold_captures_its_first_requests(
     clock.now += 10.0
     whole = gate.request(3)
     assert whole.picked == 3 and whole._rows is None
+
+
+# -- the cost cap (max_overhead) --------------------------------------------------------------
+
+
+def _serve_one_second(
+    monitor: Monitor,
+    clock: _Clock,
+    forwards: int,
+    batch: int = 1,
+    sampled: int = 10,
+    plain_s: float = 0.001,
+    sampled_s: float = 0.011,
+) -> None:
+    """One second of traffic as the service reports it: ``forwards`` forwards of ``batch``
+    requests, the first ``sampled`` of them sampled (``sampled_s`` each, the others
+    ``plain_s``), then a publish's sampling decision."""
+    for i in range(forwards):
+        monitor.receive(batch)
+        if i < sampled:
+            monitor._answered_sampled(sampled_s, batch)
+        else:
+            monitor.answered(plain_s, batch)
+    clock.now += 1.0
+    monitor._cap_sampling()
+
+
+def _capped_monitor(
+    monkeypatch: pytest.MonkeyPatch, **raw: Any
+) -> tuple[Monitor, _Clock, MonitoringConfig]:
+    from hookwatch._monitor import monitor as monitor_module
+
+    clock = _Clock()
+    monkeypatch.setattr(monitor_module.time, "monotonic", clock)
+    net = Net()
+    config = MonitoringConfig.from_mapping({"layers": [], "flush_interval_s": 60, **raw})
+    monitor = Monitor(net, plan_watch(net, config, "m"), metrics=MetricSet())
+    monitor._cap_sampling()  # the first look: no rate yet
+    return monitor, clock, config
+
+
+@pytest.mark.parametrize(
+    ("raw", "batch", "expected"),
+    [
+        # 200 forwards a second at batch 1, a sampled one 10 ms more: 1 % of the time is one
+        # hooked forward a second, a share of 1 / 200.
+        ({}, 1, 0.005),
+        # Batches of 4: 800 requests a second are still 200 forwards, the same share.
+        ({}, 4, 0.005),
+        ({"max_overhead": 0.02}, 1, 0.01),
+        # Batches of 8: the count cap's share, 20 of 1,600 requests a second, is higher.
+        ({}, 8, 0.005),
+    ],
+)
+def test_the_default_sampling_holds_to_its_cost_per_second(
+    monkeypatch: pytest.MonkeyPatch, raw: dict[str, Any], batch: int, expected: float
+) -> None:
+    monitor, clock, config = _capped_monitor(monkeypatch, **raw)
+    with monitor:
+        for _ in range(3):  # steady traffic: the share holds
+            _serve_one_second(monitor, clock, forwards=200, batch=batch)
+            assert monitor._gate.sample_rate == pytest.approx(expected)
+            assert monitor._cost.batch == pytest.approx(batch)
+            assert monitor._cost.extra == pytest.approx(0.010)
+        # The gate samples at the capped share from the next forward on (200 forwards a
+        # second: the count cap's bucket seldom steps in).
+        sampled = 0
+        for _ in range(20_000):
+            clock.now += 1.0 / 200
+            sampled += bool(monitor._received.request(batch).picked)
+        sd = math.sqrt(20_000 * expected * (1 - expected))
+        assert abs(sampled - 20_000 * expected) < 4 * sd
+    assert config.share == 0.1 and expected < config.share
+
+
+def test_the_cost_cap_follows_the_cost_down_to_the_configured_share_and_the_count_cap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monitor, clock, config = _capped_monitor(monkeypatch)
+    with monitor:
+        _serve_one_second(monitor, clock, forwards=200)
+        assert monitor._gate.sample_rate == pytest.approx(0.005)
+        # The hooks get cheap (10 µs more): the smoothed cost follows within a few publishes,
+        # and the share rises back to the configured one, never above it.
+        for _ in range(30):
+            _serve_one_second(monitor, clock, forwards=200, sampled_s=0.00101)
+            assert monitor._gate.sample_rate <= config.share
+        assert monitor._gate.sample_rate == config.share
+        # A cost that drops to nothing (or below: noise) caps nothing.
+        for _ in range(30):
+            _serve_one_second(monitor, clock, forwards=200, sampled_s=0.0009)
+        assert monitor._cost.extra is not None and monitor._cost.extra < 0
+        assert monitor._gate.sample_rate == config.share
+        # Busy traffic with cheap hooks: the count cap decides (20 of 2,000 a second).
+        for _ in range(3):
+            _serve_one_second(monitor, clock, forwards=2000, sampled_s=0.00101)
+        assert monitor._gate.sample_rate == pytest.approx(0.01)
+        # Costly hooks again: the lower of the two caps applies (1 hooked forward of 2,000).
+        for _ in range(30):
+            _serve_one_second(monitor, clock, forwards=2000)
+        assert monitor._gate.sample_rate == pytest.approx(0.0005, rel=0.06)
+
+
+def test_a_sample_rate_that_is_set_is_taken_whatever_the_cost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monitor, clock, _ = _capped_monitor(monkeypatch, sample_rate=0.1)
+    default, default_clock, _ = _capped_monitor(monkeypatch)
+    with monitor, default:
+        for _ in range(3):
+            _serve_one_second(monitor, clock, forwards=200)
+            _serve_one_second(default, default_clock, forwards=200)
+        assert monitor._gate.sample_rate == 0.1
+        assert default._gate.sample_rate == pytest.approx(0.005)  # the same traffic, capped
+
+
+def test_too_few_sampled_forwards_wait_for_the_next_publish(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from hookwatch._monitor.cost import MIN_SAMPLED
+
+    monitor, clock, config = _capped_monitor(monkeypatch)
+    with monitor:
+        _serve_one_second(monitor, clock, forwards=200, sampled=MIN_SAMPLED - 1)
+        assert monitor._cost.extra is None
+        assert monitor._gate.sample_rate == config.share
+        # One more: the two waiting count with it, against the unsampled requests of both
+        # seconds.
+        _serve_one_second(monitor, clock, forwards=200, sampled=1)
+        assert monitor._cost.extra == pytest.approx(0.010)
+        assert monitor._gate.sample_rate == pytest.approx(0.005)
+
+
+def test_the_cost_is_measured_against_the_histogram_in_worker_files(tmp_path: Any) -> None:
+    # Where TorchServe's workers write their counts to files, the request durations go there
+    # (lock-free); the reference reads them back, with what came before the file existed.
+    from hookwatch import _catalogue as metric
+    from hookwatch._metrics import CountSlots
+    from hookwatch._monitor.cost import HookCost
+    from hookwatch._monitor.tally import RequestTally
+
+    tally = RequestTally("m", MetricSet())
+    cost = HookCost(tally)
+    tally.answered(0.002, 3)
+    from hookwatch._names import REJECT_REASONS
+
+    counters = (metric.REQUESTS, metric.REQUESTS_SAMPLED, metric.CAPTURES_DROPPED)
+    slots = CountSlots(
+        str(tmp_path),
+        [(spec, {"model": "m"}) for spec in counters]
+        + [(metric.REQUESTS_REJECTED, {"model": "m", "reason": r}) for r in REJECT_REASONS],
+        [(metric.REQUEST_DURATION, {"model": "m"})],
+    )
+    tally._attach(slots)
+    tally._cells = slots.values  # the request path's lock-free writes, as under a GIL
+    for _ in range(4):
+        tally.answered(0.001, 2)
+    assert tally.durations() == (11, pytest.approx(0.014))
+    for _ in range(3):
+        cost.answered(0.004, 2)
+    cost.update()
+    assert tally.durations() == (17, pytest.approx(0.038))
+    # 11 unsampled requests, 14 ms; 6 sampled ones, 4 ms each.
+    assert cost.extra == pytest.approx(0.004 - 0.014 / 11)
+    assert cost.batch == 2
+
+
+def test_max_overhead_is_a_share_of_the_time_above_zero() -> None:
+    from hookwatch._errors import ConfigError
+
+    assert MonitoringConfig.from_mapping({}).max_overhead == 0.01
+    assert MonitoringConfig.from_mapping({"max_overhead": 1}).max_overhead == 1.0
+    with pytest.raises(ConfigError, match=r"max_overhead: expected a number in \(0, 1\]"):
+        MonitoringConfig.from_mapping({"max_overhead": 0})
+    for bad in (-0.1, 1.5, "0.01", True):
+        with pytest.raises(ConfigError, match="max_overhead: expected a number in"):
+            MonitoringConfig.from_mapping({"max_overhead": bad})
+
+
+class _SlowWhenHooked(nn.Module):
+    """A module whose forward takes ``delay_s`` more while the gate is open (a sampled
+    forward): hooks that cost what a GPU model's kernel launches do."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__()
+        self.delay_s = delay_s
+        self.flag: Any = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.flag is not None and self.flag.open:
+            time.sleep(self.delay_s)
+        return x
+
+
+class _SlowNet(Net):
+    def __init__(self, delay_s: float) -> None:
+        super().__init__()
+        self.slow = _SlowWhenHooked(delay_s)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(self.slow(x))
+
+
+def test_served_forwards_that_cost_more_when_sampled_are_sampled_less(metrics: MetricSet) -> None:
+    from hookwatch._config import HandlerConfig
+    from hookwatch._service import ModelService
+
+    delay = 0.005
+    net = _SlowNet(delay).eval()
+    config = MonitoringConfig.from_mapping(
+        # No count cap in the way (it would cap this fast model too): the cost cap alone.
+        {"layers": ["act"], "flush_interval_s": 60, "max_sampled_per_s": 1_000_000, "seed": 5}
+    )
+    monitor = Monitor(net, plan_watch(net, config, "slow"), metrics=metrics)
+    net.slow.flag = monitor._gate.hook_flag
+    spec = HandlerConfig.from_mapping({"input": {"shape": [4]}}).input
+    service = ModelService(net, spec, monitor, output=config.output)
+    body = {"data": [0.1, 0.2, 0.3, 0.4]}
+    rates = []
+    with monitor:
+        monitor.flush()  # the first look
+        for _ in range(6):
+            until = time.perf_counter() + 0.3
+            while time.perf_counter() < until:
+                service.handle([body])
+            monitor.flush()
+            rates.append(monitor._gate.sample_rate)
+        # Measured: a sampled forward took the delay more than an unsampled one.
+        assert monitor._cost.extra is not None
+        assert delay * 0.8 < monitor._cost.extra < delay * 10
+        assert monitor._cost.batch == 1
+    # At the default 10 %, a sampled forward 5 ms more costs 0.5 ms a forward: a third of the
+    # time or more on this model. Capped to 1 %, the share falls to a fraction of that.
+    assert rates[0] < config.share / 5, rates
+    assert max(rates[1:]) < config.share / 5, rates

@@ -28,6 +28,7 @@ from hookwatch._hooks import (
     hookable_root,
 )
 from hookwatch._metrics import MetricSet, default_metrics
+from hookwatch._monitor.cost import HookCost
 from hookwatch._monitor.gate import Record, RequestGate, RequestScope
 from hookwatch._monitor.processor import CaptureProcessor, yield_gil
 from hookwatch._monitor.publisher import Publisher, Snapshot
@@ -135,6 +136,8 @@ class Monitor:
             config.sample_cap,
         )
         self._received = ReceivedRequests(self._gate, self._tally)
+        #: What sampled forwards add to their requests' durations (the cost cap).
+        self._cost = HookCost(self._tally)
         self._hooks = HookSet(
             self._gate.hook_flag, self._gate, config.max_features, config.copy_limit
         )
@@ -269,6 +272,16 @@ class Monitor:
         """
         self._tally.answered(seconds, count)
 
+    def _answered_sampled(self, seconds: float, count: int) -> None:
+        """:meth:`answered` for the requests of a sampled forward (the service's, which knows
+        which forwards were sampled): their durations also measure what sampling costs, which
+        the default sampling is capped by (``max_overhead``). A ``sample_rate`` that is set
+        has no cap: its sampled forwards (every one at 1) skip the measure and its lock."""
+        if self.config.sample_cap is None:
+            self._tally.answered(seconds, count)
+        else:
+            self._cost.answered(seconds, count)
+
     def _counts(self) -> RequestCounts:
         """Request counts so far (also before they are published)."""
         return self._tally.counts()
@@ -335,25 +348,34 @@ class Monitor:
             self._hooks.disable(layer)
 
     def _cap_sampling(self) -> None:
-        """Hold the default sampling to ``max_sampled_per_s`` (``MonitoringConfig.sample_cap``):
-        from the requests counted since the last publish, the share that samples at most that
-        many a second, never above the configured share. Runs on the capture thread at every
-        publish; the gate takes a new share from its next forward. Requests, not forwards: the
-        gate samples forwards at the share and captures all of a sampled forward's requests,
-        so the share is also each request's chance of capture and requests a second times
-        the share is what is sampled a second on average, whatever the batches (the samples
-        come a batch at a time, and the gate's bucket holds the cap against a run of them)."""
+        """Hold the default sampling to ``max_sampled_per_s`` requests a second
+        (``MonitoringConfig.sample_cap``) and to ``max_overhead`` of the worker's time: from
+        the requests counted since the last publish, the share that samples at most that many
+        a second and whose hooked forwards add at most that share of time, never above the
+        configured share. Runs on the capture thread at every publish; the gate takes a new
+        share from its next forward.
+
+        The count cap counts requests, not forwards: the gate samples forwards at the share
+        and captures all of a sampled forward's requests, so the share is also each request's
+        chance of capture and requests a second times the share is what is sampled a second
+        on average, whatever the batches (the samples come a batch at a time, and the gate's
+        bucket holds the cap against a run of them). The cost cap counts hooked forwards,
+        which is what costs: see :class:`~hookwatch._monitor.cost.HookCost`."""
         cap = self.config.sample_cap
         if cap is None or self._worker.off:  # capture off for good stays off
             return
         with self._cap_lock:
             now, seen = time.monotonic(), self._tally.requests_seen
             last, self._rate_from = self._rate_from, (seen, now)
+            self._cost.update()
         if last is None or now <= last[1]:
             return
         per_s = (seen - last[0]) / (now - last[1])
         share = self.config.share
         rate = share if per_s * share <= cap else cap / per_s
+        cost = self._cost.share(self.config.max_overhead, per_s)
+        if cost is not None:
+            rate = min(rate, cost)
         current = self._gate.sample_rate
         # Re-set only on a real change: each set restarts the countdown (harmless, not free).
         if abs(rate - current) > 0.05 * max(rate, current):

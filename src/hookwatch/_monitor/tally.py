@@ -100,6 +100,11 @@ class RequestTally:
         self._at_requests = self._at_sampled = self._at_dropped = 0
         self._at_rejected: dict[str, int] = {}
         self._duration: HistogramSlot | None = None
+        #: The request durations answered while ``_duration`` was None (the registry's
+        #: histogram, which cannot be read back cheaply): how many and their sum, for
+        #: :meth:`durations`.
+        self._answered = 0
+        self._answered_s = 0.0
         #: What :meth:`publish` already added to the registry's counters.
         self._published = RequestCounts()
 
@@ -174,6 +179,8 @@ class RequestTally:
         if duration is None:
             # One registry in this process, or worker files that cannot be written yet
             # (hookwatch_metrics_dir_writable 0): then the duration is lost, the answer is not.
+            self._answered += count
+            self._answered_s += seconds * count
             with contextlib.suppress(OSError):
                 self._metrics.observe_histogram(
                     metric.REQUEST_DURATION, seconds, count, model=self.model_name
@@ -189,6 +196,19 @@ class RequestTally:
         with self._lock:
             cells[duration.buckets[bisect_left(duration.bounds, seconds)]] += count
             cells[duration.sum_index] += seconds * count
+
+    def durations(self) -> tuple[int, float]:
+        """How many requests were answered so far and the sum of their durations: the
+        request-duration histogram's count and sum (the capture thread's reference for what a
+        sampled forward adds: :class:`~hookwatch._monitor.cost.HookCost`). Read without the
+        lock: a count written meanwhile shows at the next read."""
+        count, total = self._answered, self._answered_s
+        duration = self._duration
+        if duration is not None:
+            cells = duration.values
+            count += int(sum(cells[i] for i in duration.buckets))
+            total += float(cells[duration.sum_index])
+        return count, total
 
     def counts(self) -> RequestCounts:
         with self._lock:
