@@ -9,7 +9,8 @@ the ResNet-18-class network from ``make bench``'s model store) and driven throug
 TorchServe's ``BaseHandler.handle``, whose answers copy the outputs to the host (a request
 ends when its answer is on the host). Three variants per model and batch size, rotated
 round by round: ``plain`` (no monitoring), ``default`` (hookwatch's default sampling: 10 % of
-the requests, at most ``max_sampled_per_s`` a second) and ``full`` (every request sampled),
+the forwards, at most ``max_sampled_per_s`` sampled requests a second and ``max_overhead`` of
+the time) and ``full`` (every request sampled),
 drift on (each model's drift profile loaded).
 
 Per round and variant the mean wall time per request; reported per variant the median over

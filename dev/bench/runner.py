@@ -190,8 +190,9 @@ def default_sampling() -> str:
     """hookwatch's default sampling as the ``default`` variant runs it."""
     defaults = MonitoringConfig(layers=())
     return (
-        f"`sample_rate` unset: {defaults.share:g} of the requests, at most "
-        f"{defaults.max_sampled_per_s:g} a second per worker"
+        f"`sample_rate` unset: {defaults.share:g} of the forwards, at most "
+        f"{defaults.max_sampled_per_s:g} sampled requests a second per worker and "
+        f"{defaults.max_overhead:g} of its time"
     )
 
 
