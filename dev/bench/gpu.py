@@ -165,7 +165,7 @@ def _build(model: str, model_dir: Path, variant: str, batch: int, device: str) -
     from dev.bench import request, variants
 
     base = yaml.safe_load((ROOT / variants.MODELS[model].config).read_text())
-    config = variants.variant_config(base, "plain" if variant == "plain" else variant, batch)
+    config = variants.variant_config(base, variant, batch)
     context = request.WorkerContext(model_dir, config)
     context.model_name = f"{model}-b{batch}-{variant}"
     context.system_properties["gpu_id"] = 0 if device == "cuda" else None

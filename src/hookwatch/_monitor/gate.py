@@ -48,12 +48,6 @@ def _plain(capture: Capture) -> PlainCapture:
     return (capture.layer, capture.stats, capture.features, capture.raw)
 
 
-def _sampled_rows(took: int, sizes: Sequence[int] | None) -> list[int]:
-    """The batch rows of the first ``took`` requests, each request ``sizes[i]`` rows (default
-    1)."""
-    return list(range(sum(sizes[:took]) if sizes is not None else took))
-
-
 class RequestScope:
     """What :meth:`RequestGate.request` returns: the forward pass runs inside it. ``requests``
     is how many requests the forward serves, ``picked`` how many of them are captured."""
@@ -244,7 +238,8 @@ class RequestGate:
                 return self._unsampled_scope(count)
         rows: torch.Tensor | None = None
         if picked < count:
-            rows = torch.tensor(_sampled_rows(picked, sizes), dtype=torch.long)
+            # The rows of the first ``picked`` requests (``sizes[i]`` rows each, default 1).
+            rows = torch.arange(sum(sizes[:picked]) if sizes is not None else picked)
         total = sum(sizes) if sizes is not None else count
         return RequestScope(self, count, picked, rows, total)
 
