@@ -44,8 +44,9 @@ def markdown(
         "request counters (requests, sampled, rejected, captures dropped) are written by the "
         "request path as they happen, into a count file of the worker's own: a worker killed "
         "with SIGKILL loses none of them. The other counters and summaries are published by "
-        "the capture thread every `flush_interval_s` (1 s by default): a scrape lags by at most "
-        "that, and a killed worker loses at most its last interval of them. The exporter "
+        "the capture thread every `flush_interval_s` (1 s by default); under traffic, the "
+        "statistics of sampled requests are processed once 64 wait or within 5 s. A scrape "
+        "lags by at most that, and a killed worker loses at most that much of them. The exporter "
         "compacts the files of dead workers into one archive file, keeping every total exact.",
         "- **Gauges** use a `live*` multiprocess mode: the exporter drops a dead worker's gauge "
         "files (`mark_process_dead`) before merging, so no stale value stays behind.",

@@ -102,6 +102,9 @@ class CaptureWorker(Generic[T]):
     goes off for good: ``on_off`` is called (the monitor closes its gate and switches its
     hooks off), queued and later items are discarded, and the thread keeps publishing.
 
+    ``may_wait`` lets a tick leave fewer than ``min_batch`` items for a later one, for at most
+    ``max_wait_s`` (see :meth:`_wait_longer`); without it every tick drains what waits.
+
     ``on_start`` runs first on the new thread (per-thread settings of the libraries that
     ``process`` calls); a failure there is counted in :attr:`faults` and the loop starts anyway.
     """
@@ -119,6 +122,8 @@ class CaptureWorker(Generic[T]):
         on_off: Callable[[], None] | None = None,
         backlog_pause_s: float = BACKLOG_PAUSE_S,
         on_start: Callable[[], None] | None = None,
+        may_wait: Callable[[], bool] | None = None,
+        max_wait_s: float = 0.0,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"expected capacity >= 1, got {capacity}")
@@ -145,6 +150,12 @@ class CaptureWorker(Generic[T]):
         self._log = RateLimitedLog(log)
         self._on_off = on_off
         self._on_start = on_start
+        #: Asked at a tick with fewer than ``min_batch`` items waiting: True lets them wait
+        #: for the next tick (see ``_loop``), for at most ``max_wait_s`` since the oldest came.
+        self._may_wait = may_wait
+        self._max_wait = max(0.0, max_wait_s)
+        #: When items were first seen waiting since the last drain (None: none were).
+        self._waiting_since: float | None = None
         #: The batch being processed: what a failure of the loop loses.
         self._in_hand: list[T] = []
         #: Written only by the request thread; read by the worker thread at each tick.
@@ -276,10 +287,17 @@ class CaptureWorker(Generic[T]):
                     break
             elif self._stop.wait(max(0.0, min(self._poll, next_tick - time.monotonic()))):
                 break
-            tick_due = time.monotonic() >= next_tick
-            if backlog or tick_due or self._drain_requested or self.depth >= self._min_batch:
+            now = time.monotonic()
+            tick_due = now >= next_tick
+            if self._waiting_since is None and self._items:
+                self._waiting_since = now
+            drain = backlog or self._drain_requested or self.depth >= self._min_batch
+            if tick_due and not drain:
+                drain = not self._wait_longer(now)
+            if drain:
                 self._drain_requested = False
                 batch = self._drain()
+                self._waiting_since = None
                 backlog = len(batch) >= self._max_batch
                 if batch:
                     self._process_batch(batch)
@@ -287,6 +305,29 @@ class CaptureWorker(Generic[T]):
             if tick_due:
                 self._safe(self._tick, "publishing metrics")
                 next_tick = time.monotonic() + self._interval
+
+    def _wait_longer(self, now: float) -> bool:
+        """At a tick with fewer than ``min_batch`` items waiting: whether they may wait for
+        a later tick. A drain costs a fixed part well above its part per item, so a few items
+        a second drained at every tick cost several times what they cost in one drain; they
+        wait while ``may_wait`` says so (the monitor's: requests keep coming, so more items
+        will) and the oldest has waited less than ``max_wait_s``. An idle worker's wait at
+        its next tick: what a tick publishes then includes everything offered before it."""
+        since = self._waiting_since
+        if since is None or self._may_wait is None or now - since >= self._max_wait:
+            return False
+        return self._safe_wait()
+
+    def _safe_wait(self) -> bool:
+        assert self._may_wait is not None
+        try:
+            return self._may_wait()
+        except Exception:  # a failing question never holds items back
+            self.faults += 1
+            self._log.warning(
+                "may_wait", "hookwatch: deciding when to drain failed; drained", exc_info=True
+            )
+            return False
 
     def _flush_remaining(self) -> None:
         if self._process_remaining:

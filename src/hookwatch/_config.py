@@ -565,7 +565,8 @@ class MonitoringConfig:
         "how often the capture thread publishes what it accumulated (statistics, drift "
         "verdicts, fleet bin counts, gauges) to the metric files: how far a scrape can lag "
         "behind, and what a worker killed with SIGKILL loses (request counts are written as "
-        "they happen and are never lost)",
+        "they happen and are never lost); under traffic, sampled forwards are processed once "
+        "64 wait or within 5 s, so statistics and verdicts can lag by up to 5 s more",
         bounds=(0.05, 60.0),
     )
     max_features: int = _option(

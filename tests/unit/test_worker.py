@@ -175,6 +175,79 @@ def test_a_due_tick_publishes_what_waits_below_min_batch() -> None:
     assert published[0] == [0, 1, 2]
 
 
+def _ticking(may_wait: object, max_wait_s: float) -> tuple[CaptureWorker[int], list[list[int]]]:
+    """A worker with ticks every 20 ms, drains of 50, and a ``may_wait`` question."""
+    published: list[list[int]] = []
+    seen: list[int] = []
+    worker: CaptureWorker[int] = CaptureWorker(
+        100,
+        seen.extend,
+        lambda: published.append(list(seen)),
+        interval_s=0.02,
+        poll_s=0.005,
+        min_batch=50,
+        may_wait=may_wait,  # type: ignore[arg-type]
+        max_wait_s=max_wait_s,
+    )
+    return worker, published
+
+
+def _until(condition: object, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:  # type: ignore[operator]
+        time.sleep(0.005)
+
+
+def test_ticks_leave_a_few_items_waiting_while_more_come() -> None:
+    traffic = [True]
+    worker, published = _ticking(lambda: traffic[0], 60.0)
+    for i in range(3):
+        worker.offer(i)
+    worker.start()
+    _until(lambda: len(published) >= 5)
+    # Five ticks published, none drained: requests kept coming (may_wait) and 3 < 50.
+    assert published[-1] == [] and worker.depth == 3
+    traffic[0] = False  # the traffic stopped: the next tick drains and publishes them
+    _until(lambda: published[-1] == [0, 1, 2])
+    worker.stop(process_remaining=False)
+    assert published[-1] == [0, 1, 2] and worker.depth == 0
+
+
+def test_items_wait_at_most_max_wait_s() -> None:
+    worker, published = _ticking(lambda: True, 0.15)
+    worker.offer(7)
+    started = time.monotonic()
+    worker.start()
+    _until(lambda: bool(published) and published[-1] == [7])
+    waited = time.monotonic() - started
+    worker.stop(process_remaining=False)
+    assert published[-1] == [7]
+    # Drained at the first tick after 0.15 s of waiting, never at the first ones.
+    assert 0.15 <= waited < 2.0
+    assert [] in published
+
+
+def test_a_failing_may_wait_drains_and_is_counted() -> None:
+    def broken() -> bool:
+        raise RuntimeError("no")
+
+    worker, published = _ticking(broken, 60.0)
+    worker.offer(1)
+    worker.start()
+    _until(lambda: bool(published) and published[-1] == [1])
+    worker.stop(process_remaining=False)
+    assert published[-1] == [1] and worker.faults >= 1
+
+
+def test_wait_idle_drains_what_may_wait() -> None:
+    worker, published = _ticking(lambda: True, 60.0)
+    worker.start()
+    worker.offer(4)
+    assert worker.wait_idle(5)
+    worker.stop()
+    assert published[-1] == [4]
+
+
 def test_wait_idle_drains_a_short_buffer_at_once() -> None:
     seen: list[int] = []
     worker: CaptureWorker[int] = CaptureWorker(

@@ -227,16 +227,27 @@ class MetricSet:
         # Histogram children by (name, labels): observed on the request path in a single
         # process, where ``labels()`` (validation, a lock) costs three times the observation.
         self._histogram_children: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+        #: Every other labelled child written so far, by (name, labels in the caller's order):
+        #: a publish writes hundreds of them, and ``labels()`` cost more than the write.
+        self._children: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
 
     def _get(self, spec: MetricSpec) -> Any:
         return self._metrics[spec.name]
 
+    def _child(self, spec: MetricSpec, labels: dict[str, str]) -> Any:
+        key = (spec.name, tuple(labels.items()))
+        child = self._children.get(key)
+        if child is None:
+            # Two threads may both miss: labels() hands both the same child.
+            child = self._children[key] = self._metrics[spec.name].labels(**labels)
+        return child
+
     def inc(self, spec: CounterSpec, amount: float, **labels: str) -> None:
         if amount:
-            self._get(spec).labels(**labels).inc(amount)
+            self._child(spec, labels).inc(amount)
 
     def set(self, spec: GaugeSpec, value: float, **labels: str) -> None:
-        self._get(spec).labels(**labels).set(value)
+        self._child(spec, labels).set(value)
 
     def observe(self, spec: SummarySpec, values: Iterable[float], **labels: str) -> None:
         child = self._get(spec).labels(**labels)
@@ -250,7 +261,7 @@ class MetricSet:
         locked file writes each; the child's count and sum values are updated directly instead.
         """
         if count:
-            child = self._get(spec).labels(**labels)
+            child = self._child(spec, labels)
             child._count.inc(count)
             child._sum.inc(total)
 

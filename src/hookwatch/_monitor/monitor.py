@@ -49,6 +49,15 @@ DRAIN_GAP_S = 0.05
 #: docs/bench/README.md, "Figures behind the code's constants"): at the default sampling a
 #: drain every gap would hold a handful of records and spend most of its time on the fixed part.
 DRAIN_BATCH = 64
+#: ... or, while requests keep coming, once the oldest has waited this long; an idle worker
+#: drains at its next publish. A publish used to drain whatever waited: at the default
+#: sampling's few records a second, each drain paid its fixed part (a numpy call per
+#: statistic, layer and detector; ~13 ms of the capture thread's CPU for the demo CNN) for
+#: a handful of records, and the capture thread spent ~2-3 % of a core on a served worker
+#: whatever its traffic (docs/bench/README.md, "Figures behind the code's constants"). Drift
+#: windows take tens of records to fill at these rates, and scrapes come every 15 s or more:
+#: a few seconds' wait changes no verdict and no panel.
+DRAIN_MAX_WAIT_S = 5.0
 
 
 #: While requests are being served, the capture thread waits this long between the steps of
@@ -123,6 +132,8 @@ class Monitor:
             min_batch=DRAIN_BATCH,
             on_off=self._capture_off,
             on_start=self._match_torch_threads,
+            may_wait=self._traffic_since_asked,
+            max_wait_s=DRAIN_MAX_WAIT_S,
         )
         #: Every request count, from every phase; the one writer of them.
         self._tally = RequestTally(model_name, self._metrics)
@@ -168,6 +179,8 @@ class Monitor:
         self._seen = 0
         self._looked_at = float("-inf")
         self._moved_at = float("-inf")
+        #: The request count when the capture thread last asked whether records may wait.
+        self._asked_seen = 0
         #: The request count and the time when the sampling cap was last re-decided.
         self._rate_from: tuple[int, float] | None = None
         self._cap_lock = threading.Lock()  # a flush publishes from the caller's thread too
@@ -336,6 +349,13 @@ class Monitor:
             self._seen = seen
         self._looked_at = now
         return now - self._moved_at < ACTIVE_S
+
+    def _traffic_since_asked(self) -> bool:
+        """Whether requests came since the capture thread last asked (its ``may_wait``, at a
+        publish with few records waiting): then more records will, and these may wait."""
+        seen = self._tally.requests_seen
+        moved, self._asked_seen = seen != self._asked_seen, seen
+        return moved
 
     def _process(self, records: list[Record]) -> None:
         self._processor.process(records)
