@@ -440,6 +440,8 @@ class ModelService:
         self.device = device or torch.device("cpu")
         self.output = output or OutputSpec()
         self._log = RateLimitedLog(log)
+        # The monitor's request path, bound once: one call per phase on every batch.
+        self._path = monitor._request_path() if monitor is not None else None
 
     @classmethod
     def from_handler_config(
@@ -473,7 +475,11 @@ class ModelService:
         errors: dict[int, BadInputError] = {}
         # Counted on arrival: a worker killed while decoding or running the batch has still
         # counted it, as TorchServe has.
-        arrivals = self.monitor.receive(len(bodies)) if self.monitor is not None else None
+        path = self._path
+        arrivals = None
+        if path is not None:
+            path.arrived(len(bodies))
+            arrivals = path.received
         for index, body in enumerate(bodies):
             try:
                 items.append(self.pipeline.decode(body))
@@ -511,9 +517,10 @@ class ModelService:
         outputs: torch.Tensor | list[torch.Tensor] | None = None
         sampled = False
         if batch.inputs is not None:
+            path = self._path
             scope = (
-                batch.arrivals.request(len(batch.positions), batch.sizes)
-                if batch.arrivals is not None
+                path.decide(len(batch.positions), batch.sizes, True)
+                if path is not None and batch.arrivals is not None
                 else None
             )
             try:
@@ -693,11 +700,12 @@ class ModelService:
                 ]
                 answers[index] = rows if index in result.listed else rows[0]
                 row += size
-        if self.monitor is not None and result.received:
+        path = self._path
+        if path is not None and result.received:
             if result.sampled:  # the one check an unsampled batch pays for the cost cap
-                self.monitor._answered_sampled(time.perf_counter() - result.received, result.size)
+                path.answered_sampled(time.perf_counter() - result.received, result.size)
             else:
-                self.monitor.answered(time.perf_counter() - result.received, result.size)
+                path.answered(time.perf_counter() - result.received, result.size)
         return answers
 
     def handle(self, bodies: Sequence[Any]) -> list[Any]:

@@ -189,9 +189,12 @@ class RequestGate:
             (self._arm if pin else self._disarm)()
             self._pinned = pin
 
-    def request(self, batch_size: int = 1, sizes: Sequence[int] | None = None) -> RequestScope:
+    def request(
+        self, batch_size: int = 1, sizes: Sequence[int] | None = None, received: bool = False
+    ) -> RequestScope:
         """Decide whether the requests of one forward pass are captured (counting them is the
-        caller's: the scope says how many there are and how many were picked).
+        caller's: the scope says how many there are and how many were picked; ``received``:
+        they were counted on arrival, and this counts the captured ones).
 
         ``sizes`` gives the rows of each request in the batch (a request of several texts has
         several); without it each of ``batch_size`` rows is a request of its own. The forward
@@ -209,7 +212,10 @@ class RequestGate:
             self._skip = skip - 1
             scope = self._unsampled.get(batch_size)
             return scope if scope is not None else self._unsampled_scope(batch_size)
-        return self._decide(batch_size, sizes)
+        scope = self._decide(batch_size, sizes)
+        if received and scope.picked:
+            self._tally.sampled(scope.picked)
+        return scope
 
     def _decide(self, batch_size: int, sizes: Sequence[int] | None) -> RequestScope:
         """:meth:`request` for a forward that is due (or a rate just set, or a forward of

@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -295,6 +296,20 @@ class Monitor:
         else:
             self._cost.answered(seconds, count)
 
+    def _request_path(self) -> RequestPath:
+        """The calls of a server that counts its requests on arrival, bound once (the service
+        binds them when it is built): :meth:`receive`, ``ReceivedRequests.request`` and
+        :meth:`answered` are each two Python calls, these one each. An unsampled request pays
+        for nothing else, and in situ each call costs several times its cost in a loop
+        (docs/bench/request.md)."""
+        return RequestPath(
+            arrived=self._tally.received,
+            decide=self._gate.request,
+            answered=self._tally.answered,
+            answered_sampled=self._answered_sampled,
+            received=self._received,
+        )
+
     def _counts(self) -> RequestCounts:
         """Request counts so far (also before they are published)."""
         return self._tally.counts()
@@ -475,14 +490,24 @@ class ReceivedRequests:
 
     def request(self, batch_size: int = 1, sizes: Sequence[int] | None = None) -> RequestScope:
         """:meth:`Monitor.request` for received requests: decides which are captured."""
-        scope = self._gate.request(batch_size, sizes)
-        if scope.picked:
-            self._tally.sampled(scope.picked)
-        return scope
+        return self._gate.request(batch_size, sizes, True)
 
     def reject(self, count: int = 1, reason: str = "other") -> None:
         """:meth:`Monitor.reject` for received requests: counts why they were turned away."""
         self._tally.rejected(whole_requests(count, "count"), reason)
+
+
+class RequestPath(NamedTuple):
+    """What :meth:`Monitor._request_path` binds: called as ``arrived(count)`` on arrival,
+    ``decide(rows, sizes, True)`` before the forward, ``answered(seconds, count)`` (or
+    ``answered_sampled``, after a sampled forward) with the answers; ``received`` takes the
+    rejects."""
+
+    arrived: Callable[[int], None]
+    decide: Callable[[int, Sequence[int] | None, bool], RequestScope]
+    answered: Callable[[float, int], None]
+    answered_sampled: Callable[[float, int], None]
+    received: ReceivedRequests
 
 
 def _class_slots(config: MonitoringConfig, drift: DriftTracker | None) -> ClassSlots | None:
