@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # Extra options for `make run`, e.g. RUN_ARGS="--workers 4 --no-report" (see `hookwatch run -h`).
 RUN_ARGS ?=
 
-.PHONY: help deps venv mar run run-text stop test check lint format unit integration clean eval-drift eval-drift-text eval-accuracy rules monitoring docs bench-scrape bench-drain bench-profile bench-request bench-gpu-prepare bench bench-quick dashboards-check soak kubernetes scale fleet-sim
+.PHONY: help deps venv mar run run-text stop test check lint format unit integration clean eval-drift eval-drift-text eval-accuracy rules monitoring docs bench-scrape bench-drain bench-profile bench-request bench-instructions bench-gpu-prepare bench bench-quick dashboards-check soak kubernetes scale fleet-sim
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -152,6 +152,9 @@ bench-drain: $(MAR) ## in-process cost of 100 % sampling with drift on: request 
 REQUEST_ARGS ?=
 bench-request: $(MAR) ## per-request cost in process, plain vs monitored handle() interleaved, split by phase (~5 min): rewrites docs/bench/request.md and request.json, keeping the "before" run (REQUEST_ARGS)
 	$(BIN)/python -m dev bench-request --keep before $(REQUEST_ARGS)
+
+bench-instructions: $(MAR) ## per-request instructions, mispredictions and cache misses under valgrind (~15 min, needs valgrind): rewrites its block of docs/bench/request.md, keeping the "before" run
+	$(BIN)/python -m dev bench-instructions --keep before
 
 bench-gpu-prepare: $(MAR) ## the bench's GPU rows, step 1 of 3: writes .gpu/ (model directories, TorchServe's Python package) to run on a CUDA machine; docs/bench/gpu.md says the rest
 	$(BIN)/python -m dev bench-gpu --prepare .gpu

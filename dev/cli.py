@@ -3,7 +3,8 @@
 ``bench`` (``make bench``, ``make bench-quick``) measures the handler variants and rewrites
 docs/bench/ (its README's bench blocks) and README.md's overhead verdict; ``soak``
 (``make soak``) writes docs/soak/;
-``bench-request`` (``make bench-request``) rewrites docs/bench/request.md; ``bench-gpu``
+``bench-request`` (``make bench-request``) and ``bench-instructions`` (``make
+bench-instructions``, under valgrind) rewrite their blocks of docs/bench/request.md; ``bench-gpu``
 prepares, runs on a GPU machine and adds the runs of docs/bench/gpu.md;
 ``catalogue`` (``make docs``) prints docs/metrics.md; ``config-docs`` (``make docs``) rewrites
 docs/configuration.md's option tables. None of them is installed with hookwatch:
@@ -205,6 +206,12 @@ def build_parser() -> argparse.ArgumentParser:
             "request",
             "per-request cost in process: the plain and the monitored handler's handle() "
             "interleaved, split by phase; rewrites docs/bench/request.md and request.json",
+        ),
+        (
+            "bench-instructions",
+            "instructions",
+            "per-request instructions, mispredictions and cache misses under valgrind's "
+            "cachegrind, plain vs monitored; rewrites its block of docs/bench/request.md",
         ),
         (
             "bench-gpu",

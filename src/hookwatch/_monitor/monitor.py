@@ -55,7 +55,7 @@ DRAIN_BATCH = 64
 #: sampling's few records a second, each drain paid its fixed part (a numpy call per
 #: statistic, layer and detector; ~13 ms of the capture thread's CPU for the demo CNN) for
 #: a handful of records, and the capture thread spent ~2-3 % of a core on a served worker
-#: whatever its traffic (docs/bench/README.md, "Figures behind the code's constants"). Drift
+#: whatever its traffic (docs/bench/README.md, "What was profiled and changed", 17). Drift
 #: windows take tens of records to fill at these rates, and scrapes come every 15 s or more:
 #: a few seconds' wait changes no verdict and no panel.
 DRAIN_MAX_WAIT_S = 5.0
