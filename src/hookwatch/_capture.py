@@ -309,17 +309,13 @@ class CaptureWorker(Generic[T]):
     def _wait_longer(self, now: float) -> bool:
         """At a tick with fewer than ``min_batch`` items waiting: whether they may wait for
         a later tick. A drain costs a fixed part well above its part per item, so a few items
-        a second drained at every tick cost several times what they cost in one drain; they
+        a second drained at every tick cost several times what they cost in one drain. They
         wait while ``may_wait`` says so (the monitor's: requests keep coming, so more items
-        will) and the oldest has waited less than ``max_wait_s``. An idle worker's wait at
-        its next tick: what a tick publishes then includes everything offered before it."""
+        will) and the oldest has waited less than ``max_wait_s``; an idle worker drains at its
+        next tick, so what that tick publishes includes everything offered before it."""
         since = self._waiting_since
         if since is None or self._may_wait is None or now - since >= self._max_wait:
             return False
-        return self._safe_wait()
-
-    def _safe_wait(self) -> bool:
-        assert self._may_wait is not None
         try:
             return self._may_wait()
         except Exception:  # a failing question never holds items back
