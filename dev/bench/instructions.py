@@ -3,15 +3,17 @@ mispredictions and first-level cache misses per request, under valgrind's cacheg
 
 ``make bench-request`` times the request path; on this project's shared two-core machines its
 control row moves by a few µs between runs, which is the size of what the unsampled path costs.
-A count does not move with the machine: the same commit counts the same within a fraction of a
-percent. The harness builds the plain and the monitored handler as ``bench-request`` does (the
-demo ``.mar``, a worker context, worker metric files), fixes the gate's draw per case, and
-runs each (handler, case) twice under cachegrind, ``--short`` and ``--long`` requests after the
-same warm-up; the difference of the two runs' totals divided by the difference of their request
-counts is what one request executes, start-up and warm-up taken out. The capture thread is
-stopped before the measured requests (valgrind runs one thread at a time, and its drains are the
-capture thread's cost, not the request's): a sampled request's records wait in the buffer, which
-holds them all.
+A count does not move with the machine's load; runs of one commit still differ by ~0.15 % of a
+plain request's instructions (~2 K), which bounds what it can resolve. The harness builds the
+plain and the monitored handler as ``bench-request`` does (the demo ``.mar``, a worker context,
+worker metric files), fixes the gate's draw per case, and runs each (handler, case) twice under
+cachegrind, ``--short`` and ``--long`` requests after the same warm-up; the difference of the
+two runs' totals divided by the difference of their request counts is what one request executes,
+start-up and warm-up taken out. The capture thread is stopped before the measured requests
+(valgrind runs one thread at a time, and its drains are the capture thread's cost, not the
+request's): a sampled request's records wait in the buffer, which holds them all. Garbage
+collection is off for the counted requests: one collection is ~100 million instructions with
+torch loaded and falls in one run and not another.
 
 What the counts are: instructions the CPU retires, and cachegrind's model of a branch predictor
 and of the first-level caches; the model is simpler than a real core's, so the mispredictions
@@ -26,6 +28,7 @@ and misses say where time goes, not how much. The wall-time figures stay ``bench
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import platform
 import re
@@ -133,6 +136,11 @@ def drive(handler_name: str, batch: int, sampled: bool, requests: int) -> None:
     if monitor is not None:
         monitor.flush(timeout=60)
         monitor._worker.stop(process_remaining=False)
+    # A collection is ~100 million instructions here (a quarter of a million tracked objects
+    # with torch loaded) and lands in one run and not the other: counted without them (what
+    # waiting records cost in collections is `make bench-drain`'s).
+    gc.collect()
+    gc.disable()
     for body in batches[warm:]:
         handler.handle(body, context)
 
@@ -214,7 +222,8 @@ def render(all_runs: runs.Runs) -> str:
             f"### {run['label']} (commit {run['commit']}, {run['when']})",
             "",
             f"{run['machine']}; cachegrind, {long} against {short} requests after a warm-up "
-            f"of {WARM_UP}; per request, monitored minus plain (plain's own count in brackets).",
+            f"of {WARM_UP}, garbage collection off; per request, monitored minus plain "
+            "(plain's own count in brackets).",
             "",
             "| case | " + " | ".join(EVENTS.values()) + " |",
             "|---|" + "---:|" * len(EVENTS),

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -154,29 +155,11 @@ def test_waits_for_min_batch_between_ticks() -> None:
     assert batches == [list(range(8))]
 
 
-def test_a_due_tick_publishes_what_waits_below_min_batch() -> None:
-    seen: list[int] = []
-    published: list[list[int]] = []
-    worker: CaptureWorker[int] = CaptureWorker(
-        100,
-        seen.extend,
-        lambda: published.append(list(seen)),
-        interval_s=0.05,
-        poll_s=0.005,
-        min_batch=50,
-    )
-    for i in range(3):
-        worker.offer(i)
-    worker.start()
-    deadline = time.monotonic() + 5
-    while not published and time.monotonic() < deadline:
-        time.sleep(0.005)
-    worker.stop(process_remaining=False)
-    assert published[0] == [0, 1, 2]
-
-
-def _ticking(may_wait: object, max_wait_s: float) -> tuple[CaptureWorker[int], list[list[int]]]:
-    """A worker with ticks every 20 ms, drains of 50, and a ``may_wait`` question."""
+def _ticking(
+    may_wait: Callable[[], bool] | None = None, max_wait_s: float = 0.0
+) -> tuple[CaptureWorker[int], list[list[int]]]:
+    """A worker with ticks every 20 ms and drains of 50 that records what each tick publishes
+    (everything processed so far)."""
     published: list[list[int]] = []
     seen: list[int] = []
     worker: CaptureWorker[int] = CaptureWorker(
@@ -186,16 +169,26 @@ def _ticking(may_wait: object, max_wait_s: float) -> tuple[CaptureWorker[int], l
         interval_s=0.02,
         poll_s=0.005,
         min_batch=50,
-        may_wait=may_wait,  # type: ignore[arg-type]
+        may_wait=may_wait,
         max_wait_s=max_wait_s,
     )
     return worker, published
 
 
-def _until(condition: object, timeout: float = 5.0) -> None:
+def _until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
-    while not condition() and time.monotonic() < deadline:  # type: ignore[operator]
+    while not condition() and time.monotonic() < deadline:
         time.sleep(0.005)
+
+
+def test_a_due_tick_publishes_what_waits_below_min_batch() -> None:
+    worker, published = _ticking()
+    for i in range(3):
+        worker.offer(i)
+    worker.start()
+    _until(lambda: bool(published))
+    worker.stop(process_remaining=False)
+    assert published[0] == [0, 1, 2]
 
 
 def test_ticks_leave_a_few_items_waiting_while_more_come() -> None:
