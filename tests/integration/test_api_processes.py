@@ -186,10 +186,13 @@ def test_the_api_example_serves_and_exports_what_the_torchserve_handler_does(
         assert status == 200 and len(answer["class"]) == 2
     assert _post(f"http://127.0.0.1:{app}/", b'{"data": [1, 2, 3]}')[0] == 400
     # Published every flush_interval_s (1 s): wait until the counts of every request (the
-    # last one a reject) have arrived; a publish can fall between any two requests.
+    # last one a reject) have arrived; a publish can fall between any two requests. The
+    # captures come with the drain after the traffic stops (under traffic, fewer than 64
+    # records wait for up to 5 s), which can be a publish after the counts.
     expected = (
         'hookwatch_requests_total{model="tabular"} 122.0',  # 1 probe + 60 x 2 + the 400
         'hookwatch_requests_rejected_total{model="tabular",reason="other"} 1.0',
+        'hookwatch_captures_total{layer="act",model="tabular"} 121.0',
     )
     deadline = time.monotonic() + 10
     while True:
