@@ -224,11 +224,9 @@ class MetricSet:
         self._metrics: dict[str, MetricWrapperBase] = {
             spec.name: _build(spec, self.registry) for spec in CATALOGUE
         }
-        # Histogram children by (name, labels): observed on the request path in a single
-        # process, where ``labels()`` (validation, a lock) costs three times the observation.
-        self._histogram_children: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
-        #: Every other labelled child written so far, by (name, labels in the caller's order):
-        #: a publish writes hundreds of them, and ``labels()`` cost more than the write.
+        #: Every labelled child written so far, by (name, labels in the caller's order): a
+        #: publish writes hundreds of them, and a single process observes its histogram on the
+        #: request path; ``labels()`` (validation, a lock) costs more than the write.
         self._children: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
 
     def _get(self, spec: MetricSpec) -> Any:
@@ -274,10 +272,7 @@ class MetricSet:
         self, spec: HistogramSpec, value: float, count: int = 1, **labels: str
     ) -> None:
         """Add ``count`` observations of ``value`` (single-process registries)."""
-        key = (spec.name, tuple(labels.items()))
-        child = self._histogram_children.get(key)
-        if child is None:
-            child = self._histogram_children[key] = self._get(spec).labels(**labels)
+        child = self._child(spec, labels)
         for _ in range(count):
             child.observe(value)
 
