@@ -24,6 +24,11 @@ Two passes:
   out of its caller's), for both handlers; per phase the monitored-minus-plain time per
   request. The timers' own cost is measured and taken out per call. Their sum is checked
   against the timing pass's difference.
+* **bytecodes**: the Python bytecodes the request thread executes per request, plain and
+  monitored (``sys.settrace`` with opcode events, on warmed handlers). Exact and the same on
+  every run and machine: what the timing's few-µs differences cannot resolve between two
+  commits, this does. A bytecode costs more in situ than in a loop (docs/bench/request.md
+  says why); the count is the request path's size, not its time.
 
 ``python -m dev bench-request`` (``make bench-request``) writes ``docs/bench/request.json``
 and the table between the generated markers of ``docs/bench/request.md``. The script only
@@ -82,9 +87,11 @@ CONTROL = ("b1-plain-vs-plain", 1)
 #: The phases, in table order, and what they cover.
 PHASES: dict[str, str] = {
     "decode": "ModelService.decode: JSON checks, tensors, the batch (less its counting)",
-    "gate": "the sampling decision: RequestGate.request, the scope's enter/exit",
-    "counting": "RequestTally received/served/sampled (the worker count file)",
-    "histogram": "RequestTally.answered: the request-duration histogram",
+    "gate": "the sampling decision of a due forward: RequestGate.request, the scope's enter/exit",
+    "counting": "RequestPath.arrived (the arrival count and the sampling countdown), "
+    "RequestTally received/served/sampled (the worker count file)",
+    "histogram": "RequestTally.answered: the request-duration histogram of a sampled forward "
+    "(the others' durations are appended in the answer, binned by the capture thread)",
     "registration": "HookSet.arm/disarm: hooks registered and removed per sampled forward",
     "hooks": "the hook bodies (LayerHook._hook/_pre_hook/_capture), less copies and reductions",
     "copies": "hold(): the copies a capture keeps",
@@ -117,6 +124,10 @@ class CaseResult:
     phases_us: dict[str, float]
     #: Hook registrations per forward in the attribution pass (monitored).
     arms_per_forward: float
+    #: Python bytecodes per request on the request thread (the bytecodes pass); 0 in runs
+    #: made before the pass existed.
+    plain_bytecodes: float = 0.0
+    monitored_bytecodes: float = 0.0
 
 
 @dataclass
@@ -245,12 +256,18 @@ class Timers:
 
 def _targets() -> list[tuple[Any, str, str]]:
     """(owner, attribute, phase) for every wrapped function; missing ones are skipped."""
+    import importlib
+
     import ts.torch_handler.base_handler as base
 
     from hookwatch import _capture, _hooks, _service
     from hookwatch._monitor import gate, monitor, tally
 
+    path: Any = None
+    with contextlib.suppress(ImportError):  # a base commit whose request path had no module
+        path = importlib.import_module("hookwatch._monitor.path")
     return [
+        *([(path.RequestPath, "arrived", "counting")] if path is not None else []),
         (base.BaseHandler, "handle", "other"),
         (_service.ModelService, "decode", "decode"),
         (_service.ModelService, "infer", "other"),
@@ -468,6 +485,54 @@ def attribution_pass(
     return phases, arms / (rounds * len(batches))
 
 
+def _bytecodes(handler: Any, context: Any, batches: list[list[dict[str, Any]]]) -> int:
+    """Python bytecodes this thread executes serving ``batches``."""
+    executed = 0
+
+    def opcodes(frame: types.FrameType, event: str, arg: Any) -> Any:
+        nonlocal executed
+        if event == "opcode":
+            executed += 1
+        return opcodes
+
+    def calls(frame: types.FrameType, event: str, arg: Any) -> Any:
+        frame.f_trace_opcodes = True
+        return opcodes
+
+    sys.settrace(calls)
+    try:
+        _run(handler, context, batches)
+    finally:
+        sys.settrace(None)
+    return executed
+
+
+def bytecode_pass(
+    model_dir: Path,
+    config: dict[str, Any],
+    bodies: list[dict[str, Any]],
+    batch: int,
+    sampled: bool,
+    requests: int,
+) -> tuple[float, float]:
+    """Bytecodes per request of the plain and the monitored handler, after a warm-up (the
+    first requests build caches: the gate's scopes, the metric children)."""
+    batches = [
+        [bodies[(i * batch + j) % len(bodies)] for j in range(batch)]
+        for i in range(max(1, requests // batch))
+    ]
+    count = len(batches) * batch
+    per_request: list[float] = []
+    for name in ("plain_handler", "hookwatch_handler"):
+        handler, context = _build(name, model_dir, copy.deepcopy(config))
+        _configure(handler, sampled)
+        _run(handler, context, batches)
+        _drain(handler)
+        per_request.append(round(_bytecodes(handler, context, batches) / count, 1))
+        handler.service.close()
+    return per_request[0], per_request[1]
+
+
 def measure(
     label: str, rounds: int, requests: int, attribution_rounds: int, only: str = ""
 ) -> Result:
@@ -502,6 +567,9 @@ def measure(
         )
         case.phases_us = {k: round(v, 2) for k, v in phases.items()}
         case.arms_per_forward = round(arms, 3)
+        case.plain_bytecodes, case.monitored_bytecodes = bytecode_pass(
+            model_dir, copy.deepcopy(config), bodies, batch, sampled, requests
+        )
         cases.append(case)
     return Result(
         label=label,
@@ -594,15 +662,22 @@ def render(runs: list[dict[str, Any]]) -> str:
             f"{run['sample_rate']:g} with the draw fixed per case.",
             "",
             "| case | plain µs/req | monitored µs/req | difference µs/req (95 % CI) | ratio "
-            "| capture thread CPU µs/req | hook registrations per forward |",
-            "|---|---:|---:|---:|---:|---:|---:|",
+            "| capture thread CPU µs/req | hook registrations per forward "
+            "| Python bytecodes/req, monitored minus plain (plain) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for case in run["cases"]:
+            plain_ops = case.get("plain_bytecodes", 0.0)
+            ops = (
+                f"{case['monitored_bytecodes'] - plain_ops:+,.0f} ({plain_ops:,.0f})"
+                if plain_ops
+                else "-"
+            )
             lines.append(
                 f"| {case['case']} | {case['plain_us']:.1f} | {case['monitored_us']:.1f} | "
                 f"{case['diff_us']:+.2f} ({case['diff_low_us']:+.2f} to "
                 f"{case['diff_high_us']:+.2f}) | {case['ratio']:.3f} | "
-                f"{case['capture_cpu_us']:.1f} | {case['arms_per_forward']:.2f} |"
+                f"{case['capture_cpu_us']:.1f} | {case['arms_per_forward']:.2f} | {ops} |"
             )
         attributed = [c for c in run["cases"] if c["phases_us"]]  # not the control
         lines += [

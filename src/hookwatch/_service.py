@@ -396,6 +396,9 @@ class DecodedBatch:
     #: The monitor's requests, counted on arrival (None: unmonitored): the batch's forward and
     #: rejects go through it, so that none is counted twice.
     arrivals: ReceivedRequests | None = None
+    #: The batch's forward is due to be sampled (``RequestPath.arrived``): it is decided
+    #: before the forward; any other forward runs unhooked.
+    due: bool = False
 
 
 @dataclass
@@ -477,8 +480,9 @@ class ModelService:
         # counted it, as TorchServe has.
         path = self._path
         arrivals = None
+        due = False
         if path is not None:
-            path.arrived(len(bodies))
+            due = path.arrived(len(bodies))
             arrivals = path.received
         for index, body in enumerate(bodies):
             try:
@@ -510,7 +514,7 @@ class ModelService:
             sizes = [item.rows for item in items]
             listed = frozenset(p for p, item in zip(positions, items, strict=True) if item.listed)
         return DecodedBatch(
-            len(bodies), inputs, positions, errors, sizes, listed, received, items, arrivals
+            len(bodies), inputs, positions, errors, sizes, listed, received, items, arrivals, due
         )
 
     def infer(self, batch: DecodedBatch) -> BatchResult:
@@ -518,9 +522,10 @@ class ModelService:
         sampled = False
         if batch.inputs is not None:
             path = self._path
+            # Not due (most batches): the countdown moved on arrival, nothing to decide.
             scope = (
                 path.decide(len(batch.positions), batch.sizes, True)
-                if path is not None and batch.arrivals is not None
+                if batch.due and path is not None
                 else None
             )
             try:
@@ -705,7 +710,8 @@ class ModelService:
             if result.sampled:  # the one check an unsampled batch pays for the cost cap
                 path.answered_sampled(time.perf_counter() - result.received, result.size)
             else:
-                path.answered(time.perf_counter() - result.received, result.size)
+                # Binned by the capture thread (RequestTally.fold): a C call, no frame.
+                path.durations.append((time.perf_counter() - result.received, result.size))
         return answers
 
     def handle(self, bodies: Sequence[Any]) -> list[Any]:

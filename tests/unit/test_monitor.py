@@ -863,3 +863,106 @@ def test_served_forwards_that_cost_more_when_sampled_are_sampled_less(metrics: M
     # time or more on this model. Capped to 1 %, the share falls to a fraction of that.
     assert rates[0] < config.share / 5, rates
     assert max(rates[1:]) < config.share / 5, rates
+
+
+# -- the service's request path (RequestPath) --------------------------------------------------
+
+
+def _count_slots(tmp_path: Any) -> Any:
+    from hookwatch import _catalogue as metric
+    from hookwatch._metrics import CountSlots
+    from hookwatch._names import REJECT_REASONS
+
+    counters = (metric.REQUESTS, metric.REQUESTS_SAMPLED, metric.CAPTURES_DROPPED)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    return CountSlots(
+        str(tmp_path),
+        [(spec, {"model": "m"}) for spec in counters]
+        + [(metric.REQUESTS_REJECTED, {"model": "m", "reason": r}) for r in REJECT_REASONS],
+        [(metric.REQUEST_DURATION, {"model": "m"})],
+    )
+
+
+@pytest.mark.parametrize("attached", [False, True])
+@pytest.mark.parametrize("rate", [0.0, 0.3, 1.0])
+def test_the_request_path_counts_and_samples_as_the_tally_and_the_gate_do(
+    tmp_path: Any, attached: bool, rate: float
+) -> None:
+    # RequestPath.arrived inlines RequestTally.received and RequestGate.request's fast path:
+    # the same arrivals through it and through the two (same seed) give the same counts and
+    # the same sampled forwards, with a rate set midway and batches of every size.
+    from hookwatch._monitor.gate import RequestGate
+    from hookwatch._monitor.path import RequestPath
+    from hookwatch._monitor.tally import RequestTally
+
+    def built(where: str) -> tuple[RequestTally, RequestGate]:
+        tally = RequestTally("m", MetricSet())
+        gate = RequestGate("m", rate, lambda record: True, tally, seed=5)
+        if attached:
+            slots = _count_slots(tmp_path / where)
+            tally._attach(slots)
+            tally._cells = slots.values
+        return tally, gate
+
+    (tally_a, gate_a), (tally_b, gate_b) = built("a"), built("b")
+    path = RequestPath(tally_a, gate_a, None, tally_a.answered)  # type: ignore[arg-type]
+    sizes = [1, 8, 3, 1, 1, 5, 2] * 300
+    via_path, via_two = [], []
+    for i, size in enumerate(sizes):
+        if i == len(sizes) // 2:
+            gate_a.sample_rate = gate_b.sample_rate = 0.5
+        due = path.arrived(size)
+        via_path.append(path.decide(size, None, True).picked if due else 0)
+        tally_b.received(size)
+        via_two.append(gate_b.request(size, None, True).picked)
+    assert via_path == via_two
+    assert tally_a.counts() == tally_b.counts()
+    assert tally_a.counts().requests == sum(sizes)
+    assert 0 < sum(via_path) < sum(sizes)  # the second half samples at 0.5 whatever came first
+
+
+def test_durations_wait_for_the_capture_thread_and_fold_into_the_histogram(
+    tmp_path: Any,
+) -> None:
+    # The request path appends its batches' durations; folding them (at each publish) gives
+    # the count file what RequestTally.answered gives it, bucket by bucket and in the sum,
+    # a duration on a bucket's bound in that bucket (Prometheus's `le`).
+    from hookwatch._monitor.tally import RequestTally
+
+    def attached(where: str) -> RequestTally:
+        tally = RequestTally("m", MetricSet())
+        slots = _count_slots(tmp_path / where)
+        tally._attach(slots)
+        tally._cells = slots.values
+        return tally
+
+    folded, direct = attached("a"), attached("b")
+    assert folded._duration is not None
+    bounds = folded._duration.bounds
+    rng = np.random.default_rng(0)
+    batches = [
+        (float(s), int(c))
+        for s, c in zip(rng.exponential(0.02, 500), rng.integers(1, 9, 500), strict=True)
+    ]
+    batches += [(bounds[3], 2), (bounds[0], 1), (1e6, 4)]  # on two bounds, above the last
+    for seconds, count in batches:
+        folded.pending.append((seconds, count))
+        direct.answered(seconds, count)
+    # Nothing binned before the fold: the count file holds none of them yet.
+    assert folded._duration is not None
+    assert sum(folded._duration.values[i] for i in folded._duration.buckets) == 0
+    folded.publish()
+    assert not folded.pending
+    hist_a, hist_b = folded._duration, direct._duration
+    assert hist_b is not None
+    assert [hist_a.values[i] for i in hist_a.buckets] == [hist_b.values[i] for i in hist_b.buckets]
+    assert hist_a.values[hist_a.sum_index] == pytest.approx(hist_b.values[hist_b.sum_index])
+    assert folded.durations() == (sum(c for _, c in batches), pytest.approx(direct.durations()[1]))
+    # In one registry (no count file) the same fold goes through the histogram's observe.
+    plain = RequestTally("m", MetricSet())
+    plain.pending.extend(batches[:5])
+    assert plain.durations() == (
+        sum(c for _, c in batches[:5]),
+        pytest.approx(sum(s * c for s, c in batches[:5])),
+    )
+    assert not plain.pending

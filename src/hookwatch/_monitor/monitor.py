@@ -11,9 +11,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import TracebackType
-from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -31,6 +30,7 @@ from hookwatch._hooks import (
 from hookwatch._metrics import MetricSet, default_metrics
 from hookwatch._monitor.cost import HookCost
 from hookwatch._monitor.gate import Record, RequestGate, RequestScope
+from hookwatch._monitor.path import RequestPath
 from hookwatch._monitor.processor import CaptureProcessor, yield_gil
 from hookwatch._monitor.publisher import Publisher, Snapshot
 from hookwatch._monitor.tally import RequestCounts, RequestTally, whole_requests
@@ -298,17 +298,10 @@ class Monitor:
 
     def _request_path(self) -> RequestPath:
         """The calls of a server that counts its requests on arrival, bound once (the service
-        binds them when it is built): :meth:`receive`, ``ReceivedRequests.request`` and
-        :meth:`answered` are each two Python calls, these one each. An unsampled request pays
-        for nothing else, and in situ each call costs several times its cost in a loop
-        (docs/bench/request.md)."""
-        return RequestPath(
-            arrived=self._tally.received,
-            decide=self._gate.request,
-            answered=self._tally.answered,
-            answered_sampled=self._answered_sampled,
-            received=self._received,
-        )
+        binds them when it is built): an unsampled batch makes one Python call and one C call
+        for monitoring (:class:`~hookwatch._monitor.path.RequestPath`). In situ each Python
+        call costs several times its cost in a loop (docs/bench/request.md)."""
+        return RequestPath(self._tally, self._gate, self._received, self._answered_sampled)
 
     def _counts(self) -> RequestCounts:
         """Request counts so far (also before they are published)."""
@@ -495,19 +488,6 @@ class ReceivedRequests:
     def reject(self, count: int = 1, reason: str = "other") -> None:
         """:meth:`Monitor.reject` for received requests: counts why they were turned away."""
         self._tally.rejected(whole_requests(count, "count"), reason)
-
-
-class RequestPath(NamedTuple):
-    """What :meth:`Monitor._request_path` binds: called as ``arrived(count)`` on arrival,
-    ``decide(rows, sizes, True)`` before the forward, ``answered(seconds, count)`` (or
-    ``answered_sampled``, after a sampled forward) with the answers; ``received`` takes the
-    rejects."""
-
-    arrived: Callable[[int], None]
-    decide: Callable[[int, Sequence[int] | None, bool], RequestScope]
-    answered: Callable[[float, int], None]
-    answered_sampled: Callable[[float, int], None]
-    received: ReceivedRequests
 
 
 def _class_slots(config: MonitoringConfig, drift: DriftTracker | None) -> ClassSlots | None:

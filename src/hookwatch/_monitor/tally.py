@@ -10,13 +10,17 @@ elsewhere (one process, one registry) :meth:`RequestTally.publish` adds what cam
 last publish to the counters.
 
 The counting runs in the thread serving the request: plain integers and floats added in place
-in a memory map, never a Prometheus call. The two calls every request makes (:meth:`received`
-and :meth:`answered`) take no lock once the count file is attached: each of their additions is
-one read and one write of a ``memoryview`` item or an attribute, which the GIL serialises
-(CPython switches threads only at calls and backward jumps, and there is none between the read
-and the write). An uncontended lock taken twice per request cost ~2 µs per request in the
-served path (docs/bench/request.md). On a free-threaded interpreter (no GIL) the count file is
-written under the lock, as every rarer count is. An exported counter's
+in a memory map, never a Prometheus call. The count every request makes on arrival
+(:meth:`received`, or its inlined copy in :class:`~hookwatch._monitor.path.RequestPath`) takes
+no lock once the count file is attached: each addition is one read and one write of a
+``memoryview`` item or an attribute, which the GIL serialises (CPython switches threads only at
+calls and backward jumps, and there is none between the read and the write). A served batch's
+duration is not binned on the request path: it goes into :attr:`RequestTally.pending` (a C-level
+``deque.append``, no Python frame), and the capture thread bins what waits there at each publish
+(:meth:`fold`). A worker killed with SIGKILL therefore loses the durations of its last publish
+interval at most, never a request count. An uncontended lock taken twice per request cost ~2 µs
+per request in the served path (docs/bench/request.md). On a free-threaded interpreter (no GIL)
+the count file is written under the lock, as every rarer count is. An exported counter's
 increment (a lock, a struct pack into a memory-mapped file, three Python frames) cost far more
 per request between the layers of a real forward than in a tight loop (docs/bench/README.md,
 "Figures behind the code's constants").
@@ -29,15 +33,22 @@ import operator
 import sys
 import threading
 from bisect import bisect_left
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from hookwatch import _catalogue as metric
 from hookwatch._metrics import CountSlots, HistogramSlot, MetricSet
 from hookwatch._names import REJECT_REASONS
 
-__all__ = ["RequestCounts", "RequestTally", "whole_requests"]
+__all__ = ["PENDING_DURATIONS", "RequestCounts", "RequestTally", "whole_requests"]
+
+#: Served batches whose durations can wait for the capture thread to bin them
+#: (:attr:`RequestTally.pending`): ~40 s of a busy worker's batches at one publish a second.
+#: Only a capture thread stalled that long loses any (the oldest), and then only durations.
+PENDING_DURATIONS = 1 << 17
 
 
 def _gil_enabled() -> bool:
@@ -107,6 +118,11 @@ class RequestTally:
         self._answered_s = 0.0
         #: What :meth:`publish` already added to the registry's counters.
         self._published = RequestCounts()
+        #: ``(seconds, count)`` of served batches whose durations wait to be binned: the
+        #: request path appends (one C call), :meth:`fold` takes them out (capture thread).
+        self.pending: deque[tuple[float, int]] = deque(maxlen=PENDING_DURATIONS)
+        #: One folder at a time: each takes out what waited when it began.
+        self._fold_lock = threading.Lock()
 
     # -- the request path -------------------------------------------------------------------
 
@@ -197,11 +213,48 @@ class RequestTally:
             cells[duration.buckets[bisect_left(duration.bounds, seconds)]] += count
             cells[duration.sum_index] += seconds * count
 
+    def fold(self) -> None:
+        """Bin the durations waiting in :attr:`pending` into the request-duration histogram
+        (the capture thread, at every publish and before :meth:`durations`).
+
+        Into the count file in one pass: the waiting batches' bucket counts and sum, added to
+        the cells once per bucket (a publish at a busy worker's rate folds thousands), the
+        same lock-free additions :meth:`answered` makes."""
+        pending = self.pending
+        with self._fold_lock:
+            waiting = len(pending)
+            if not waiting:
+                return
+            # Only this folder takes out, under the lock: the ``waiting`` entries are there.
+            taken = [pending.popleft() for _ in range(waiting)]
+            duration = self._duration
+            if duration is None or self._cells is None:
+                for seconds, count in taken:
+                    self.answered(seconds, count)
+                return
+            batches = np.array(taken, dtype=np.float64)
+            seconds_of, counts = batches[:, 0], batches[:, 1]
+            per_bucket = np.bincount(
+                np.searchsorted(duration.bounds, seconds_of, side="left"),
+                weights=counts,
+                minlength=len(duration.buckets),
+            )
+            total = float(seconds_of @ counts)
+            cells, buckets = duration.values, duration.buckets
+            # Each addition's operand computed before it: a call between an item's read and
+            # its write would let the request thread's own addition in between, and lose it.
+            for bucket, added in enumerate(per_bucket.tolist()):
+                if added:
+                    cells[buckets[bucket]] += added
+            cells[duration.sum_index] += total
+
     def durations(self) -> tuple[int, float]:
         """How many requests were answered so far and the sum of their durations: the
         request-duration histogram's count and sum (the capture thread's reference for what a
-        sampled forward adds: :class:`~hookwatch._monitor.cost.HookCost`). Read without the
-        lock: a count written meanwhile shows at the next read."""
+        sampled forward adds: :class:`~hookwatch._monitor.cost.HookCost`), what waited in
+        :attr:`pending` folded in first. Read without the lock: a count written meanwhile
+        shows at the next read."""
+        self.fold()
         count, total = self._answered, self._answered_s
         duration = self._duration
         if duration is not None:
@@ -270,8 +323,10 @@ class RequestTally:
                 self._cells = slots.values
 
     def publish(self) -> None:
-        """Add what was counted since the last publish to the registry's counters; nothing
-        where the counts went to the worker's count file as they came."""
+        """Bin the durations waiting in :attr:`pending`, and add what was counted since the
+        last publish to the registry's counters (nothing more where the counts went to the
+        worker's count file as they came)."""
+        self.fold()
         if self._slots is not None:
             return
         # Copied and marked published in one step: two publishes at once (the capture thread's
