@@ -159,3 +159,78 @@ def test_request_threads_counting_at_once_lose_no_count(tmp_path: Path) -> None:
     model = (("model", "m"),)
     assert totals[("hookwatch_requests_total", model)] == threads * each
     assert totals[("hookwatch_request_duration_seconds_count", model)] == threads * each
+
+
+#: The service's request path (RequestPath) from several threads at once: arrivals counted in
+#: one frame, durations appended for the capture thread and binned by a folding thread while
+#: other threads add sampled forwards' durations to the same cells (the same bucket, so their
+#: additions and the fold's meet in one cell).
+PATH_THREADS = textwrap.dedent(
+    """
+    import os, signal, sys, threading, torch
+    from torch import nn
+    from hookwatch._config import MonitoringConfig
+    from hookwatch._hooks import plan_watch
+    from hookwatch._metrics import MetricSet
+    from hookwatch._monitor import Monitor
+
+    sys.setswitchinterval(1e-6)
+    net = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    config = MonitoringConfig.from_mapping(
+        {"layers": ["1"], "sample_rate": 0.0, "flush_interval_s": 60}
+    )
+    monitor = Monitor(net, plan_watch(net, config, "m"), metrics=MetricSet())
+    tally = monitor._tally
+    assert tally._cells is not None
+    path = monitor._request_path()
+    start = threading.Barrier(THREADS + 1)
+    done = threading.Event()
+
+    def serve(sampled):
+        start.wait()
+        for _ in range(EACH):
+            if path.arrived(1):  # the first: the rate's countdown is drawn (never due at 0)
+                assert not path.decide(1, None, True).picked
+            if sampled:
+                tally.answered(0.001, 1)  # a sampled forward's, lock-free into the same cells
+            else:
+                path.durations.append((0.001, 1))
+
+    def fold():
+        start.wait()
+        while not done.is_set():
+            tally.fold()
+
+    threads = [threading.Thread(target=serve, args=(i % 2 == 0,)) for i in range(THREADS)]
+    folder = threading.Thread(target=fold)
+    for thread in [*threads, folder]:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    done.set()
+    folder.join()
+    tally.fold()
+    os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+def test_the_request_path_from_threads_at_once_loses_no_count_or_duration(
+    tmp_path: Path,
+) -> None:
+    threads, each = 8, 10_000
+    source = PATH_THREADS.replace("THREADS", str(threads)).replace("EACH", str(each))
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", source], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    totals = _totals(tmp_path)
+    model = (("model", "m"),)
+    assert totals[("hookwatch_requests_total", model)] == threads * each
+    assert totals[("hookwatch_request_duration_seconds_count", model)] == threads * each
+    bucket = "hookwatch_request_duration_seconds_bucket"
+    assert totals[(bucket, (("le", "0.001"), ("model", "m")))] == threads * each
+    assert totals[("hookwatch_request_duration_seconds_sum", model)] == pytest.approx(
+        threads * each * 0.001
+    )
