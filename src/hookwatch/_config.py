@@ -563,7 +563,8 @@ class MonitoringConfig:
     flush_interval_s: float = _option(
         1.0,
         "how often the capture thread publishes what it accumulated (statistics, drift "
-        "verdicts, fleet bin counts, gauges) to the metric files: how far a scrape can lag "
+        "verdicts, fleet bin counts, gauges, the request-duration histogram) to the metric "
+        "files: how far a scrape can lag "
         "behind, and what a worker killed with SIGKILL loses (request counts are written as "
         "they happen and are never lost); under traffic, sampled forwards are processed once "
         "64 wait or within 5 s, so statistics and verdicts can lag by up to 5 s more",
