@@ -20,7 +20,7 @@ import fnmatch
 import logging
 import threading
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Final, NamedTuple, Protocol, TypeAlias
 
@@ -504,6 +504,17 @@ def sequence_logits_error(shape: Sequence[int]) -> ConfigError:
     )
 
 
+class _Entry(NamedTuple):
+    """One registered hook as :meth:`HookSet.arm` puts it back: ``table[key] = function``
+    (and ``kwargs_table[key] = True`` for a pre-hook that takes keyword arguments)."""
+
+    hook: LayerHook
+    table: dict[int, Any]
+    key: int
+    function: Callable[..., Any]
+    kwargs_table: dict[int, bool] | None
+
+
 class LayerHook:
     """One hook on one module: the unit that can be faulted, registered and removed.
 
@@ -600,6 +611,24 @@ class LayerHook:
             module._forward_pre_hooks_with_kwargs.pop(key, None)
         else:
             module._forward_hooks.pop(key, None)
+
+    def entry(self) -> _Entry | None:
+        """Where this hook sits while registered: the module's hook table, its key, the
+        function, and the table of pre-hooks taking keyword arguments (None for an output
+        hook); None while not registered through torch's tables (see :meth:`HookSet.arm`)."""
+        module = self._module_ref()
+        key = self._id
+        if not self._on or module is None or key is None:
+            return None
+        if self._reads_input:
+            return _Entry(
+                self,
+                module._forward_pre_hooks,
+                key,
+                self._pre_hook,
+                module._forward_pre_hooks_with_kwargs,
+            )
+        return _Entry(self, module._forward_hooks, key, self._hook, None)
 
     @property
     def registered(self) -> bool:
@@ -895,6 +924,10 @@ class HookSet:
         # sampled forward, never by an unsampled one.
         self._arm_lock = threading.Lock()
         self._armed = 0
+        #: The registrations of the last arm that went through every hook, put back as they
+        #: are by the next ones (:meth:`arm`); None until then, and again whenever a hook's
+        #: state or the set changes.
+        self._entries: tuple[_Entry, ...] | None = None
 
     def attach(
         self,
@@ -990,12 +1023,28 @@ class HookSet:
             self._armed += 1
             if self._armed > 1:
                 return
+            entries = self._entries
+            if entries is not None:
+                # The same registrations as the last arm's, straight into torch's tables:
+                # each hook's register() is ~35 Python bytecodes, and this runs for every
+                # hook of every sampled forward (docs/bench/request.md).
+                for hook, table, key, function, kwargs_table in entries:
+                    if hook.state is _ATTACHED:
+                        table[key] = function
+                        if kwargs_table is not None:
+                            kwargs_table[key] = True
+                        hook._on = True
+                return
             try:
                 self._register()
             except Exception as error:
                 self._unregister()
                 with contextlib.suppress(Exception):
                     self._sink.on_fault(ALL_LAYERS, error)
+                return
+            if self._mask is None:  # its pre-hook goes first: through torch's registration
+                found = [hook.entry() for hook in self._hooks.values()]
+                self._entries = tuple(entry for entry in found if entry is not None)
 
     def disarm(self) -> None:
         """Undo one :meth:`arm`: the last one takes every hook off again. Never raises."""
@@ -1006,8 +1055,17 @@ class HookSet:
                 return
             self._armed -= 1
             if self._armed == 0:
-                with contextlib.suppress(Exception):
-                    self._unregister()
+                entries = self._entries
+                if entries is None:
+                    with contextlib.suppress(Exception):
+                        self._unregister()
+                    return
+                for hook, table, key, _, kwargs_table in entries:
+                    if hook._on:
+                        hook._on = False
+                        table.pop(key, None)
+                        if kwargs_table is not None:
+                            kwargs_table.pop(key, None)
 
     @property
     def registered(self) -> bool:
@@ -1016,6 +1074,7 @@ class HookSet:
 
     def detach(self) -> None:
         with self._arm_lock:
+            self._entries = None
             for hook in self._hooks.values():
                 hook.remove()
             self._hooks.clear()
@@ -1031,6 +1090,7 @@ class HookSet:
         hook = self._hooks.get(layer)
         if hook is not None and hook.state is HookState.ATTACHED:
             hook.state = HookState.FAULTED
+            self._entries = None
 
     def layer_states(self) -> dict[str, HookState]:
         return {name: hook.state for name, hook in self._hooks.items()}

@@ -224,3 +224,26 @@ def test_a_compiled_model_keeps_its_hooks_registered(metrics: MetricSet) -> None
 def test_hooks_mode_is_validated() -> None:
     with pytest.raises(ConfigError, match=r"monitoring.hooks: expected one of \['sampled'"):
         MonitoringConfig.from_mapping({"layers": [], "hooks": "sometimes"})
+
+
+def test_later_arms_put_back_the_first_ones_registrations_until_a_layer_goes_off(
+    metrics: MetricSet,
+) -> None:
+    # After the first sampled forward, arming puts the same entries back into torch's hook
+    # tables (HookSet._entries) instead of registering hook by hook; a layer switched off
+    # (a fault) is left off from the next sampled forward on, and nothing stays behind.
+    model = Probe()
+    monitor = Monitor(model, plan_watch(model, config(1.0), "m"), metrics=metrics)
+    hooks = monitor._hooks
+    monitor._gate.sample_rate = 0.5  # unpinned: arm and disarm around each sampled forward
+    serve(monitor, model, 40)
+    assert hooks._entries is not None and len(hooks._entries) == 3
+    assert sorted(set(model.seen)) == [0, 3]
+    hooks.disable("inner.act")
+    model.seen.clear()
+    serve(monitor, model, 40)
+    assert sorted(set(model.seen)) == [0, 2]
+    assert hooks._entries is not None and len(hooks._entries) == 2
+    assert hook_count(model) == 0
+    monitor.close()
+    assert hook_count(model) == 0 and hooks._entries is None
