@@ -56,7 +56,7 @@ import types
 import zipfile
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +83,9 @@ CASES: tuple[tuple[str, int, bool], ...] = (
 #: where each handler's objects landed in memory, the rounds' order): a case's difference
 #: within it is no difference this harness can show.
 CONTROL = ("b1-plain-vs-plain", 1)
+
+#: Functions listed per case in the bytecodes table (the largest monitored-minus-plain).
+BYTECODE_ROWS = 12
 
 #: The phases, in table order, and what they cover.
 PHASES: dict[str, str] = {
@@ -128,6 +131,9 @@ class CaseResult:
     #: made before the pass existed.
     plain_bytecodes: float = 0.0
     monitored_bytecodes: float = 0.0
+    #: Monitored minus plain bytecodes per request by function (``file:function``), the
+    #: largest differences (``BYTECODE_ROWS``).
+    bytecodes_by_function: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -485,18 +491,31 @@ def attribution_pass(
     return phases, arms / (rounds * len(batches))
 
 
-def _bytecodes(handler: Any, context: Any, batches: list[list[dict[str, Any]]]) -> int:
-    """Python bytecodes this thread executes serving ``batches``."""
-    executed = 0
+def _function_name(code: types.CodeType) -> str:
+    """``package/module.py:function``, the path from the package's or the repository's root."""
+    path = code.co_filename
+    for root in ("site-packages/", "/src/", str(ROOT) + "/"):
+        if root in path:
+            path = path.rsplit(root, 1)[1]
+            break
+    return f"{path}:{code.co_name}"
 
-    def opcodes(frame: types.FrameType, event: str, arg: Any) -> Any:
-        nonlocal executed
-        if event == "opcode":
-            executed += 1
-        return opcodes
+
+def _bytecodes(
+    handler: Any, context: Any, batches: list[list[dict[str, Any]]]
+) -> dict[types.CodeType, int]:
+    """Python bytecodes this thread executes serving ``batches``, by code object."""
+    executed: dict[types.CodeType, int] = defaultdict(int)
 
     def calls(frame: types.FrameType, event: str, arg: Any) -> Any:
         frame.f_trace_opcodes = True
+        code = frame.f_code
+
+        def opcodes(frame: types.FrameType, event: str, arg: Any) -> Any:
+            if event == "opcode":
+                executed[code] += 1
+            return opcodes
+
         return opcodes
 
     sys.settrace(calls)
@@ -514,23 +533,37 @@ def bytecode_pass(
     batch: int,
     sampled: bool,
     requests: int,
-) -> tuple[float, float]:
+) -> tuple[float, float, dict[str, float]]:
     """Bytecodes per request of the plain and the monitored handler, after a warm-up (the
-    first requests build caches: the gate's scopes, the metric children)."""
+    first requests build caches: the gate's scopes, the metric children), and the functions
+    whose counts differ most between them."""
     batches = [
         [bodies[(i * batch + j) % len(bodies)] for j in range(batch)]
         for i in range(max(1, requests // batch))
     ]
     count = len(batches) * batch
-    per_request: list[float] = []
+    by_function: list[dict[str, float]] = []
     for name in ("plain_handler", "hookwatch_handler"):
         handler, context = _build(name, model_dir, copy.deepcopy(config))
         _configure(handler, sampled)
         _run(handler, context, batches)
         _drain(handler)
-        per_request.append(round(_bytecodes(handler, context, batches) / count, 1))
+        counts: dict[str, float] = defaultdict(float)
+        for code, executed in _bytecodes(handler, context, batches).items():
+            counts[_function_name(code)] += executed / count
+        by_function.append(counts)
         handler.service.close()
-    return per_request[0], per_request[1]
+    plain, monitored = by_function
+    differences = {
+        name: round(monitored.get(name, 0.0) - plain.get(name, 0.0), 1)
+        for name in set(plain) | set(monitored)
+    }
+    largest = sorted(differences.items(), key=lambda item: -abs(item[1]))[:BYTECODE_ROWS]
+    return (
+        round(sum(plain.values()), 1),
+        round(sum(monitored.values()), 1),
+        {name: value for name, value in largest if value},
+    )
 
 
 def measure(
@@ -567,7 +600,7 @@ def measure(
         )
         case.phases_us = {k: round(v, 2) for k, v in phases.items()}
         case.arms_per_forward = round(arms, 3)
-        case.plain_bytecodes, case.monitored_bytecodes = bytecode_pass(
+        case.plain_bytecodes, case.monitored_bytecodes, case.bytecodes_by_function = bytecode_pass(
             model_dir, copy.deepcopy(config), bodies, batch, sampled, requests
         )
         cases.append(case)
@@ -693,6 +726,28 @@ def render(runs: list[dict[str, Any]]) -> str:
             lines.append(f"| {phase} | {values} |")
         sums = " | ".join(f"{sum(c['phases_us'].values()):+.2f}" for c in attributed)
         lines += [f"| **sum** | {sums} |", ""]
+        listed = [c for c in attributed if c.get("bytecodes_by_function")]
+        if listed:
+            lines += [
+                "Python bytecodes per request by function, monitored minus plain (the "
+                f"{BYTECODE_ROWS} largest differences of each case; blank: not among them):",
+                "",
+                "| function | " + " | ".join(c["case"] for c in listed) + " |",
+                "|---|" + "---:|" * len(listed),
+            ]
+            names = sorted(
+                {n for c in listed for n in c["bytecodes_by_function"]},
+                key=lambda n: -max(abs(c["bytecodes_by_function"].get(n, 0.0)) for c in listed),
+            )
+            for name in names:
+                cells = " | ".join(
+                    f"{c['bytecodes_by_function'][name]:+,.0f}"
+                    if name in c["bytecodes_by_function"]
+                    else ""
+                    for c in listed
+                )
+                lines.append(f"| `{name}` | {cells} |")
+            lines.append("")
     lines.append(END)
     return "\n".join(lines)
 
