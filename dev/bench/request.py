@@ -562,7 +562,7 @@ def bytecode_pass(
     return (
         round(sum(plain.values()), 1),
         round(sum(monitored.values()), 1),
-        {name: value for name, value in largest if value},
+        {name: value for name, value in largest if abs(value) >= 1},  # the table shows whole ones
     )
 
 
@@ -736,7 +736,12 @@ def render(runs: list[dict[str, Any]]) -> str:
                 "|---|" + "---:|" * len(listed),
             ]
             names = sorted(
-                {n for c in listed for n in c["bytecodes_by_function"]},
+                {
+                    n
+                    for c in listed
+                    for n, v in c["bytecodes_by_function"].items()
+                    if abs(v) >= 1  # runs stored before the store filtered them
+                },
                 key=lambda n: -max(abs(c["bytecodes_by_function"].get(n, 0.0)) for c in listed),
             )
             for name in names:

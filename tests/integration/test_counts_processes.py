@@ -109,9 +109,8 @@ def test_a_dead_workers_counts_are_folded_into_the_archive_exactly(tmp_path: Pat
     assert after[("hookwatch_requests_total", (("model", "m"),))] == first[0] + second[0]
 
 
-#: Several request threads counting at once, through the lock-free request path (the count
-#: file written in place), with the interpreter switching threads as often as it can.
-THREADS = textwrap.dedent(
+#: A monitor in a process of its own whose threads switch as often as the interpreter can.
+MONITOR_IN_A_PROCESS = textwrap.dedent(
     """
     import os, signal, sys, threading, torch
     from torch import nn
@@ -126,6 +125,13 @@ THREADS = textwrap.dedent(
         {"layers": ["1"], "sample_rate": 0.0, "flush_interval_s": 60}
     )
     monitor = Monitor(net, plan_watch(net, config, "m"), metrics=MetricSet())
+    """
+)
+
+#: Several request threads counting at once, through the lock-free request path (the count
+#: file written in place).
+THREADS = MONITOR_IN_A_PROCESS + textwrap.dedent(
+    """
     assert monitor._tally._cells is not None  # the lock-free path is the one under test
     start = threading.Barrier(THREADS)
 
@@ -165,21 +171,8 @@ def test_request_threads_counting_at_once_lose_no_count(tmp_path: Path) -> None:
 #: one frame, durations appended for the capture thread and binned by a folding thread while
 #: other threads add sampled forwards' durations to the same cells (the same bucket, so their
 #: additions and the fold's meet in one cell).
-PATH_THREADS = textwrap.dedent(
+PATH_THREADS = MONITOR_IN_A_PROCESS + textwrap.dedent(
     """
-    import os, signal, sys, threading, torch
-    from torch import nn
-    from hookwatch._config import MonitoringConfig
-    from hookwatch._hooks import plan_watch
-    from hookwatch._metrics import MetricSet
-    from hookwatch._monitor import Monitor
-
-    sys.setswitchinterval(1e-6)
-    net = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
-    config = MonitoringConfig.from_mapping(
-        {"layers": ["1"], "sample_rate": 0.0, "flush_interval_s": 60}
-    )
-    monitor = Monitor(net, plan_watch(net, config, "m"), metrics=MetricSet())
     tally = monitor._tally
     assert tally._cells is not None
     path = monitor._request_path()
