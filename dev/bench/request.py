@@ -558,7 +558,7 @@ def bytecode_pass(
         name: round(monitored.get(name, 0.0) - plain.get(name, 0.0), 1)
         for name in set(plain) | set(monitored)
     }
-    largest = sorted(differences.items(), key=lambda item: -abs(item[1]))[:BYTECODE_ROWS]
+    largest = sorted(differences.items(), key=lambda item: (-abs(item[1]), item[0]))[:BYTECODE_ROWS]
     return (
         round(sum(plain.values()), 1),
         round(sum(monitored.values()), 1),
@@ -742,7 +742,10 @@ def render(runs: list[dict[str, Any]]) -> str:
                     for n, v in c["bytecodes_by_function"].items()
                     if abs(v) >= 1  # runs stored before the store filtered them
                 },
-                key=lambda n: -max(abs(c["bytecodes_by_function"].get(n, 0.0)) for c in listed),
+                key=lambda n: (
+                    -max(abs(c["bytecodes_by_function"].get(n, 0.0)) for c in listed),
+                    n,
+                ),
             )
             for name in names:
                 cells = " | ".join(
