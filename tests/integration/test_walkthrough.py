@@ -213,6 +213,25 @@ def user_folder(tmp_path: Path, venv: Path, model: str) -> tuple[Path, dict[str,
     return cwd, env
 
 
+def test_the_serving_install_holds_numpys_blas_to_one_thread_in_the_estimate(
+    tmp_path: Path, serving_venv: Path
+) -> None:
+    # The capture thread's accuracy estimate holds numpy's BLAS to one thread through
+    # threadpoolctl. A serving install without it let OpenBLAS's worker thread spin on the
+    # other core after each drain: 0.68 of the plain throughput at 100 % sampling on 2 cores,
+    # against 0.86 with it (docs/bench/README.md, the independent A/B).
+    probe = (
+        "import numpy\n"
+        "from threadpoolctl import threadpool_info\n"
+        "from hookwatch._drift.accuracy import _OneBlasThread\n"
+        "with _OneBlasThread()():\n"
+        "    print([i['num_threads'] for i in threadpool_info() if i['user_api'] == 'blas'])\n"
+    )
+    out = _sh(["python", "-c", probe], cwd=tmp_path, env=outside_env(serving_venv))
+    limited = json.loads(out)
+    assert limited and all(threads == 1 for threads in limited), out
+
+
 def test_the_image_classifier_walkthrough(tmp_path: Path, serving_venv: Path) -> None:
     cwd, env = user_folder(tmp_path, serving_venv, "imagenet")
     block = Block(cwd, env)

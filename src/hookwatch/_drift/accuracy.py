@@ -500,14 +500,17 @@ class AccuracyDropTest:
 
 
 class _OneBlasThread:
-    """numpy's BLAS on one thread while the estimate runs, where threadpoolctl is installed.
+    """numpy's BLAS on one thread while the estimate runs (threadpoolctl, a dependency).
 
     The k-NN distances are one small matrix product per drain; numpy's BLAS would spread it
     over every core of a machine whose cores serve requests, and costs 20 times more so on a
-    busy 2-core machine (docs/accuracy-estimators.md, "Cost and state"). The limit is the BLAS
-    libraries threadpoolctl finds (numpy's; torch's intra-op pool is set by the monitor, and on
-    x86 its BLAS is linked into torch), process-wide for the few microseconds it is held.
-    Without threadpoolctl the estimate runs with numpy's default BLAS threads (docs/drift.md).
+    busy 2-core machine (docs/accuracy-estimators.md, "Cost and state"). Served, it cost more
+    than that: OpenBLAS's worker thread spins on its core for a while after each product, and
+    at 100 % sampling a TorchServe worker's spun ~40 % of a core (docs/bench/README.md, the
+    independent A/B). The limit is the BLAS libraries threadpoolctl finds (numpy's; torch's
+    intra-op pool is set by the monitor, and on x86 its BLAS is linked into torch),
+    process-wide for the few microseconds it is held. Should threadpoolctl be missing after
+    all (an install without dependencies), the estimate runs with numpy's default threads.
     """
 
     def __init__(self) -> None:
