@@ -153,15 +153,23 @@ THREADS = MONITOR_IN_A_PROCESS + textwrap.dedent(
 )
 
 
-def test_request_threads_counting_at_once_lose_no_count(tmp_path: Path) -> None:
-    threads, each = 8, 20_000
-    source = THREADS.replace("THREADS", str(threads)).replace("EACH", str(each))
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+def _threads_killed(
+    directory: Path, script: str, threads: int, each: int
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Run a threaded ``script`` (``THREADS`` threads, ``EACH`` requests each) in a process of
+    its own that ends with SIGKILL; the totals its metric files hold."""
+    source = script.replace("THREADS", str(threads)).replace("EACH", str(each))
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory)}
     done = subprocess.run(
         [sys.executable, "-c", source], env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == -signal.SIGKILL, done.stderr
-    totals = _totals(tmp_path)
+    return _totals(directory)
+
+
+def test_request_threads_counting_at_once_lose_no_count(tmp_path: Path) -> None:
+    threads, each = 8, 20_000
+    totals = _threads_killed(tmp_path, THREADS, threads, each)
     model = (("model", "m"),)
     assert totals[("hookwatch_requests_total", model)] == threads * each
     assert totals[("hookwatch_request_duration_seconds_count", model)] == threads * each
@@ -212,13 +220,7 @@ def test_the_request_path_from_threads_at_once_loses_no_count_or_duration(
     tmp_path: Path,
 ) -> None:
     threads, each = 8, 10_000
-    source = PATH_THREADS.replace("THREADS", str(threads)).replace("EACH", str(each))
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
-    done = subprocess.run(
-        [sys.executable, "-c", source], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == -signal.SIGKILL, done.stderr
-    totals = _totals(tmp_path)
+    totals = _threads_killed(tmp_path, PATH_THREADS, threads, each)
     model = (("model", "m"),)
     assert totals[("hookwatch_requests_total", model)] == threads * each
     assert totals[("hookwatch_request_duration_seconds_count", model)] == threads * each
