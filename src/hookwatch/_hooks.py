@@ -21,7 +21,7 @@ import logging
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from types import TracebackType
+from types import FunctionType, TracebackType
 from typing import Any, Final, NamedTuple, Protocol, TypeAlias
 
 import numpy as np
@@ -131,6 +131,12 @@ PlainCapture: TypeAlias = tuple[str, Held | None, Held | None, Held | None]
 #: Read by every hook call: a module global, where the enum's attribute lookup costs ten times
 #: as much.
 _ATTACHED: Final = HookState.ATTACHED
+
+#: ``torch.compiler.is_compiling()`` reads this module attribute (torch 2.3 and later); the
+#: fast capture reads it directly, a call fewer per hook. Without it (older torch) a capture
+#: always takes the general path.
+_COMPILER: Final[Any] = torch.compiler
+_FAST_CAPTURE: Final = isinstance(getattr(_COMPILER, "_is_compiling_flag", None), bool)
 
 
 class CaptureSink(Protocol):
@@ -506,13 +512,19 @@ def sequence_logits_error(shape: Sequence[int]) -> ConfigError:
 
 class _Entry(NamedTuple):
     """One registered hook as :meth:`HookSet.arm` puts it back: ``table[key] = function``
-    (and ``kwargs_table[key] = True`` for a pre-hook that takes keyword arguments)."""
+    (and ``kwargs_table[key] = True`` for a pre-hook that takes keyword arguments), or, for
+    an output hook on a module with no forward hooks and no ``forward`` of its own instance,
+    ``attributes["forward"] = tap`` (see :meth:`LayerHook.entry`)."""
 
     hook: LayerHook
     table: dict[int, Any]
     key: int
     function: Callable[..., Any]
     kwargs_table: dict[int, bool] | None
+    #: The module's ``__dict__``, where a tap goes.
+    attributes: dict[str, Any]
+    #: The forward tap (:meth:`LayerHook._tap`); None for a hook that has none.
+    tap: Callable[..., Any] | None
 
 
 class LayerHook:
@@ -569,11 +581,23 @@ class LayerHook:
         #: sequence-first layer (``nn.LSTM``, ``nn.GRU``, ``nn.MultiheadAttention`` and
         #: ``nn.Transformer*`` without ``batch_first``: ``[T, B, ...]``). Learnt from shapes.
         self.batch_dim = 0
+        #: The caller hands this hook its value (:meth:`take`) instead of the module: never
+        #: registered (see :meth:`HookSet.take_root`).
+        self.by_caller = False
+        #: What the last capture was, when it was the common one (a plain host tensor copied
+        #: whole, no rows picked, no mask): an activation of the same shape and dtype in a
+        #: forward of the same batch is copied at once by :meth:`_hook`, without the general
+        #: path's decisions, which would come out the same (~150 bytecodes a layer fewer on
+        #: every sampled forward, docs/bench/request.md). None: take the general path.
+        self._fast_shape: torch.Size | None = None
+        self._fast_dtype: torch.dtype | None = None
+        self._fast_batch = 0
+        self._fast_units = False
 
     def register(self) -> None:
-        """Put the hook on its module (no-op when it is on already, faulted, removed or the
-        module is gone)."""
-        if self._on or self.state is not _ATTACHED:
+        """Put the hook on its module (no-op when it is on already, faulted, removed, handed
+        to the caller or the module is gone)."""
+        if self._on or self.state is not _ATTACHED or self.by_caller:
             return
         module = self._module_ref()
         if module is None:
@@ -627,8 +651,34 @@ class LayerHook:
                 key,
                 self._pre_hook,
                 module._forward_pre_hooks_with_kwargs,
+                module.__dict__,
+                None,
             )
-        return _Entry(self, module._forward_hooks, key, self._hook, None)
+        forward = getattr(type(module), "forward", None)
+        tap = self._tap(forward) if isinstance(forward, FunctionType) else None
+        return _Entry(self, module._forward_hooks, key, self._hook, None, module.__dict__, tap)
+
+    def _tap(self, forward: Callable[..., Any]) -> Callable[..., Any]:
+        """The module's class ``forward``, then this hook on its output: what
+        :meth:`HookSet.arm` puts in the module's ``__dict__`` as ``forward`` for a sampled
+        forward, in place of a forward hook.
+
+        A module with any hook goes through PyTorch's general call path, ~1 µs a call more
+        than the hook-free one (a closure, a set, the hook tables read; docs/bench/request.md);
+        with the tap the module has no hook, and ``Module.__call__`` calls the tap as its
+        forward. The output it sees is the forward's, where a forward hook sees it after
+        other forward hooks: so a module with hooks of its own keeps a hook (see arm). The
+        module is held weakly, as the hook holds it."""
+        module_ref = self._module_ref
+        hook = self._hook
+
+        def forward_tap(*args: Any, **kwargs: Any) -> Any:
+            output = forward(module_ref(), *args, **kwargs)
+            hook(None, args, output)  # never raises
+            return output
+
+        forward_tap.__wrapped__ = forward  # type: ignore[attr-defined]
+        return forward_tap
 
     @property
     def registered(self) -> bool:
@@ -644,11 +694,47 @@ class LayerHook:
         if self._gate.open and self.state is _ATTACHED:
             self._capture(args[0] if args else select_tensor(kwargs or {}))
 
-    def _hook(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        if self._gate.open and self.state is _ATTACHED:
-            self._capture(output)
+    def _hook(self, module: nn.Module | None, args: tuple[Any, ...], output: Any) -> None:
+        gate = self._gate
+        if not gate.open or self.state is not _ATTACHED:
+            return
+        # The common capture again (see _fast_shape): every check of the general path whose
+        # outcome could differ, in one expression; inline, it runs for every hooked layer of
+        # every sampled forward.
+        if (
+            type(output) is torch.Tensor
+            and output.shape == self._fast_shape
+            and output.dtype is self._fast_dtype
+            and gate.batch == self._fast_batch
+            and gate.rows is None
+            and gate.mask is None
+            and output.is_cpu
+            and not output.requires_grad
+            and not _COMPILER._is_compiling_flag
+        ):
+            record = gate.record
+            if record is not None:
+                try:
+                    held = output.numpy().copy()
+                except Exception:  # the general path decides what it is
+                    self._capture(output)
+                    return
+                if self._fast_units:
+                    held = held.swapaxes(1, -1)
+                record[self.name] = (self.name, None, None, held)
+                return
+        self._capture(output)
+
+    def take(self, value: Any) -> None:
+        """Capture ``value`` as the module's hook would (its input or output, from a caller
+        that holds it: the service, for the model's own); a no-op while the gate is closed or
+        the hook is off. Never raises."""
+        self._hook(None, (), value)
 
     def _capture(self, value: Any) -> None:
+        # The general path: it decides afresh, and re-arms the fast one when it ends in the
+        # common case.
+        self._fast_shape = None
         try:
             if type(value) is torch.Tensor and self._select is None:
                 tensor: torch.Tensor | None = value
@@ -719,6 +805,19 @@ class LayerHook:
                 held = hold(tensor, owned, self._host)
                 if units:
                     held = held.swapaxes(1, -1)
+                if (
+                    _FAST_CAPTURE
+                    and tensor is value
+                    and gate.rows is None
+                    and mask is None
+                    and self._select is None
+                    and type(held) is np.ndarray
+                ):
+                    # The value itself was copied whole to the host (not selected, picked,
+                    # transposed or dequantized): the same shape, dtype and batch next time
+                    # come out the same (see _hook).
+                    self._fast_shape, self._fast_dtype = shape, tensor.dtype
+                    self._fast_batch, self._fast_units = batch, units
                 # Into the gate's record as it is (see Gate.record), else through the sink:
                 # inline, this is every sampled call of every layer.
                 record = gate.record
@@ -1011,40 +1110,47 @@ class HookSet:
         if self._mask is not None:
             self._mask.unregister()
 
-    def arm(self) -> None:
+    def arm(self) -> bool:
         """Register the hooks for a sampled forward (on demand only; counted). Never raises:
         a registration that fails takes every hook off again and is reported as a fault of
-        the whole model; that forward is then not captured."""
+        the whole model; that forward is then not captured (False: the caller leaves the
+        gate closed, so hooks taken by the caller capture nothing either)."""
         if not self.on_demand:
-            return
+            return True
         with self._arm_lock:
             if self.state is not _ATTACHED:
-                return
+                return False
             self._armed += 1
             if self._armed > 1:
-                return
+                return True
             entries = self._entries
             if entries is not None:
                 # The same registrations as the last arm's, straight into torch's tables:
                 # each hook's register() is ~35 Python bytecodes, and this runs for every
-                # hook of every sampled forward (docs/bench/request.md).
-                for hook, table, key, function, kwargs_table in entries:
+                # hook of every sampled forward (docs/bench/request.md). An output hook goes
+                # in as a forward tap where the module has no hook and no forward of its
+                # own instance (LayerHook._tap), else into the table.
+                for hook, table, key, function, kwargs_table, attributes, tap in entries:
                     if hook.state is _ATTACHED:
-                        table[key] = function
-                        if kwargs_table is not None:
-                            kwargs_table[key] = True
+                        if tap is not None and not table and "forward" not in attributes:
+                            attributes["forward"] = tap
+                        else:
+                            table[key] = function
+                            if kwargs_table is not None:
+                                kwargs_table[key] = True
                         hook._on = True
-                return
+                return True
             try:
                 self._register()
             except Exception as error:
                 self._unregister()
                 with contextlib.suppress(Exception):
                     self._sink.on_fault(ALL_LAYERS, error)
-                return
+                return False
             if self._mask is None:  # its pre-hook goes first: through torch's registration
                 found = [hook.entry() for hook in self._hooks.values()]
                 self._entries = tuple(entry for entry in found if entry is not None)
+            return True
 
     def disarm(self) -> None:
         """Undo one :meth:`arm`: the last one takes every hook off again. Never raises."""
@@ -1060,12 +1166,36 @@ class HookSet:
                     with contextlib.suppress(Exception):
                         self._unregister()
                     return
-                for hook, table, key, _, kwargs_table in entries:
+                for hook, table, key, _, kwargs_table, attributes, tap in entries:
                     if hook._on:
                         hook._on = False
-                        table.pop(key, None)
-                        if kwargs_table is not None:
-                            kwargs_table.pop(key, None)
+                        if tap is not None and attributes.get("forward") is tap:
+                            del attributes["forward"]
+                        else:
+                            table.pop(key, None)
+                            if kwargs_table is not None:
+                                kwargs_table.pop(key, None)
+
+    def take_root(self) -> tuple[Callable[[Any], None] | None, Callable[[Any], None] | None]:
+        """Hand the model's own input and output hooks to a caller that holds both around
+        each forward (the service): it calls the first with the forward's input before it
+        and the second with its output after it, inside the sampled scope; the model itself
+        then carries no hook, and takes PyTorch's hook-free call path on a sampled forward
+        too. Each is None where the model keeps its hook: not watched, or hooks not on
+        demand (registered for good), or a mask pre-hook, which must read the forward's
+        arguments before the input's hook does."""
+        with self._arm_lock:
+            if not self.on_demand or self._mask is not None or self._armed:
+                return None, None
+            takers: list[Callable[[Any], None] | None] = []
+            for name in (INPUT_LAYER, OUTPUT_LAYER):
+                hook = self._hooks.get(name)
+                if hook is not None:
+                    hook.unregister()
+                    hook.by_caller = True
+                takers.append(hook.take if hook is not None else None)
+            self._entries = None
+            return takers[0], takers[1]
 
     @property
     def registered(self) -> bool:

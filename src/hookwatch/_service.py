@@ -531,8 +531,17 @@ class ModelService:
             try:
                 if scope is not None and scope.picked:
                     sampled = True
+                    assert path is not None
                     with torch.inference_mode(), scope:
+                        # The model's own input and output: handed to their hooks here
+                        # when the monitor lets the service (RequestPath.take_input).
+                        take = path.take_input
+                        if take is not None:
+                            take(batch.inputs)
                         raw = call_model(self.pipeline, self.model, batch.inputs)
+                        take = path.take_output
+                        if take is not None:
+                            take(raw)
                 else:
                     # Unsampled (or unmonitored): the scope would enter and leave doing
                     # nothing; two calls fewer on most requests.

@@ -5,6 +5,7 @@ import gc
 import threading
 import weakref
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -169,3 +170,68 @@ def test_the_gate_is_per_thread() -> None:
     assert sink.captures == []  # opened on this thread only
     net(torch.randn(2, 4))
     assert [c.layer for c in sink.captures] == ["head"]
+
+
+# -- the repeat of a layer's last capture (LayerHook._hook's short path) ----------------------
+
+
+def _copied(record: dict[str, tuple[object, ...]], layer: str) -> np.ndarray:
+    held = record[layer][3]
+    assert isinstance(held, np.ndarray)
+    return held
+
+
+@pytest.mark.parametrize("shape", [(3, 8), (3, 5, 8)], ids=["features", "sequence"])
+def test_a_repeated_capture_keeps_what_the_general_path_keeps(shape: tuple[int, ...]) -> None:
+    # A [B, T, H] output of a Linear is read by its units: the short path swaps the same axes.
+    model = nn.Sequential(nn.Linear(8, 8))
+    gate, sink = Gate(), ListSink()
+    with HookSet(gate, sink, copy_limit=1024).attach(model, ["0"], False, False) as hooks:
+        (hook,) = list(hooks)
+        record: dict[str, tuple[object, ...]] = {}
+        gate.set(True, None, 3, record)
+        first = torch.randn(*shape)
+        hook._hook(model[0], (), first)  # the general path, which arms the short one
+        general = _copied(record, "0").copy()
+        assert hook._fast_shape == first.shape
+        hook._hook(model[0], (), first)  # the same value through the short path
+        np.testing.assert_array_equal(_copied(record, "0"), general)
+        assert _copied(record, "0").shape == general.shape
+        again = torch.randn(*shape)
+        hook._hook(model[0], (), again)
+        kept = _copied(record, "0")
+        before = kept.copy()
+        again.add_(1.0)  # an in-place change after the hook: the copy is the record's own
+        assert not np.shares_memory(kept, again.numpy())
+        np.testing.assert_array_equal(kept, before)
+        assert sink.captures == [] and sink.faults == []
+
+
+def test_what_the_short_path_does_not_check_sends_a_capture_the_general_way() -> None:
+    model = nn.Sequential(nn.Linear(8, 8))
+    gate, sink = Gate(), ListSink()
+    with HookSet(gate, sink, copy_limit=1024).attach(model, ["0"], False, False) as hooks:
+        (hook,) = list(hooks)
+        record: dict[str, tuple[object, ...]] = {}
+        gate.set(True, None, 3, record)
+        hook._hook(model[0], (), torch.randn(3, 8))
+        assert hook._fast_shape is not None
+        # Rows picked by the per-second cap: the general path copies those rows only.
+        gate.set(True, torch.tensor([0, 2]), 3, record)
+        hook._hook(model[0], (), torch.randn(3, 8))
+        assert _copied(record, "0").shape == (2, 8)
+        assert hook._fast_shape is None  # not re-armed by a capture of picked rows
+        gate.set(True, None, 3, record)
+        hook._hook(model[0], (), torch.randn(3, 8))
+        assert hook._fast_shape == (3, 8)
+        # Another shape, another dtype, a tensor that needs grad: the general path each time.
+        hook._hook(model[0], (), torch.randn(3, 4))
+        assert _copied(record, "0").shape == (3, 4) and hook._fast_shape == (3, 4)
+        hook._hook(model[0], (), torch.randn(3, 4, dtype=torch.float64))
+        assert _copied(record, "0").dtype == np.float64
+        hook._hook(model[0], (), torch.randn(3, 4, requires_grad=True))
+        assert _copied(record, "0").dtype == np.float32
+        # Not a tensor: the general path's selection, and its fault when there is none.
+        hook._hook(model[0], (), (torch.randn(3, 4), "extra"))
+        assert _copied(record, "0").shape == (3, 4)
+        assert sink.faults == []

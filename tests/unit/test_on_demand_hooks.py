@@ -43,7 +43,15 @@ class Probe(nn.Module):
 
 
 def hook_count(model: nn.Module) -> int:
-    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+    """Hooks on the model's modules, forward taps included (a ``forward`` of the instance:
+    what the flat arm puts on a module with no hooks of its own, HookSet.arm)."""
+    return sum(
+        len(m._forward_hooks) + len(m._forward_pre_hooks) + tapped(m) for m in model.modules()
+    )
+
+
+def tapped(module: nn.Module) -> bool:
+    return getattr(module.__dict__.get("forward"), "__name__", "") == "forward_tap"
 
 
 def value(metrics: MetricSet, name: str, **labels: str) -> float:
@@ -247,3 +255,136 @@ def test_later_arms_put_back_the_first_ones_registrations_until_a_layer_goes_off
     assert hook_count(model) == 0
     monitor.close()
     assert hook_count(model) == 0 and hooks._entries is None
+
+
+class Tapped(Probe):
+    """Probe that also records whether inner.act carries a forward tap while it runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.taps: list[bool] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.taps.append(tapped(self.inner.act))
+        return super().forward(x)
+
+
+def test_a_module_without_hooks_of_its_own_is_tapped_for_sampled_forwards(
+    metrics: MetricSet,
+) -> None:
+    # From the second sampled forward (the flat arm), inner.act gets a forward tap instead of a
+    # forward hook: the same captures, the same outputs, nothing left on the module after.
+    model = Tapped()
+    plain = Net()
+    plain.load_state_dict(model.inner.state_dict())
+    monitor = Monitor(model, plan_watch(model, config(0.5), "m"), metrics=metrics)
+    for _ in range(60):
+        x = torch.randn(1, 4)
+        with torch.inference_mode(), monitor.request(1):
+            out = model(x)
+        with torch.inference_mode():
+            assert torch.equal(out, plain(x))
+        assert "forward" not in model.inner.act.__dict__
+    monitor.flush()
+    monitor.close()
+    sampled = value(metrics, "hookwatch_requests_sampled_total", model="m")
+    assert model.taps.count(True) == sampled - 1  # all but the first sampled forward
+    assert model.seen.count(3) == sampled
+    for layer in ("input", "inner.act", "output"):
+        assert value(metrics, "hookwatch_captures_total", model="m", layer=layer) == sampled
+
+
+def test_a_module_with_a_forward_of_its_own_or_hooks_keeps_a_forward_hook(
+    metrics: MetricSet,
+) -> None:
+    # A forward set on the instance (as accelerate's hooks set one) stays the module's, and a
+    # module with forward hooks keeps ours after theirs, where it sees what they return.
+    model = Tapped()
+    calls: list[int] = []
+    own = model.inner.fc.forward
+
+    def instance_forward(x: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return own(x)
+
+    model.inner.fc.forward = instance_forward  # type: ignore[method-assign]
+    model.inner.head.register_forward_hook(lambda module, args, output: output * 0)
+    cfg = MonitoringConfig.from_mapping(
+        {"layers": ["inner.fc", "inner.head"], "sample_rate": 0.5, "seed": 3, "copy_limit": 64}
+    )
+    monitor = Monitor(model, plan_watch(model, cfg, "m"), metrics=metrics)
+    record: list[tuple[object, ...]] = []
+    real_offer = monitor._worker.offer
+
+    def offer(item: Any) -> bool:
+        record.append(item)
+        return bool(real_offer(item))
+
+    monitor._gate._offer = offer
+    serve(monitor, model, 40)
+    monitor.flush()
+    monitor.close()
+    assert model.inner.fc.__dict__["forward"] is instance_forward and len(calls) == 40
+    assert not tapped(model.inner.head) and len(model.inner.head._forward_hooks) == 1
+    assert not any(model.taps)
+    sampled = value(metrics, "hookwatch_requests_sampled_total", model="m")
+    assert len(record) == sampled > 5
+    for captured in record:
+        layers = {entry[0]: entry for entry in captured}  # type: ignore[index]
+        head = layers["inner.head"][3]
+        assert head is not None and not head.any()  # type: ignore[union-attr]  # after theirs
+
+
+def test_the_service_hands_the_models_input_and_output_to_their_hooks(
+    metrics: MetricSet,
+) -> None:
+    model = Probe()
+    monitor = Monitor(model, plan_watch(model, config(0.5), "m"), metrics=metrics)
+    path = monitor._request_path()
+    assert path.take_input is not None and path.take_output is not None
+    for _ in range(60):
+        x = torch.randn(1, 4)
+        with torch.inference_mode(), monitor.request(1):
+            path.take_input(x)
+            out = model(x)
+            path.take_output(out)
+    monitor.flush()
+    monitor.close()
+    sampled = value(metrics, "hookwatch_requests_sampled_total", model="m")
+    # On the model itself, inner.act's hook (or tap) alone; input and output from the caller.
+    assert sorted(set(model.seen)) == [0, 1] and model.seen.count(1) == sampled
+    for layer in ("input", "inner.act", "output"):
+        assert value(metrics, "hookwatch_captures_total", model="m", layer=layer) == sampled
+    assert hook_count(model) == 0
+
+
+def test_the_model_keeps_its_own_hooks_where_the_caller_cannot_take_them(
+    metrics: MetricSet,
+) -> None:
+    # A mask pre-hook must read the forward's arguments before the input's hook does, and
+    # hooks registered for good (always) stay where they are.
+    for extra in ({"mask": "attention_mask"}, {"hooks": "always"}):
+        model = Probe()
+        monitor = Monitor(model, plan_watch(model, config(0.5, **extra), "m"), metrics=metrics)
+        path = monitor._request_path()
+        assert path.take_input is None and path.take_output is None
+        monitor.close()
+
+
+def test_a_failed_arm_leaves_the_callers_hooks_closed_too(
+    metrics: MetricSet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = Probe()
+    monitor = Monitor(model, plan_watch(model, config(0.99), "m"), metrics=metrics)
+    path = monitor._request_path()
+    assert path.take_input is not None and path.take_output is not None
+    monkeypatch.setattr(monitor._hooks, "arm", lambda: False)
+    monitor._gate.arm_with(monitor._hooks.arm, monitor._hooks.disarm)
+    with torch.inference_mode(), monitor.request(1):
+        x = torch.randn(1, 4)
+        path.take_input(x)
+        path.take_output(model(x))
+    monitor.flush()
+    monitor.close()
+    for layer in ("input", "output"):
+        assert value(metrics, "hookwatch_captures_total", model="m", layer=layer) == 0

@@ -139,7 +139,7 @@ class RequestGate:
         self._lock = threading.Lock()
         self._hook_faults: dict[str, int] = defaultdict(int)
         # Hooks registered around sampled forwards only (HookSet.arm/disarm); see arm_with.
-        self._arm: Callable[[], None] | None = None
+        self._arm: Callable[[], bool] | None = None
         self._disarm: Callable[[], None] | None = None
         self._pinned = False
         self._pin_lock = threading.Lock()
@@ -175,7 +175,7 @@ class RequestGate:
             return math.inf
         return int(math.log1p(-u) / math.log1p(-rate))
 
-    def arm_with(self, arm: Callable[[], None], disarm: Callable[[], None]) -> None:
+    def arm_with(self, arm: Callable[[], bool], disarm: Callable[[], None]) -> None:
         """Call ``arm`` before and ``disarm`` after every sampled forward (hooks registered
         on demand). At a sample rate of 1 every forward is sampled: the gate then holds one
         arm of its own for as long as the rate stays there, sparing a registration per
@@ -274,8 +274,10 @@ class RequestGate:
             return dict(self._hook_faults)
 
     def _begin_record(self, rows: torch.Tensor | None = None, batch: int = 0) -> None:
-        if self._arm is not None:
-            self._arm()  # never raises; a failed registration only loses this capture
+        if self._arm is not None and not self._arm():
+            # Never raises; a failed registration only loses this capture: the flag stays
+            # closed, so hooks the caller runs itself (HookSet.take_root) take nothing either.
+            return
         # The record lives on the hooks' thread-local flag: they put their plain captures
         # straight into it (see hookwatch._hooks.Gate.record).
         self.hook_flag.set(True, rows, batch, {})

@@ -300,8 +300,20 @@ class Monitor:
         """The calls of a server that counts its requests on arrival, bound once (the service
         binds them when it is built): an unsampled batch makes one Python call and one C call
         for monitoring (:class:`~hookwatch._monitor.path.RequestPath`). In situ each Python
-        call costs several times its cost in a loop (docs/bench/request.md)."""
-        return RequestPath(self._tally, self._gate, self._received, self._answered_sampled)
+        call costs several times its cost in a loop (docs/bench/request.md).
+
+        The server also holds each forward's input and output: it hands them to the model's
+        own hooks itself (:meth:`HookSet.take_root`), so a sampled forward registers hooks on
+        the watched layers only. Call it once, before serving."""
+        take_input, take_output = self._hooks.take_root()
+        return RequestPath(
+            self._tally,
+            self._gate,
+            self._received,
+            self._answered_sampled,
+            take_input,
+            take_output,
+        )
 
     def _counts(self) -> RequestCounts:
         """Request counts so far (also before they are published)."""

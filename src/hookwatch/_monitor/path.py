@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hookwatch._monitor.gate import RequestGate, RequestScope
 from hookwatch._monitor.tally import RequestTally
@@ -40,9 +40,22 @@ class RequestPath:
     answers, ``path.durations.append((seconds, count))``, or
     ``path.answered_sampled(seconds, count)`` after a sampled forward. Rejects go through
     ``path.received``.
+
+    Inside a sampled forward's scope, ``path.take_input(inputs)`` before the forward and
+    ``path.take_output(output)`` after it, each when not None: the model's own input and
+    output hooks, handed to the server (the model carries no hook of ours then).
     """
 
-    __slots__ = ("_gate", "_tally", "answered_sampled", "decide", "durations", "received")
+    __slots__ = (
+        "_gate",
+        "_tally",
+        "answered_sampled",
+        "decide",
+        "durations",
+        "received",
+        "take_input",
+        "take_output",
+    )
 
     def __init__(
         self,
@@ -50,6 +63,8 @@ class RequestPath:
         gate: RequestGate,
         received: ReceivedRequests,
         answered_sampled: Callable[[float, int], None],
+        take_input: Callable[[Any], None] | None = None,
+        take_output: Callable[[Any], None] | None = None,
     ) -> None:
         self._tally = tally
         self._gate = gate
@@ -57,6 +72,8 @@ class RequestPath:
         self.decide: Callable[[int, Sequence[int] | None, bool], RequestScope] = gate.request
         self.durations: deque[tuple[float, int]] = tally.pending
         self.answered_sampled = answered_sampled
+        self.take_input = take_input
+        self.take_output = take_output
 
     def arrived(self, count: int) -> bool:
         """Count ``count`` requests as received, and say whether their forward is due to be
