@@ -172,6 +172,10 @@ class Gate(threading.local):
     batch: int = 0
     mask: torch.Tensor | None = None
     record: dict[str, PlainCapture] | None = None
+    #: ``batch`` while the gate is open onto a record with every row captured and no mask
+    #: read, else -1: the one read of the thread-local with which a hook's short path checks
+    #: all four (each read of a thread-local attribute costs a dictionary switch).
+    whole: int = -1
 
     def set(
         self,
@@ -186,6 +190,7 @@ class Gate(threading.local):
         self.record = record if value else None
         # A mask belongs to one forward: the next one's pre-hook reads its own.
         self.mask = None
+        self.whole = batch if value and rows is None and record is not None else -1
 
 
 def _is_scripted(module: nn.Module) -> bool:
@@ -591,7 +596,7 @@ class LayerHook:
         #: every sampled forward, docs/bench/request.md). None: take the general path.
         self._fast_shape: torch.Size | None = None
         self._fast_dtype: torch.dtype | None = None
-        self._fast_batch = 0
+        self._fast_batch = -2  # never a Gate.whole
         self._fast_units = False
 
     def register(self) -> None:
@@ -670,11 +675,11 @@ class LayerHook:
         other forward hooks: so a module with hooks of its own keeps a hook (see arm). The
         module is held weakly, as the hook holds it."""
         module_ref = self._module_ref
-        hook = self._hook
+        take = self.take
 
         def forward_tap(*args: Any, **kwargs: Any) -> Any:
             output = forward(module_ref(), *args, **kwargs)
-            hook(None, args, output)  # never raises
+            take(output)  # never raises
             return output
 
         forward_tap.__wrapped__ = forward  # type: ignore[attr-defined]
@@ -692,44 +697,43 @@ class LayerHook:
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None
     ) -> None:
         if self._gate.open and self.state is _ATTACHED:
-            self._capture(args[0] if args else select_tensor(kwargs or {}))
+            self.take(args[0] if args else select_tensor(kwargs or {}))
 
-    def _hook(self, module: nn.Module | None, args: tuple[Any, ...], output: Any) -> None:
-        gate = self._gate
-        if not gate.open or self.state is not _ATTACHED:
-            return
-        # The common capture again (see _fast_shape): every check of the general path whose
-        # outcome could differ, in one expression; inline, it runs for every hooked layer of
-        # every sampled forward.
-        if (
-            type(output) is torch.Tensor
-            and output.shape == self._fast_shape
-            and output.dtype is self._fast_dtype
-            and gate.batch == self._fast_batch
-            and gate.rows is None
-            and gate.mask is None
-            and output.is_cpu
-            and not output.requires_grad
-            and not _COMPILER._is_compiling_flag
-        ):
-            record = gate.record
-            if record is not None:
-                try:
-                    held = output.numpy().copy()
-                except Exception:  # the general path decides what it is
-                    self._capture(output)
-                    return
-                if self._fast_units:
-                    held = held.swapaxes(1, -1)
-                record[self.name] = (self.name, None, None, held)
-                return
-        self._capture(output)
+    def _hook(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        self.take(output)
 
     def take(self, value: Any) -> None:
-        """Capture ``value`` as the module's hook would (its input or output, from a caller
-        that holds it: the service, for the model's own); a no-op while the gate is closed or
-        the hook is off. Never raises."""
-        self._hook(None, (), value)
+        """Capture ``value`` as the module's hook would: its output (the forward hook and the
+        forward tap call this), or its input from a caller that holds it (the service, for
+        the model's own, :meth:`HookSet.take_root`); a no-op while the gate is closed or the
+        hook is off. Never raises."""
+        gate = self._gate
+        # The common capture again (see _fast_shape): every check of the general path whose
+        # outcome could differ, in one expression (the gate open onto a record, the whole
+        # batch, no mask: ``whole``); inline, it runs for every hooked layer of every sampled
+        # forward. Not checked: the device and the grad, the same from one forward to the
+        # next (the short path is armed only for a host tensor without grad); a model moved
+        # to a device, or run with grad, makes numpy() raise, and the general path takes it
+        # from there.
+        if (
+            gate.whole == self._fast_batch
+            and type(value) is torch.Tensor
+            and value.shape == self._fast_shape
+            and value.dtype is self._fast_dtype
+            and self.state is _ATTACHED
+            and not _COMPILER._is_compiling_flag
+        ):
+            try:
+                held = value.numpy().copy()
+            except Exception:  # the general path decides what it is
+                self._capture(value)
+                return
+            if self._fast_units:
+                held = held.swapaxes(1, -1)
+            gate.record[self.name] = (self.name, None, None, held)  # type: ignore[index]
+            return
+        if gate.open and self.state is _ATTACHED:
+            self._capture(value)
 
     def _capture(self, value: Any) -> None:
         # The general path: it decides afresh, and re-arms the fast one when it ends in the
@@ -808,10 +812,10 @@ class LayerHook:
                 if (
                     _FAST_CAPTURE
                     and tensor is value
-                    and gate.rows is None
-                    and mask is None
+                    and gate.whole == batch
                     and self._select is None
                     and type(held) is np.ndarray
+                    and not tensor.requires_grad
                 ):
                     # The value itself was copied whole to the host (not selected, picked,
                     # transposed or dequantized): the same shape, dtype and batch next time
@@ -937,6 +941,7 @@ class MaskHook:
             if rows is not None and mask.shape[0] == gate.batch:
                 mask = mask.index_select(0, rows.to(mask.device))
             gate.mask = mask
+            gate.whole = -1  # the hooks reduce token activations over it: the general path
         except Exception as error:  # a monitor must never fail the request
             gate.mask = None
             self.state = HookState.FAULTED

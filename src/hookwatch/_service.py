@@ -524,7 +524,7 @@ class ModelService:
             path = self._path
             # Not due (most batches): the countdown moved on arrival, nothing to decide.
             scope = (
-                path.decide(len(batch.positions), batch.sizes, True)
+                path.decide(len(batch.positions), batch.sizes)
                 if batch.due and path is not None
                 else None
             )
@@ -716,7 +716,9 @@ class ModelService:
                 row += size
         path = self._path
         if path is not None and result.received:
-            if result.sampled:  # the one check an unsampled batch pays for the cost cap
+            # The one check an unsampled batch pays for the cost cap, which measures the
+            # sampled forwards' durations apart (answered_sampled: None without the cap).
+            if result.sampled and path.answered_sampled is not None:
                 path.answered_sampled(time.perf_counter() - result.received, result.size)
             else:
                 # Binned by the capture thread (RequestTally.fold): a C call, no frame.

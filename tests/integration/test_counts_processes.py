@@ -191,7 +191,7 @@ PATH_THREADS = MONITOR_IN_A_PROCESS + textwrap.dedent(
         start.wait()
         for _ in range(EACH):
             if path.arrived(1):  # the first: the rate's countdown is drawn (never due at 0)
-                assert not path.decide(1, None, True).picked
+                assert not path.decide(1, None).picked
             if sampled:
                 tally.answered(0.001, 1)  # a sampled forward's, lock-free into the same cells
             else:

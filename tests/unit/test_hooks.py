@@ -191,14 +191,14 @@ def test_a_repeated_capture_keeps_what_the_general_path_keeps(shape: tuple[int, 
         record: dict[str, tuple[object, ...]] = {}
         gate.set(True, None, 3, record)
         first = torch.randn(*shape)
-        hook._hook(model[0], (), first)  # the general path, which arms the short one
+        hook.take(first)  # the general path, which arms the short one
         general = _copied(record, "0").copy()
         assert hook._fast_shape == first.shape
-        hook._hook(model[0], (), first)  # the same value through the short path
+        hook.take(first)  # the same value through the short path
         np.testing.assert_array_equal(_copied(record, "0"), general)
         assert _copied(record, "0").shape == general.shape
         again = torch.randn(*shape)
-        hook._hook(model[0], (), again)
+        hook.take(again)
         kept = _copied(record, "0")
         before = kept.copy()
         again.add_(1.0)  # an in-place change after the hook: the copy is the record's own
@@ -214,24 +214,24 @@ def test_what_the_short_path_does_not_check_sends_a_capture_the_general_way() ->
         (hook,) = list(hooks)
         record: dict[str, tuple[object, ...]] = {}
         gate.set(True, None, 3, record)
-        hook._hook(model[0], (), torch.randn(3, 8))
+        hook.take(torch.randn(3, 8))
         assert hook._fast_shape is not None
         # Rows picked by the per-second cap: the general path copies those rows only.
         gate.set(True, torch.tensor([0, 2]), 3, record)
-        hook._hook(model[0], (), torch.randn(3, 8))
+        hook.take(torch.randn(3, 8))
         assert _copied(record, "0").shape == (2, 8)
         assert hook._fast_shape is None  # not re-armed by a capture of picked rows
         gate.set(True, None, 3, record)
-        hook._hook(model[0], (), torch.randn(3, 8))
+        hook.take(torch.randn(3, 8))
         assert hook._fast_shape == (3, 8)
         # Another shape, another dtype, a tensor that needs grad: the general path each time.
-        hook._hook(model[0], (), torch.randn(3, 4))
+        hook.take(torch.randn(3, 4))
         assert _copied(record, "0").shape == (3, 4) and hook._fast_shape == (3, 4)
-        hook._hook(model[0], (), torch.randn(3, 4, dtype=torch.float64))
+        hook.take(torch.randn(3, 4, dtype=torch.float64))
         assert _copied(record, "0").dtype == np.float64
-        hook._hook(model[0], (), torch.randn(3, 4, requires_grad=True))
+        hook.take(torch.randn(3, 4, requires_grad=True))
         assert _copied(record, "0").dtype == np.float32
         # Not a tensor: the general path's selection, and its fault when there is none.
-        hook._hook(model[0], (), (torch.randn(3, 4), "extra"))
+        hook.take((torch.randn(3, 4), "extra"))
         assert _copied(record, "0").shape == (3, 4)
         assert sink.faults == []

@@ -147,6 +147,9 @@ class RequestGate:
         #: forward's own, so one per request count serves every unsampled forward (one object
         #: fewer per request).
         self._unsampled: dict[int, RequestScope] = {}
+        #: Likewise the scope of a sampled forward of so many one-row requests, every one
+        #: captured (the common sampled one).
+        self._whole: dict[int, RequestScope] = {}
 
     @property
     def sample_rate(self) -> float:
@@ -212,15 +215,25 @@ class RequestGate:
             self._skip = skip - 1
             scope = self._unsampled.get(batch_size)
             return scope if scope is not None else self._unsampled_scope(batch_size)
-        scope = self._decide(batch_size, sizes)
+        count = len(sizes) if sizes is not None else whole_requests(batch_size, "batch_size")
+        scope = self._decide(count, sizes)
         if received and scope.picked:
             self._tally.sampled(scope.picked)
         return scope
 
-    def _decide(self, batch_size: int, sizes: Sequence[int] | None) -> RequestScope:
-        """:meth:`request` for a forward that is due (or a rate just set, or a forward of
-        several-row requests or of none)."""
-        count = len(sizes) if sizes is not None else whole_requests(batch_size, "batch_size")
+    def due(self, count: int, sizes: Sequence[int] | None = None) -> RequestScope:
+        """:meth:`request` with ``received``, for a server whose countdown said, on arrival,
+        that this forward is due (:class:`~hookwatch._monitor.path.RequestPath`): the full
+        decision without the common case's test, for ``count`` requests (a whole number,
+        the server's own count) or ``sizes``."""
+        scope = self._decide(len(sizes) if sizes is not None else count, sizes)
+        if scope.picked:
+            self._tally.sampled(scope.picked)
+        return scope
+
+    def _decide(self, count: int, sizes: Sequence[int] | None) -> RequestScope:
+        """The decision for a forward of ``count`` requests (``sizes``: their rows) that is
+        due, or after a rate just set, or of several-row requests or of none."""
         if not count:
             # Nothing to capture: the countdown is left to a forward that has requests, so
             # empty forwards do not thin out the sampled ones.
@@ -242,6 +255,14 @@ class RequestGate:
             picked = self._take(count)
             if not picked:
                 return self._unsampled_scope(count)
+        if picked == count and sizes is None:
+            # The common sampled forward: its scope holds nothing of its own either.
+            scope = self._whole.get(count)
+            if scope is None:
+                scope = RequestScope(self, count, count, None, count)
+                if len(self._whole) < _UNSAMPLED_SCOPES:
+                    self._whole[count] = scope
+            return scope
         rows: torch.Tensor | None = None
         if picked < count:
             # The rows of the first ``picked`` requests (``sizes[i]`` rows each, default 1).

@@ -310,7 +310,8 @@ class Monitor:
             self._tally,
             self._gate,
             self._received,
-            self._answered_sampled,
+            # Only the cost cap needs a sampled forward's duration apart from the others.
+            self._answered_sampled if self.config.sample_cap is not None else None,
             take_input,
             take_output,
         )

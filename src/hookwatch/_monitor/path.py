@@ -35,11 +35,11 @@ class RequestPath:
     """One monitor's request path, bound once by the service that serves with it.
 
     Per batch: ``due = path.arrived(len(bodies))`` on arrival (before decoding: a worker
-    killed later has counted them); if ``due``, ``scope = path.decide(rows, sizes, True)``
+    killed later has counted them); if ``due``, ``scope = path.decide(rows, sizes)``
     before the forward, and the forward runs in ``scope`` when ``scope.picked``; with the
-    answers, ``path.durations.append((seconds, count))``, or
-    ``path.answered_sampled(seconds, count)`` after a sampled forward. Rejects go through
-    ``path.received``.
+    answers, ``path.durations.append((seconds, count))``, or, after a sampled forward when
+    it is not None (the cost cap measures those apart), ``path.answered_sampled(seconds,
+    count)``. Rejects go through ``path.received``.
 
     Inside a sampled forward's scope, ``path.take_input(inputs)`` before the forward and
     ``path.take_output(output)`` after it, each when not None: the model's own input and
@@ -62,14 +62,14 @@ class RequestPath:
         tally: RequestTally,
         gate: RequestGate,
         received: ReceivedRequests,
-        answered_sampled: Callable[[float, int], None],
+        answered_sampled: Callable[[float, int], None] | None,
         take_input: Callable[[Any], None] | None = None,
         take_output: Callable[[Any], None] | None = None,
     ) -> None:
         self._tally = tally
         self._gate = gate
         self.received = received
-        self.decide: Callable[[int, Sequence[int] | None, bool], RequestScope] = gate.request
+        self.decide: Callable[[int, Sequence[int] | None], RequestScope] = gate.due
         self.durations: deque[tuple[float, int]] = tally.pending
         self.answered_sampled = answered_sampled
         self.take_input = take_input
