@@ -11,8 +11,9 @@ last publish to the counters.
 
 The counting runs in the thread serving the request: plain integers and floats added in place
 in a memory map, never a Prometheus call. The count every request makes on arrival
-(:meth:`received`, or its inlined copy in :class:`~hookwatch._monitor.path.RequestPath`) takes
-no lock once the count file is attached: each addition is one read and one write of a
+(:meth:`received`, or its inlined copy in :class:`~hookwatch._monitor.path.RequestPath`), and
+the count of a sampled forward's requests (:meth:`sampled`), take no lock once the count file is
+attached: each addition is one read and one write of a
 ``memoryview`` item or an attribute, which the GIL serialises (CPython switches threads only at
 calls and backward jumps, and there is none between the read and the write). A served batch's
 duration is not binned on the request path: it goes into :attr:`RequestTally.pending` (a C-level
@@ -168,6 +169,11 @@ class RequestTally:
 
     def sampled(self, count: int) -> None:
         """Count ``count`` requests, received already, as captured."""
+        cells = self._cells
+        if cells is not None:
+            # Lock-free, as received() (the file's cell is the count from here on).
+            cells[self._at_sampled] += count
+            return
         with self._lock:
             self._sampled += count
             if self._slots is not None:
@@ -267,10 +273,17 @@ class RequestTally:
         with self._lock:
             return self._counts_locked()
 
+    def _sampled_total(self) -> int:
+        """Every request counted as captured: as :meth:`_requests_total`."""
+        cells = self._cells
+        if cells is not None:
+            return int(cells[self._at_sampled])
+        return self._sampled
+
     def _counts_locked(self) -> RequestCounts:
         return RequestCounts(
             self._requests_total(),
-            self._sampled,
+            self._sampled_total(),
             sum(self._rejected.values()),
             self._dropped,
             dict(self._rejected),
