@@ -8,7 +8,9 @@ metric files in a ``PROMETHEUS_MULTIPROC_DIR`` of their own) and driven through 
 request sampled. The gate keeps the model-config's sample rate; only its random draw is fixed
 per case, so an unsampled request takes exactly the path an unsampled request takes when
 served (no hooks registered, nothing pinned). A control comes first: the plain handler against
-a second plain handler, timed the same way, whose difference is the harness's own floor.
+a second plain handler, timed the same way, whose difference is the harness's own floor. Then
+the unsampled path within one handler (``ONE_HANDLER``): the monitored handler with its request
+path bound and unbound, which that floor does not touch.
 
 Two passes:
 
@@ -83,6 +85,13 @@ CASES: tuple[tuple[str, int, bool], ...] = (
 #: where each handler's objects landed in memory, the rounds' order): a case's difference
 #: within it is no difference this harness can show.
 CONTROL = ("b1-plain-vs-plain", 1)
+
+#: The unsampled path against the plain one in ONE handler: the monitored handler timed with its
+#: request path bound, as served, and unbound (``service._path`` None: the path a plain
+#: handler's service runs, with nothing else changed), alternating round by round. The same
+#: objects in the same memory on both sides, so the control's floor (where each of two
+#: handlers landed) is not in it: what is left is the request path's own cost.
+ONE_HANDLER = ("b1-unsampled-one-handler", 1)
 
 #: Functions listed per case in the bytecodes table (the largest monitored-minus-plain).
 BYTECODE_ROWS = 12
@@ -373,6 +382,38 @@ def _run(handler: Any, context: Any, batches: list[list[dict[str, Any]]]) -> flo
     return time.perf_counter() - start
 
 
+def one_handler_pass(
+    handler: Any, context: Any, bodies: list[dict[str, Any]], batch: int, rounds: int, requests: int
+) -> tuple[float, float, list[float]]:
+    """:func:`timing_pass` for ``ONE_HANDLER``: the handler's own request path unbound in the
+    "plain" rounds, bound in the others (set between rounds, outside the timed part)."""
+    service = handler.service
+    path = service._path
+    batches = [
+        [bodies[(i * batch + j) % len(bodies)] for j in range(batch)]
+        for i in range(max(1, requests // batch))
+    ]
+    count = len(batches) * batch
+    _configure(handler, False)
+    plain_s: list[float] = []
+    monitored_s: list[float] = []
+    try:
+        for r in range(rounds + 3):  # the first 3: warm-up
+            pair = [(None, plain_s), (path, monitored_s)]
+            if r % 2:
+                pair.reverse()
+            for bound, into in pair:
+                service._path = bound
+                seconds = _run(handler, context, batches) / count
+                if r >= 3:
+                    into.append(seconds)
+            _drain(handler)
+    finally:
+        service._path = path
+    diffs = [(m - p) * 1e6 for m, p in zip(monitored_s, plain_s, strict=True)]
+    return statistics.median(plain_s) * 1e6, statistics.median(monitored_s) * 1e6, diffs
+
+
 def _median_interval(values: list[float]) -> tuple[float, float, float]:
     """Median and a distribution-free ~95 % interval for it (binomial order statistics)."""
     ordered = sorted(values)
@@ -589,6 +630,10 @@ def measure(
                 name, batch, False, "plain_handler", model_dir, config, bodies, rounds, requests
             )
         )
+    if not only or ONE_HANDLER[0] in only.split(","):
+        one = _one_handler_case(model_dir, config, bodies, rounds, requests)
+        if one is not None:
+            cases.append(one)
     for name, batch, sampled in CASES:
         if only and name not in only.split(","):
             continue
@@ -656,6 +701,45 @@ def _timed_case(
         diff_high_us=round(high, 2),
         ratio=round(plain_us / other_us, 4),
         capture_cpu_us=round(cpu, 1),
+        phases_us={},
+        arms_per_forward=0.0,
+    )
+
+
+def _one_handler_case(
+    model_dir: Path,
+    config: dict[str, Any],
+    bodies: list[dict[str, Any]],
+    rounds: int,
+    requests: int,
+) -> CaseResult | None:
+    """``ONE_HANDLER``'s row; None for a commit whose service has no bound request path."""
+    name, batch = ONE_HANDLER
+    handler, context = _build("hookwatch_handler", model_dir, copy.deepcopy(config))
+    if getattr(handler.service, "_path", None) is None:
+        handler.service.close()
+        return None
+    plain_us, bound_us, diffs = one_handler_pass(handler, context, bodies, batch, rounds, requests)
+    handler.service.close()
+    diff, low, high = _median_interval(diffs)
+    print(
+        f"{name}: unbound {plain_us:.1f} µs, bound {bound_us:.1f} µs, "
+        f"difference {diff:+.2f} µs [{low:+.2f}, {high:+.2f}]",
+        file=sys.stderr,
+    )
+    return CaseResult(
+        case=name,
+        batch=batch,
+        sampled=False,
+        rounds=rounds,
+        requests_per_round=max(1, requests // batch) * batch,
+        plain_us=round(plain_us, 2),
+        monitored_us=round(bound_us, 2),
+        diff_us=round(diff, 2),
+        diff_low_us=round(low, 2),
+        diff_high_us=round(high, 2),
+        ratio=round(plain_us / bound_us, 4),
+        capture_cpu_us=0.0,
         phases_us={},
         arms_per_forward=0.0,
     )

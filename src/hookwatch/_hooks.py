@@ -17,6 +17,7 @@ import dataclasses
 import difflib
 import enum
 import fnmatch
+import inspect
 import logging
 import threading
 import weakref
@@ -591,7 +592,7 @@ class LayerHook:
         self.by_caller = False
         #: What the last capture was, when it was the common one (a plain host tensor copied
         #: whole, no rows picked, no mask): an activation of the same shape and dtype in a
-        #: forward of the same batch is copied at once by :meth:`_hook`, without the general
+        #: forward of the same batch is copied at once by :meth:`take`, without the general
         #: path's decisions, which would come out the same (~150 bytecodes a layer fewer on
         #: every sampled forward, docs/bench/request.md). None: take the general path.
         self._fast_shape: torch.Size | None = None
@@ -683,6 +684,12 @@ class LayerHook:
             return output
 
         forward_tap.__wrapped__ = forward  # type: ignore[attr-defined]
+        # What inspect.signature(module.forward) gives without the tap: the bound method's
+        # parameters, not the tap's (*args, **kwargs) nor the function's with ``self``.
+        with contextlib.suppress(ValueError, TypeError):
+            signature = inspect.signature(forward)
+            parameters = list(signature.parameters.values())[1:]
+            forward_tap.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
         return forward_tap
 
     @property
@@ -819,7 +826,7 @@ class LayerHook:
                 ):
                     # The value itself was copied whole to the host (not selected, picked,
                     # transposed or dequantized): the same shape, dtype and batch next time
-                    # come out the same (see _hook).
+                    # come out the same (see take).
                     self._fast_shape, self._fast_dtype = shape, tensor.dtype
                     self._fast_batch, self._fast_units = batch, units
                 # Into the gate's record as it is (see Gate.record), else through the sink:

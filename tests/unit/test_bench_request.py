@@ -24,10 +24,15 @@ def test_every_run_has_every_case_and_phase() -> None:
     assert runs
     for run in runs:
         names = [name for name, *_ in request.CASES]
-        # The control (plain against plain) leads every run since it was added.
-        assert [c["case"] for c in run["cases"]] in (names, [request.CONTROL[0], *names])
+        # The control (plain against plain) leads every run since it was added, then the
+        # one-handler row since it was added.
+        assert [c["case"] for c in run["cases"]] in (
+            names,
+            [request.CONTROL[0], *names],
+            [request.CONTROL[0], request.ONE_HANDLER[0], *names],
+        )
         for case in run["cases"]:
-            control = case["case"] == request.CONTROL[0]
+            control = case["case"] in (request.CONTROL[0], request.ONE_HANDLER[0])
             assert set(case["phases_us"]) == (set() if control else set(request.PHASES))
             assert case["diff_low_us"] <= case["diff_us"] <= case["diff_high_us"]
 

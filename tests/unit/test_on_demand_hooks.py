@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import threading
 from typing import Any
 
@@ -388,3 +389,20 @@ def test_a_failed_arm_leaves_the_callers_hooks_closed_too(
     monitor.close()
     for layer in ("input", "output"):
         assert value(metrics, "hookwatch_captures_total", model="m", layer=layer) == 0
+
+
+def test_a_tapped_forward_shows_the_modules_own_signature(metrics: MetricSet) -> None:
+    # Code that reads a layer's forward during a sampled forward (a pre-hook here) finds the
+    # tap, with the bound forward's signature.
+    model = Probe()
+    seen: list[tuple[bool, str]] = []
+    model.inner.fc.register_forward_pre_hook(
+        lambda module, args: seen.append((tapped(module), str(inspect.signature(module.forward))))
+    )
+    cfg = MonitoringConfig.from_mapping({"layers": ["inner.fc"], "sample_rate": 1.0, "seed": 3})
+    monitor = Monitor(model, plan_watch(model, cfg, "m"), metrics=metrics)
+    monitor._gate.sample_rate = 0.99  # unpinned: the flat arm, from the second forward on
+    serve(monitor, model, 6)
+    monitor.close()
+    assert [t for t, _ in seen].count(True) >= 4
+    assert {signature for _, signature in seen} == {str(inspect.signature(nn.Linear(4, 4).forward))}
