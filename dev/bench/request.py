@@ -99,17 +99,19 @@ BYTECODE_ROWS = 12
 #: The phases, in table order, and what they cover.
 PHASES: dict[str, str] = {
     "decode": "ModelService.decode: JSON checks, tensors, the batch (less its counting)",
-    "gate": "the sampling decision of a due forward: RequestGate.request, the scope's enter/exit",
+    "gate": "the sampling decision of a due forward: RequestGate.request/due, the scope's "
+    "enter/exit",
     "counting": "RequestPath.arrived (the arrival count and the sampling countdown), "
     "RequestTally received/served/sampled (the worker count file)",
     "histogram": "RequestTally.answered: the request-duration histogram of a sampled forward "
     "(the others' durations are appended in the answer, binned by the capture thread)",
     "registration": "HookSet.arm/disarm: hooks registered and removed per sampled forward",
-    "hooks": "the hook bodies (LayerHook._hook/_pre_hook/_capture), less copies and reductions",
-    "copies": "hold(): the copies a capture keeps",
+    "hooks": "the hook bodies (LayerHook.take/_hook/_pre_hook/_capture), less the general "
+    "path's copies and reductions (the short path's copy is in take)",
+    "copies": "hold(): the copies the hooks' general path keeps",
     "reductions": "reduce_activation/feature_summary in the hooks",
     "hand-off": "the record built and offered to the capture buffer (gate, worker)",
-    "forward": "the model's forward, less the hooks",
+    "forward": "the model's forward, less the hooks (the forward taps' own frames in it)",
     "answer": "ModelService.encode: the JSON answers (less the histogram)",
     "other": "the rest of handle(): TorchServe's BaseHandler, infer, the timers' residue",
 }
@@ -292,6 +294,7 @@ def _targets() -> list[tuple[Any, str, str]]:
         (monitor.Monitor, "answered", "histogram"),
         (monitor.ReceivedRequests, "request", "gate"),
         (gate.RequestGate, "request", "gate"),
+        (gate.RequestGate, "due", "gate"),
         (gate.RequestScope, "__enter__", "gate"),
         (gate.RequestScope, "__exit__", "gate"),
         (tally.RequestTally, "received", "counting"),
@@ -301,6 +304,7 @@ def _targets() -> list[tuple[Any, str, str]]:
         (_hooks.HookSet, "arm", "registration"),
         (_hooks.HookSet, "disarm", "registration"),
         (_hooks.LayerHook, "_hook", "hooks"),
+        (_hooks.LayerHook, "take", "hooks"),
         (_hooks.LayerHook, "_pre_hook", "hooks"),
         (_hooks.LayerHook, "_capture", "hooks"),
         (_hooks, "hold", "copies"),
@@ -682,10 +686,28 @@ def _timed_case(
     )
     plain[0].service.close()
     other[0].service.close()
+    sides = (f"plain {plain_us:.1f} µs", f"{handler} {other_us:.1f} µs")
+    return _case_result(
+        name, batch, sampled, rounds, requests, plain_us, other_us, diffs, cpu, sides
+    )
+
+
+def _case_result(
+    name: str,
+    batch: int,
+    sampled: bool,
+    rounds: int,
+    requests: int,
+    plain_us: float,
+    other_us: float,
+    diffs: list[float],
+    cpu: float,
+    sides: tuple[str, str],
+) -> CaseResult:
+    """A timed case's row (no attribution yet), said on stderr as it comes."""
     diff, low, high = _median_interval(diffs)
     print(
-        f"{name}: plain {plain_us:.1f} µs, {handler} {other_us:.1f} µs, "
-        f"difference {diff:+.2f} µs [{low:+.2f}, {high:+.2f}]",
+        f"{name}: {sides[0]}, {sides[1]}, difference {diff:+.2f} µs [{low:+.2f}, {high:+.2f}]",
         file=sys.stderr,
     )
     return CaseResult(
@@ -721,28 +743,8 @@ def _one_handler_case(
         return None
     plain_us, bound_us, diffs = one_handler_pass(handler, context, bodies, batch, rounds, requests)
     handler.service.close()
-    diff, low, high = _median_interval(diffs)
-    print(
-        f"{name}: unbound {plain_us:.1f} µs, bound {bound_us:.1f} µs, "
-        f"difference {diff:+.2f} µs [{low:+.2f}, {high:+.2f}]",
-        file=sys.stderr,
-    )
-    return CaseResult(
-        case=name,
-        batch=batch,
-        sampled=False,
-        rounds=rounds,
-        requests_per_round=max(1, requests // batch) * batch,
-        plain_us=round(plain_us, 2),
-        monitored_us=round(bound_us, 2),
-        diff_us=round(diff, 2),
-        diff_low_us=round(low, 2),
-        diff_high_us=round(high, 2),
-        ratio=round(plain_us / bound_us, 4),
-        capture_cpu_us=0.0,
-        phases_us={},
-        arms_per_forward=0.0,
-    )
+    sides = (f"unbound {plain_us:.1f} µs", f"bound {bound_us:.1f} µs")
+    return _case_result(name, batch, False, rounds, requests, plain_us, bound_us, diffs, 0.0, sides)
 
 
 def _commit() -> str:

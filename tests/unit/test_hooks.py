@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import threading
 import weakref
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -11,7 +13,7 @@ import torch
 from torch import nn
 
 from hookwatch._errors import ConfigError
-from hookwatch._hooks import Capture, Gate, HookSet, HookState, select_tensor
+from hookwatch._hooks import Capture, Gate, HookSet, HookState, LayerHook, select_tensor
 
 
 class Net(nn.Module):
@@ -181,15 +183,23 @@ def _copied(record: dict[str, tuple[object, ...]], layer: str) -> np.ndarray:
     return held
 
 
-@pytest.mark.parametrize("shape", [(3, 8), (3, 5, 8)], ids=["features", "sequence"])
-def test_a_repeated_capture_keeps_what_the_general_path_keeps(shape: tuple[int, ...]) -> None:
-    # A [B, T, H] output of a Linear is read by its units: the short path swaps the same axes.
+@contextlib.contextmanager
+def one_linear() -> Iterator[tuple[LayerHook, Gate, ListSink, dict[str, tuple[object, ...]]]]:
+    """The hook of one Linear layer (copied whole: copy_limit), its gate open on a record of a
+    batch of 3."""
     model = nn.Sequential(nn.Linear(8, 8))
     gate, sink = Gate(), ListSink()
     with HookSet(gate, sink, copy_limit=1024).attach(model, ["0"], False, False) as hooks:
         (hook,) = list(hooks)
         record: dict[str, tuple[object, ...]] = {}
         gate.set(True, None, 3, record)
+        yield hook, gate, sink, record
+
+
+@pytest.mark.parametrize("shape", [(3, 8), (3, 5, 8)], ids=["features", "sequence"])
+def test_a_repeated_capture_keeps_what_the_general_path_keeps(shape: tuple[int, ...]) -> None:
+    # A [B, T, H] output of a Linear is read by its units: the short path swaps the same axes.
+    with one_linear() as (hook, _, sink, record):
         first = torch.randn(*shape)
         hook.take(first)  # the general path, which arms the short one
         general = _copied(record, "0").copy()
@@ -208,12 +218,7 @@ def test_a_repeated_capture_keeps_what_the_general_path_keeps(shape: tuple[int, 
 
 
 def test_what_the_short_path_does_not_check_sends_a_capture_the_general_way() -> None:
-    model = nn.Sequential(nn.Linear(8, 8))
-    gate, sink = Gate(), ListSink()
-    with HookSet(gate, sink, copy_limit=1024).attach(model, ["0"], False, False) as hooks:
-        (hook,) = list(hooks)
-        record: dict[str, tuple[object, ...]] = {}
-        gate.set(True, None, 3, record)
+    with one_linear() as (hook, gate, sink, record):
         hook.take(torch.randn(3, 8))
         assert hook._fast_shape is not None
         # Rows picked by the per-second cap: the general path copies those rows only.
