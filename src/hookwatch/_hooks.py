@@ -1122,11 +1122,13 @@ class HookSet:
         if self._mask is not None:
             self._mask.unregister()
 
-    def arm(self) -> bool:
+    def arm(self, taps: bool = True) -> bool:
         """Register the hooks for a sampled forward (on demand only; counted). Never raises:
         a registration that fails takes every hook off again and is reported as a fault of
         the whole model; that forward is then not captured (False: the caller leaves the
-        gate closed, so hooks taken by the caller capture nothing either)."""
+        gate closed, so hooks taken by the caller capture nothing either).
+
+        ``taps=False`` registers forward hooks only, no forward taps (:meth:`hold`)."""
         if not self.on_demand:
             return True
         with self._arm_lock:
@@ -1144,7 +1146,7 @@ class HookSet:
                 # own instance (LayerHook._tap), else into the table.
                 for hook, table, key, function, kwargs_table, attributes, tap in entries:
                     if hook.state is _ATTACHED:
-                        if tap is not None and not table and "forward" not in attributes:
+                        if taps and tap is not None and not table and "forward" not in attributes:
                             attributes["forward"] = tap
                         else:
                             table[key] = function
@@ -1163,6 +1165,13 @@ class HookSet:
                 found = [hook.entry() for hook in self._hooks.values()]
                 self._entries = tuple(entry for entry in found if entry is not None)
             return True
+
+    def hold(self) -> bool:
+        """:meth:`arm` for as long as the sample rate stays 1 (the gate's pin), between
+        forwards too: with forward hooks only. A tap left on a module between forwards would
+        go with it into a ``copy.deepcopy`` of the model, and the copy would run the original
+        module's forward; a hook only captures (into the original's monitor)."""
+        return self.arm(taps=False)
 
     def disarm(self) -> None:
         """Undo one :meth:`arm`: the last one takes every hook off again. Never raises."""

@@ -406,3 +406,20 @@ def test_a_tapped_forward_shows_the_modules_own_signature(metrics: MetricSet) ->
     monitor.close()
     assert [t for t, _ in seen].count(True) >= 4
     assert {signature for _, signature in seen} == {str(inspect.signature(nn.Linear(4, 4).forward))}
+
+
+def test_hooks_held_at_full_sampling_are_forward_hooks_never_taps(metrics: MetricSet) -> None:
+    # At a rate of 1 the hooks stay on between forwards, where other code may copy or save the
+    # model: a tap there would be an instance attribute bound to the original module.
+    model = Probe()
+    cfg = MonitoringConfig.from_mapping({"layers": ["inner.fc"], "sample_rate": 0.5, "seed": 3})
+    monitor = Monitor(model, plan_watch(model, cfg, "m"), metrics=metrics)
+    serve(monitor, model, 20)  # the flat arm's entries exist: taps on sampled forwards
+    monitor._gate.sample_rate = 1.0
+    serve(monitor, model, 3)
+    assert hook_count(model) == 3 and not any(tapped(m) for m in model.modules())
+    assert len(model.inner.fc._forward_hooks) == 1
+    monitor._gate.sample_rate = 0.5
+    serve(monitor, model, 20)  # unpinned: taps again on sampled forwards, none between
+    assert hook_count(model) == 0
+    monitor.close()

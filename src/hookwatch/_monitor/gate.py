@@ -140,6 +140,7 @@ class RequestGate:
         self._hook_faults: dict[str, int] = defaultdict(int)
         # Hooks registered around sampled forwards only (HookSet.arm/disarm); see arm_with.
         self._arm: Callable[[], bool] | None = None
+        self._hold: Callable[[], bool] | None = None
         self._disarm: Callable[[], None] | None = None
         self._pinned = False
         self._pin_lock = threading.Lock()
@@ -178,18 +179,24 @@ class RequestGate:
             return math.inf
         return int(math.log1p(-u) / math.log1p(-rate))
 
-    def arm_with(self, arm: Callable[[], bool], disarm: Callable[[], None]) -> None:
+    def arm_with(
+        self,
+        arm: Callable[[], bool],
+        disarm: Callable[[], None],
+        hold: Callable[[], bool] | None = None,
+    ) -> None:
         """Call ``arm`` before and ``disarm`` after every sampled forward (hooks registered
         on demand). At a sample rate of 1 every forward is sampled: the gate then holds one
         arm of its own for as long as the rate stays there, sparing a registration per
-        request."""
+        request; ``hold`` (``arm`` when None) is how it arms then."""
         self._arm, self._disarm = arm, disarm
+        self._hold = hold or arm
 
     def _pin(self, pin: bool) -> None:
         with self._pin_lock:
-            if pin is self._pinned or self._arm is None or self._disarm is None:
+            if pin is self._pinned or self._hold is None or self._disarm is None:
                 return
-            (self._arm if pin else self._disarm)()
+            (self._hold if pin else self._disarm)()
             self._pinned = pin
 
     def request(

@@ -202,7 +202,7 @@ class Monitor:
                 output_head=config.output.head,
             )
             if on_demand:
-                self._gate.arm_with(self._hooks.arm, self._hooks.disarm)
+                self._gate.arm_with(self._hooks.arm, self._hooks.disarm, self._hooks.hold)
         try:
             self._setup_metrics()
         except OSError as error:
