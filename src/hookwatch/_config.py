@@ -642,7 +642,10 @@ class MonitoringConfig:
         "sampled",
         "when hookwatch's hooks are on the modules: `sampled` registers them around each "
         "sampled forward and removes them after it (an unsampled forward runs the model as if "
-        "unwatched); `always` registers them once at load (each forward then pays PyTorch's "
+        "unwatched; a watched layer with no hooks of its own gets a forward tap on its "
+        "instance instead of a hook, and under TorchServe the model itself gets none: "
+        "[architecture](architecture.md#hooks-only-around-sampled-forwards)); `always` "
+        "registers them once at load (each forward then pays PyTorch's "
         "hook dispatch; for models whose own code inspects their hooks). A `torch.compile` "
         "model always gets `always` "
         "([architecture](architecture.md#hooks-only-around-sampled-forwards))",
