@@ -1170,7 +1170,8 @@ class HookSet:
         """:meth:`arm` for as long as the sample rate stays 1 (the gate's pin), between
         forwards too: with forward hooks only. A tap left on a module between forwards would
         go with it into a ``copy.deepcopy`` of the model, and the copy would run the original
-        module's forward; a hook only captures (into the original's monitor)."""
+        module's forward without a word; a model with hookwatch's hooks on cannot be deep-copied
+        at all (the thread-local gate cannot be), which fails loudly instead."""
         return self.arm(taps=False)
 
     def disarm(self) -> None:
