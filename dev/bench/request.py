@@ -377,6 +377,14 @@ def _drain(handler: Any) -> None:
         monitor.flush(timeout=30)
 
 
+def _batches(bodies: list[dict[str, Any]], batch: int, requests: int) -> list[list[dict[str, Any]]]:
+    """``requests`` bodies (at least one batch) cycled through ``bodies``, ``batch`` a batch."""
+    return [
+        [bodies[(i * batch + j) % len(bodies)] for j in range(batch)]
+        for i in range(max(1, requests // batch))
+    ]
+
+
 def _run(handler: Any, context: Any, batches: list[list[dict[str, Any]]]) -> float:
     """Seconds for the batches, one ``handle`` each."""
     handle = handler.handle
@@ -393,10 +401,7 @@ def one_handler_pass(
     "plain" rounds, bound in the others (set between rounds, outside the timed part)."""
     service = handler.service
     path = service._path
-    batches = [
-        [bodies[(i * batch + j) % len(bodies)] for j in range(batch)]
-        for i in range(max(1, requests // batch))
-    ]
+    batches = _batches(bodies, batch, requests)
     count = len(batches) * batch
     _configure(handler, False)
     plain_s: list[float] = []
@@ -452,10 +457,7 @@ def timing_pass(
     rounds: int,
     requests: int,
 ) -> tuple[float, float, list[float], float]:
-    batches = [
-        [bodies[(i * batch + j) % len(bodies)] for j in range(batch)]
-        for i in range(max(1, requests // batch))
-    ]
+    batches = _batches(bodies, batch, requests)
     count = len(batches) * batch
     _configure(monitored[0], sampled)
     for _ in range(3):  # warm-up
@@ -495,10 +497,7 @@ def attribution_pass(
 ) -> tuple[dict[str, float], float]:
     timers = Timers()
     overhead = _timer_overhead(timers)
-    batches = [
-        [bodies[(i * batch + j) % len(bodies)] for j in range(batch)]
-        for i in range(max(1, requests // batch))
-    ]
+    batches = _batches(bodies, batch, requests)
     count = len(batches) * batch
     per_phase: dict[str, dict[str, list[float]]] = {"plain": {}, "monitored": {}}
     arms = 0
@@ -582,10 +581,7 @@ def bytecode_pass(
     """Bytecodes per request of the plain and the monitored handler, after a warm-up (the
     first requests build caches: the gate's scopes, the metric children), and the functions
     whose counts differ most between them."""
-    batches = [
-        [bodies[(i * batch + j) % len(bodies)] for j in range(batch)]
-        for i in range(max(1, requests // batch))
-    ]
+    batches = _batches(bodies, batch, requests)
     count = len(batches) * batch
     by_function: list[dict[str, float]] = []
     for name in ("plain_handler", "hookwatch_handler"):

@@ -223,10 +223,9 @@ class RequestGate:
             scope = self._unsampled.get(batch_size)
             return scope if scope is not None else self._unsampled_scope(batch_size)
         count = len(sizes) if sizes is not None else whole_requests(batch_size, "batch_size")
-        scope = self._decide(count, sizes)
-        if received and scope.picked:
-            self._tally.sampled(scope.picked)
-        return scope
+        if received:
+            return self.due(count, sizes)
+        return self._decide(count, sizes)
 
     def due(self, count: int, sizes: Sequence[int] | None = None) -> RequestScope:
         """:meth:`request` with ``received``, for a server whose countdown said, on arrival,

@@ -145,10 +145,15 @@ class RequestTally:
     def _requests_total(self) -> int:
         """Every request counted: the count file's cell once attached (which took what
         ``_requests`` held then, and every count since), ``_requests`` before."""
+        return self._total(self._at_requests, self._requests)
+
+    def _total(self, at: int, counted: int) -> int:
+        """A count the request path writes without the lock: cell ``at`` of the count file
+        once attached, ``counted`` (the count kept in memory) before."""
         cells = self._cells
         if cells is not None:
-            return int(cells[self._at_requests])
-        return self._requests
+            return int(cells[at])
+        return counted
 
     @property
     def requests_seen(self) -> int:
@@ -273,17 +278,10 @@ class RequestTally:
         with self._lock:
             return self._counts_locked()
 
-    def _sampled_total(self) -> int:
-        """Every request counted as captured: as :meth:`_requests_total`."""
-        cells = self._cells
-        if cells is not None:
-            return int(cells[self._at_sampled])
-        return self._sampled
-
     def _counts_locked(self) -> RequestCounts:
         return RequestCounts(
             self._requests_total(),
-            self._sampled_total(),
+            self._total(self._at_sampled, self._sampled),
             sum(self._rejected.values()),
             self._dropped,
             dict(self._rejected),
