@@ -81,6 +81,31 @@ class GroupResult:
 
 
 @dataclass
+class SteadyResult:
+    """The default variant served without pause, in blocks of its own between plain blocks.
+
+    The rotation above runs each variant a third of the wall time, and the default's caps
+    (samples a second, ``max_overhead`` of the time) count wall time: they let a variant that
+    idles two thirds of the time sample more than a busy worker would. Here each block runs
+    ``seconds`` back to back, and only its second half is measured, after the caps have been
+    re-decided (every ``flush_interval_s``) on the block's own traffic."""
+
+    model: str
+    batch: int
+    #: Blocks per variant, alternating plain/default and default/plain.
+    blocks: int
+    seconds: float
+    plain_us: float
+    default_us: float
+    #: Median of the per-pair plain/default time ratios, with a distribution-free interval.
+    ratio: float
+    ratio_low: float
+    ratio_high: float
+    hooked_share: float
+    capture_cpu_us: float
+
+
+@dataclass
 class ProfileRow:
     op: str
     calls_per_forward: float
@@ -114,6 +139,7 @@ class Result:
     groups: list[GroupResult]
     label: str = ""
     profiles: list[Profile] = field(default_factory=list)
+    steady: list[SteadyResult] = field(default_factory=list)
 
 
 # -- preparing the model directories (here, where TorchServe's archiver is) -----------------
@@ -246,6 +272,81 @@ def measure_group(
     return GroupResult(model, batch, rounds, count, results)
 
 
+def _block(
+    handler: Any, context: Any, batches: list[list[Any]], seconds: float
+) -> tuple[float, int, int, float]:
+    """Serve ``batches`` round and round for ``seconds``; of the second half: the wall time,
+    the forwards, the forwards hooked and the capture thread's CPU."""
+    from dev.bench.request import _capture_cpu
+
+    handle = handler.handle
+    start = time.perf_counter()
+    half, end = start + seconds / 2, start + seconds
+    i = 0
+    now = start
+    while now < half:
+        handle(batches[i % len(batches)], context)
+        i += 1
+        now = time.perf_counter()
+    cpu, hooked, first = _capture_cpu(handler), _accepted(handler), i
+    mark = now
+    while now < end:
+        handle(batches[i % len(batches)], context)
+        i += 1
+        now = time.perf_counter()
+    return now - mark, i - first, _accepted(handler) - hooked, _capture_cpu(handler) - cpu
+
+
+def measure_steady(
+    model: str, model_dir: Path, batch: int, blocks: int, seconds: float, device: str
+) -> SteadyResult:
+    from dev.bench.request import _median_interval
+
+    bodies = _bodies(model)
+    built = {v: _build(model, model_dir, v, batch, device) for v in ("plain", "default")}
+    batches = [[bodies[(i * batch + j) % len(bodies)] for j in range(batch)] for i in range(64)]
+    for handler, context in built.values():
+        for _ in range(5):
+            _segment(handler, context, batches[:4])
+    per_request: dict[str, list[float]] = {"plain": [], "default": []}
+    forwards = hooked = 0
+    cpu = 0.0
+    for b in range(blocks):
+        # Plain first in even pairs and last in odd ones: a drift of the machine's speed
+        # over the run falls on both variants alike.
+        for variant in ("plain", "default") if b % 2 == 0 else ("default", "plain"):
+            handler, context = built[variant]
+            took, count, hooks, spent = _block(handler, context, batches, seconds)
+            per_request[variant].append(took / (count * batch))
+            if variant == "default":
+                forwards, hooked, cpu = forwards + count, hooked + hooks, cpu + spent
+                # What the capture thread still holds is drained before the plain block.
+                handler.service.monitor.flush(timeout=30)
+    for handler, _ in built.values():
+        handler.service.close()
+    ratios = [p / d for p, d in zip(per_request["plain"], per_request["default"], strict=True)]
+    ratio, low, high = _median_interval(ratios)
+    result = SteadyResult(
+        model=model,
+        batch=batch,
+        blocks=blocks,
+        seconds=seconds,
+        plain_us=round(statistics.median(per_request["plain"]) * 1e6, 1),
+        default_us=round(statistics.median(per_request["default"]) * 1e6, 1),
+        ratio=round(ratio, 4),
+        ratio_low=round(low, 4),
+        ratio_high=round(high, 4),
+        hooked_share=round(hooked / max(forwards, 1), 4),
+        capture_cpu_us=round(cpu / max(forwards * batch, 1) * 1e6, 1),
+    )
+    print(
+        f"{model} b{batch} steady default: ratio {ratio:.3f} [{low:.3f}, {high:.3f}], "
+        f"hooked {result.hooked_share:.3f}",
+        file=sys.stderr,
+    )
+    return result
+
+
 def profile_group(
     model: str, model_dir: Path, batch: int, device: str, forwards: int = 50
 ) -> list[Profile]:
@@ -320,12 +421,16 @@ def measure(
     commit: str = "",
     profiles: tuple[str, ...] = (),
     label: str = "",
+    steady: tuple[str, ...] = (),
+    steady_blocks: int = 6,
+    steady_seconds: float = 8.0,
 ) -> Result:
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     groups = []
     tables: list[Profile] = []
+    held: list[SteadyResult] = []
     for model in models:
         model_dir = models_dir / model
         sys.path.insert(0, str(model_dir))  # the worker imports the model file from there
@@ -334,6 +439,10 @@ def measure(
                 tables += profile_group(model, model_dir, batch, device)
             if rounds:
                 groups.append(measure_group(model, model_dir, batch, rounds, seconds, device))
+            if f"{model}:{batch}" in steady:
+                held.append(
+                    measure_steady(model, model_dir, batch, steady_blocks, steady_seconds, device)
+                )
         sys.path.remove(str(model_dir))
     from dev.bench.request import _commit
 
@@ -348,6 +457,7 @@ def measure(
         groups=groups,
         label=label,
         profiles=tables,
+        steady=held,
     )
 
 
@@ -385,6 +495,28 @@ def _profile_lines(profiles: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _steady_lines(steady: list[dict[str, Any]]) -> list[str]:
+    if not steady:
+        return []
+    first = steady[0]
+    lines = [
+        f"Served without pause ({first['blocks']} blocks of {first['seconds']:g} s per variant, "
+        "plain and default alternating, each block's second half measured):",
+        "",
+        "| model | batch | plain µs/request | default µs/request "
+        "| default vs plain (95 % CI) | capture thread CPU µs/request | forwards hooked |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in steady:
+        lines.append(
+            f"| {row['model']} | {row['batch']} | {row['plain_us']:.1f} | "
+            f"{row['default_us']:.1f} | {row['ratio']:.3f} ({row['ratio_low']:.3f} to "
+            f"{row['ratio_high']:.3f}) | {row['capture_cpu_us']:.1f} | "
+            f"{row['hooked_share']:.3f} |"
+        )
+    return [*lines, ""]
+
+
 def render(runs: list[dict[str, Any]]) -> str:
     lines = [BEGIN, ""]
     for run in runs:
@@ -412,6 +544,7 @@ def render(runs: list[dict[str, Any]]) -> str:
                 )
         if run["groups"]:
             lines.append("")
+        lines += _steady_lines(run.get("steady", []))
         lines += _profile_lines(run.get("profiles", []))
     lines.append(END)
     return "\n".join(lines)
@@ -436,6 +569,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="",
         help="comma-separated model:batch groups to profile with torch.profiler (plain, full)",
     )
+    parser.add_argument(
+        "--steady",
+        default="",
+        help="comma-separated model:batch groups whose default variant also runs without "
+        "pause, in blocks against plain ones",
+    )
+    parser.add_argument("--steady-blocks", type=int, default=6, help="blocks per variant")
+    parser.add_argument("--steady-seconds", type=float, default=8.0, help="seconds per block")
     parser.add_argument("--json-only", type=Path, default=None, help="write the run here")
     parser.add_argument("--add", type=Path, default=None, help="no run: render this run")
     parser.add_argument("--json", type=Path, default=JSON_OUT)
@@ -464,6 +605,9 @@ def run(args: argparse.Namespace) -> int:
                 args.commit,
                 tuple(filter(None, args.profile.split(","))),
                 args.label,
+                tuple(filter(None, args.steady.split(","))),
+                args.steady_blocks,
+                args.steady_seconds,
             )
         )
     else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import zipfile
+from dataclasses import asdict
 from pathlib import Path
 
 from dev.bench import gpu
@@ -21,7 +22,7 @@ def test_gpu_table_matches_its_json() -> None:
         "docs/bench/gpu.md is stale: `python -m dev bench-gpu --add <run.json>` regenerates it"
     )
     for run in runs:
-        assert run["label"] and (run["groups"] or run["profiles"])
+        assert run["label"] and (run["groups"] or run["profiles"] or run.get("steady"))
         for group in run["groups"]:
             assert [v["variant"] for v in group["variants"]] == list(gpu.VARIANTS)
             for v in group["variants"]:
@@ -44,3 +45,21 @@ def test_the_harness_measures_the_handlers(tmp_path: Path) -> None:
     assert by_variant["full"].hooked_share == 1.0
     assert by_variant["full"].capture_cpu_us >= 0.0
     assert all(v.us_per_request > 0 for v in group.variants)
+
+
+def test_the_steady_blocks_measure_the_default(tmp_path: Path) -> None:
+    require(MAR.exists(), f"{MAR} (make mar builds it)")
+    model_dir = tmp_path / "digits"
+    with zipfile.ZipFile(MAR) as archive:
+        archive.extractall(model_dir)
+    sys.path.insert(0, str(model_dir))
+    try:
+        row = gpu.measure_steady("digits", model_dir, 1, blocks=2, seconds=0.3, device="cpu")
+    finally:
+        sys.path.remove(str(model_dir))
+    assert row.plain_us > 0 and row.default_us > 0
+    assert row.ratio_low <= row.ratio <= row.ratio_high
+    # The default samples some forwards and not all of them.
+    assert 0.0 < row.hooked_share < 1.0
+    lines = gpu._steady_lines([asdict(row)])
+    assert lines[-2].startswith("| digits | 1 |")
