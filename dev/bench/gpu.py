@@ -18,7 +18,8 @@ the rounds, the median of the per-round plain/variant ratios (throughput relativ
 with a distribution-free 95 % interval, the capture thread's CPU per request (it runs beside
 the request thread; the capture buffer is flushed between segments, outside the timed part,
 so the request thread's cost is what the ratio measures) and the share of forwards that were
-hooked.
+hooked. ``--steady`` adds rows where the default runs without pause, in blocks against
+plain ones (:class:`SteadyResult` says why).
 
 Two steps, since the GPU machine has no network and no TorchServe:
 
