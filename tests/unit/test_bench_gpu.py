@@ -3,9 +3,11 @@ runs (on the host here: no CI machine has a GPU)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import zipfile
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
@@ -29,16 +31,23 @@ def test_gpu_table_matches_its_json() -> None:
                 assert v["ratio_low"] <= v["ratio"] <= v["ratio_high"]
 
 
-def test_the_harness_measures_the_handlers(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _digits(tmp_path: Path) -> Iterator[Path]:
+    """The demo archive extracted as TorchServe extracts it, its model file importable."""
     require(MAR.exists(), f"{MAR} (make mar builds it)")
     model_dir = tmp_path / "digits"
     with zipfile.ZipFile(MAR) as archive:
         archive.extractall(model_dir)
     sys.path.insert(0, str(model_dir))
     try:
-        group = gpu.measure_group("digits", model_dir, 8, rounds=3, seconds=0.02, device="cpu")
+        yield model_dir
     finally:
         sys.path.remove(str(model_dir))
+
+
+def test_the_harness_measures_the_handlers(tmp_path: Path) -> None:
+    with _digits(tmp_path) as model_dir:
+        group = gpu.measure_group("digits", model_dir, 8, rounds=3, seconds=0.02, device="cpu")
     by_variant = {v.variant: v for v in group.variants}
     assert by_variant["plain"].ratio == 1.0 and by_variant["plain"].hooked_share == 0.0
     # Every forward of the full variant is hooked; the capture thread did work for it.
@@ -48,15 +57,8 @@ def test_the_harness_measures_the_handlers(tmp_path: Path) -> None:
 
 
 def test_the_steady_blocks_measure_the_default(tmp_path: Path) -> None:
-    require(MAR.exists(), f"{MAR} (make mar builds it)")
-    model_dir = tmp_path / "digits"
-    with zipfile.ZipFile(MAR) as archive:
-        archive.extractall(model_dir)
-    sys.path.insert(0, str(model_dir))
-    try:
+    with _digits(tmp_path) as model_dir:
         row = gpu.measure_steady("digits", model_dir, 1, blocks=2, seconds=0.3, device="cpu")
-    finally:
-        sys.path.remove(str(model_dir))
     assert row.plain_us > 0 and row.default_us > 0
     assert row.ratio_low <= row.ratio <= row.ratio_high
     # The default samples some forwards and not all of them.
