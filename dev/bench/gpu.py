@@ -102,7 +102,9 @@ class SteadyResult:
     ratio: float
     ratio_low: float
     ratio_high: float
+    #: Of the measured halves' forwards.
     hooked_share: float
+    #: Over the whole blocks' requests, the drain after each block included.
     capture_cpu_us: float
 
 
@@ -275,11 +277,9 @@ def measure_group(
 
 def _block(
     handler: Any, context: Any, batches: list[list[Any]], seconds: float
-) -> tuple[float, int, int, float]:
-    """Serve ``batches`` round and round for ``seconds``; of the second half: the wall time,
-    the forwards, the forwards hooked and the capture thread's CPU."""
-    from dev.bench.request import _capture_cpu
-
+) -> tuple[float, int, int, int]:
+    """Serve ``batches`` round and round for ``seconds``: of the second half, the wall time,
+    the forwards and the forwards hooked; and the whole block's forwards."""
     handle = handler.handle
     start = time.perf_counter()
     half, end = start + seconds / 2, start + seconds
@@ -289,19 +289,18 @@ def _block(
         handle(batches[i % len(batches)], context)
         i += 1
         now = time.perf_counter()
-    cpu, hooked, first = _capture_cpu(handler), _accepted(handler), i
-    mark = now
+    hooked, first, mark = _accepted(handler), i, now
     while now < end:
         handle(batches[i % len(batches)], context)
         i += 1
         now = time.perf_counter()
-    return now - mark, i - first, _accepted(handler) - hooked, _capture_cpu(handler) - cpu
+    return now - mark, i - first, _accepted(handler) - hooked, i
 
 
 def measure_steady(
     model: str, model_dir: Path, batch: int, blocks: int, seconds: float, device: str
 ) -> SteadyResult:
-    from dev.bench.request import _median_interval
+    from dev.bench.request import _capture_cpu, _median_interval
 
     bodies = _bodies(model)
     built = {v: _build(model, model_dir, v, batch, device) for v in ("plain", "default")}
@@ -310,19 +309,24 @@ def measure_steady(
         for _ in range(5):
             _segment(handler, context, batches[:4])
     per_request: dict[str, list[float]] = {"plain": [], "default": []}
-    forwards = hooked = 0
+    forwards = hooked = requests = 0
     cpu = 0.0
     for b in range(blocks):
         # Plain first in even pairs and last in odd ones: a drift of the machine's speed
         # over the run falls on both variants alike.
         for variant in ("plain", "default") if b % 2 == 0 else ("default", "plain"):
             handler, context = built[variant]
-            took, count, hooks, spent = _block(handler, context, batches, seconds)
+            cpu_at = _capture_cpu(handler)
+            took, count, hooks, served = _block(handler, context, batches, seconds)
             per_request[variant].append(took / (count * batch))
             if variant == "default":
-                forwards, hooked, cpu = forwards + count, hooked + hooks, cpu + spent
-                # What the capture thread still holds is drained before the plain block.
+                # What the capture thread still holds is drained before the plain block and
+                # counted with the block (at ~1 % sampled its drains wait for 64 records or
+                # 5 s: most of a block's records are processed here), over all its requests.
                 handler.service.monitor.flush(timeout=30)
+                forwards, hooked = forwards + count, hooked + hooks
+                cpu += _capture_cpu(handler) - cpu_at
+                requests += served * batch
     for handler, _ in built.values():
         handler.service.close()
     ratios = [p / d for p, d in zip(per_request["plain"], per_request["default"], strict=True)]
@@ -338,7 +342,7 @@ def measure_steady(
         ratio_low=round(low, 4),
         ratio_high=round(high, 4),
         hooked_share=round(hooked / max(forwards, 1), 4),
-        capture_cpu_us=round(cpu / max(forwards * batch, 1) * 1e6, 1),
+        capture_cpu_us=round(cpu / max(requests, 1) * 1e6, 1),
     )
     print(
         f"{model} b{batch} steady default: ratio {ratio:.3f} [{low:.3f}, {high:.3f}], "
