@@ -106,6 +106,9 @@ class SteadyResult:
     hooked_share: float
     #: Over the whole blocks' requests, the drain after each block included.
     capture_cpu_us: float
+    #: The cost cap's estimate of what a hooked forward adds (``HookCost.extra``) at the end
+    #: of each default block, in µs; None where it had none yet.
+    cost_extra_us: list[float | None] = field(default_factory=list)
 
 
 @dataclass
@@ -311,6 +314,7 @@ def measure_steady(
     per_request: dict[str, list[float]] = {"plain": [], "default": []}
     forwards = hooked = requests = 0
     cpu = 0.0
+    extras: list[float | None] = []
     for b in range(blocks):
         # Plain first in even pairs and last in odd ones: a drift of the machine's speed
         # over the run falls on both variants alike.
@@ -327,6 +331,8 @@ def measure_steady(
                 forwards, hooked = forwards + count, hooked + hooks
                 cpu += _capture_cpu(handler) - cpu_at
                 requests += served * batch
+                extra = handler.service.monitor._cost.extra
+                extras.append(None if extra is None else round(extra * 1e6, 1))
     for handler, _ in built.values():
         handler.service.close()
     ratios = [p / d for p, d in zip(per_request["plain"], per_request["default"], strict=True)]
@@ -343,6 +349,7 @@ def measure_steady(
         ratio_high=round(high, 4),
         hooked_share=round(hooked / max(forwards, 1), 4),
         capture_cpu_us=round(cpu / max(requests, 1) * 1e6, 1),
+        cost_extra_us=extras,
     )
     print(
         f"{model} b{batch} steady default: ratio {ratio:.3f} [{low:.3f}, {high:.3f}], "

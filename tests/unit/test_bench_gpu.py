@@ -63,5 +63,7 @@ def test_the_steady_blocks_measure_the_default(tmp_path: Path) -> None:
     assert row.ratio_low <= row.ratio <= row.ratio_high
     # The default samples some forwards and not all of them.
     assert 0.0 < row.hooked_share < 1.0
+    # The cost cap's estimate, read after each default block (None before its first).
+    assert len(row.cost_extra_us) == 2
     lines = gpu._steady_lines([asdict(row)])
     assert lines[-2].startswith("| digits | 1 |")
