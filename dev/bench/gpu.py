@@ -224,11 +224,11 @@ def _accepted(handler: Any) -> int:
 def measure_group(
     model: str, model_dir: Path, batch: int, rounds: int, seconds: float, device: str
 ) -> GroupResult:
-    from dev.bench.request import _capture_cpu, _median_interval
+    from dev.bench.request import _batches, _capture_cpu, _median_interval
 
     bodies = _bodies(model)
     built = {v: _build(model, model_dir, v, batch, device) for v in VARIANTS}
-    one = [[bodies[(i * batch + j) % len(bodies)] for j in range(batch)] for i in range(4)]
+    one = _batches(bodies, batch, 4 * batch)
     for handler, context in built.values():  # warm-up: cuDNN's choices, the allocator
         for _ in range(5):
             _segment(handler, context, one)
@@ -236,9 +236,7 @@ def measure_group(
     plain_handler, plain_context = built["plain"]
     per_forward = _segment(plain_handler, plain_context, one) / len(one)
     forwards = max(4, int(seconds / max(per_forward, 1e-6)))
-    batches = [
-        [bodies[(i * batch + j) % len(bodies)] for j in range(batch)] for i in range(forwards)
-    ]
+    batches = _batches(bodies, batch, forwards * batch)
     count = forwards * batch
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
     cpu = dict.fromkeys(VARIANTS, 0.0)
@@ -284,30 +282,31 @@ def _block(
     """Serve ``batches`` round and round for ``seconds``: of the second half, the wall time,
     the forwards and the forwards hooked; and the whole block's forwards."""
     handle = handler.handle
+
+    def serve_until(deadline: float, i: int) -> tuple[int, float]:
+        """Forwards from the ``i``-th on until ``deadline``: the count so far and the time."""
+        now = time.perf_counter()
+        while now < deadline:
+            handle(batches[i % len(batches)], context)
+            i += 1
+            now = time.perf_counter()
+        return i, now
+
     start = time.perf_counter()
-    half, end = start + seconds / 2, start + seconds
-    i = 0
-    now = start
-    while now < half:
-        handle(batches[i % len(batches)], context)
-        i += 1
-        now = time.perf_counter()
-    hooked, first, mark = _accepted(handler), i, now
-    while now < end:
-        handle(batches[i % len(batches)], context)
-        i += 1
-        now = time.perf_counter()
-    return now - mark, i - first, _accepted(handler) - hooked, i
+    first, mark = serve_until(start + seconds / 2, 0)
+    hooked = _accepted(handler)
+    served, end = serve_until(start + seconds, first)
+    return end - mark, served - first, _accepted(handler) - hooked, served
 
 
 def measure_steady(
     model: str, model_dir: Path, batch: int, blocks: int, seconds: float, device: str
 ) -> SteadyResult:
-    from dev.bench.request import _capture_cpu, _median_interval
+    from dev.bench.request import _batches, _capture_cpu, _median_interval
 
     bodies = _bodies(model)
     built = {v: _build(model, model_dir, v, batch, device) for v in ("plain", "default")}
-    batches = [[bodies[(i * batch + j) % len(bodies)] for j in range(batch)] for i in range(64)]
+    batches = _batches(bodies, batch, 64 * batch)
     for handler, context in built.values():
         for _ in range(5):
             _segment(handler, context, batches[:4])
@@ -366,10 +365,10 @@ def profile_group(
     idle: the buffer is flushed before, and drains only past the profiled window)."""
     from torch.profiler import ProfilerActivity, profile
 
+    from dev.bench.request import _batches
+
     bodies = _bodies(model)
-    batches = [
-        [bodies[(i * batch + j) % len(bodies)] for j in range(batch)] for i in range(forwards)
-    ]
+    batches = _batches(bodies, batch, forwards * batch)
     activities = [ProfilerActivity.CPU]
     if device == "cuda":
         activities.append(ProfilerActivity.CUDA)

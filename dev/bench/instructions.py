@@ -125,10 +125,7 @@ def drive(handler_name: str, batch: int, sampled: bool, requests: int) -> None:
     handler, context = request._build(handler_name, model_dir, config)
     request._configure(handler, sampled)
     bodies = request._bodies(256)
-    batches = [
-        [bodies[(i * batch + j) % len(bodies)] for j in range(batch)]
-        for i in range(max(1, (WARM_UP + requests) // batch))
-    ]
+    batches = request._batches(bodies, batch, WARM_UP + requests)
     warm = WARM_UP // batch
     for body in batches[:warm]:
         handler.handle(body, context)
