@@ -190,3 +190,131 @@ def test_the_block_arithmetic_equals_the_detector_sample_by_sample() -> None:
         assert test.alarms == len(expected)
         for end, log in zip(ends, logs, strict=True):
             assert math.isclose(log, evidence[end - 1], rel_tol=1e-9, abs_tol=1e-9)
+
+
+def test_a_group_advances_its_tests_exactly_as_each_would_alone() -> None:
+    """Alarms (restarts inside blocks among them), evidence and state: bit for bit the tests'
+    own, however the stream is cut into drains."""
+    from hookwatch._drift import SequentialGroup
+
+    widths = (6, 1, 3, 9)
+    refs_rng = np.random.default_rng(21)
+    refs = [
+        BinnedReference.fit(f"d{i}", "activation", refs_rng.normal(size=(1500, w)), bins=10)
+        for i, w in enumerate(widths)
+    ]
+
+    def tests() -> list[SequentialTest]:
+        log_d = math.log(sum(widths) / 0.01)
+        return [SequentialTest(r, math.log(40.0), log_d, 200) for r in refs]
+
+    rng = np.random.default_rng(22)
+    n = 1500
+    codes = []
+    for i, ref in enumerate(refs):
+        x = rng.normal(size=(n, widths[i]))
+        if i % 2 == 0:
+            x[500:] += 1.5
+        codes.append(ref.encode(x))
+    alone, together = tests(), tests()
+    cuts = np.cumsum(rng.integers(1, 150, size=60))
+    cuts = cuts[cuts < n]
+    expected: list[tuple[str, int, float]] = []
+    got: list[tuple[str, int, float]] = []
+    group = SequentialGroup(together)
+    for start, end in zip([0, *cuts], [*cuts, n], strict=True):
+        for test, c in zip(alone, codes, strict=True):
+            expected += [
+                (a.detector, a.position, a.log_evidence) for a in test.update(c[start:end])
+            ]
+        got += [
+            (a.detector, a.position, a.log_evidence)
+            for a in group.update([c[start:end] for c in codes])
+        ]
+        for mine, theirs in zip(together, alone, strict=True):
+            assert (mine.seen, mine.alarms, mine.log_evidence) == (
+                theirs.seen,
+                theirs.alarms,
+                theirs.log_evidence,
+            )
+    assert len({d for d, _, _ in expected}) >= 2 and len(expected) > 10
+    assert sorted(got) == sorted(expected)
+    # Within a member, its alarms come by position, as a test's own.
+    assert [p for d, p, _ in got if d == "d0"] == sorted(p for d, p, _ in got if d == "d0")
+    for mine, theirs in zip(together, alone, strict=True):
+        assert np.array_equal(mine._r, theirs._r)
+        assert np.array_equal(mine._weighted, theirs._weighted)
+        assert np.array_equal(mine._table, theirs._table)
+    # Handed back: a member fed alone goes on from the group's state, and the group knows
+    # it is behind.
+    extra = refs[1].encode(rng.normal(size=(70, 1)))
+    assert group.usable
+    together[1].update(extra)
+    alone[1].update(extra)
+    assert not group.usable
+    assert np.array_equal(together[1]._r, alone[1]._r)
+    assert together[1].log_evidence == alone[1].log_evidence
+
+
+def test_the_tracker_advances_a_drains_detectors_together_with_the_same_results() -> None:
+    from hookwatch._drift import DriftTracker, calibrate
+
+    rng = np.random.default_rng(23)
+    refs = {
+        name: BinnedReference.fit(name, "activation", rng.normal(size=(1500, w)), bins=10)
+        for name, w in (("a", 5), ("b", 3))
+    }
+
+    def tracker() -> DriftTracker:
+        log_d = math.log(8 / 0.01)
+        return DriftTracker(
+            refs,
+            calibrate(list(refs.values()), 50, windows=200),
+            10,
+            sequential={n: SequentialTest(r, math.log(60.0), log_d, 200) for n, r in refs.items()},
+        )
+
+    x = {"a": rng.normal(size=(900, 5)) + 1.0, "b": rng.normal(size=(900, 3))}
+    immediate, deferred = tracker(), tracker()
+    for start in range(0, 900, 100):
+        # A drain in which "b" lost some rows (non-finite) is fed test by test.
+        stop_b = start + (60 if start == 300 else 100)
+        for name in ("a", "b"):
+            immediate.update(name, x[name][start : stop_b if name == "b" else start + 100])
+        deferred.defer_sequential()
+        for name in ("a", "b"):
+            deferred.update(name, x[name][start : stop_b if name == "b" else start + 100])
+        assert deferred.advance_sequential() == {}
+        assert immediate.sequential_state() == deferred.sequential_state()
+        assert immediate.take_alarms() == deferred.take_alarms()
+        # Together while in step; out of step for good once "b" was fed fewer samples.
+        group = deferred._group
+        assert (group is not None and group.usable) is (start < 300)
+    assert deferred.sequential_state()["a"][0] > 0
+
+
+def test_a_failing_test_in_a_drain_is_charged_to_its_layer_only() -> None:
+    from hookwatch._drift import DriftTracker, calibrate
+
+    rng = np.random.default_rng(24)
+    refs = {
+        name: BinnedReference.fit(name, "activation", rng.normal(size=(500, 2)), bins=10)
+        for name in ("a", "b")
+    }
+    log_d = math.log(4 / 0.01)
+    tests = {n: SequentialTest(r, math.log(60.0), log_d, 200) for n, r in refs.items()}
+    tracker = DriftTracker(
+        refs, calibrate(list(refs.values()), 50, windows=200), 10, sequential=tests
+    )
+
+    def broken(codes: np.ndarray) -> list[object]:
+        raise RuntimeError("boom")
+
+    tests["b"].update = broken  # type: ignore[method-assign]
+    tests["b"]._r = np.zeros(3)  # the group's concatenation then fails too
+    tracker.defer_sequential()
+    tracker.update("a", rng.normal(size=(40, 2)))
+    tracker.update("b", rng.normal(size=(40, 2)))
+    failed = tracker.advance_sequential()
+    assert list(failed) == ["b"] and "boom" in str(failed["b"])
+    assert tests["a"].seen == 40

@@ -30,7 +30,12 @@ from hookwatch._drift.bins import (
 from hookwatch._drift.calibration import Calibration, calibrate
 from hookwatch._drift.features import derive, softmax
 from hookwatch._drift.projection import Projection
-from hookwatch._drift.sequential import SequentialAlarm, SequentialTest, reference_tolerance
+from hookwatch._drift.sequential import (
+    SequentialAlarm,
+    SequentialGroup,
+    SequentialTest,
+    reference_tolerance,
+)
 from hookwatch._drift.tracker import DriftResult, DriftTracker, SlidingWindow
 
 __all__ = [
@@ -51,6 +56,7 @@ __all__ = [
     "IntArray",
     "Projection",
     "SequentialAlarm",
+    "SequentialGroup",
     "SequentialTest",
     "SlidingWindow",
     "bin_counts",

@@ -40,6 +40,7 @@ validity holds conditionally on a finite reference.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,7 +48,7 @@ from numpy.typing import NDArray
 
 from hookwatch._drift.bins import BinnedReference, CodeArray, FloatArray, expect, expected_shares
 
-__all__ = ["SequentialAlarm", "SequentialTest", "reference_tolerance"]
+__all__ = ["SequentialAlarm", "SequentialGroup", "SequentialTest", "reference_tolerance"]
 
 #: Samples per forecast: it is frozen over this many samples (it may only use the past), then
 #: refreshed. Smaller reacts sooner and costs more Python per sample.
@@ -155,23 +156,10 @@ class SequentialTest:
         return alarms
 
     def _refresh(self) -> None:
-        """``log e`` of every (fraction, feature, bin) from the forecast of the samples so far."""
-        forecast = (self._weighted + PRIOR_SAMPLES * self._q) / (
-            self._weighted.sum(axis=1, keepdims=True) + PRIOR_SAMPLES
+        """``e`` of every (feature, bin, fraction) from the forecast of the samples so far."""
+        self._table = _e_table(
+            self._weighted, self._q, self._inv_q, self._valid, self._tolerance, self._fractions
         )
-        distance = np.sqrt(((forecast - self._q) ** 2 * self._inv_q).sum(axis=1))
-        lam = self._fractions
-        # Bins that do not exist never receive a code: ratio 1 keeps their entries finite.
-        ratio = np.where(self._valid, forecast * self._inv_q, 1.0)
-        table = np.log1p(lam * (ratio - 1.0)[None]) - np.log1p(
-            lam * (self._tolerance * distance)[None, :, None]
-        )
-        # Clipped to [LOG_E_FLOOR, LOG_E_CAP] and divided by 1 + exp(LOG_E_FLOOR): the
-        # expectation bound still holds exactly, and a block's running products stay within
-        # float64 (see _roberts).
-        floored = np.clip(table, LOG_E_FLOOR, LOG_E_CAP) - math.log1p(math.exp(LOG_E_FLOOR))
-        # [F * K, fractions]: a block's gather is then [B, F, fractions], contiguous.
-        self._table = np.exp(floored).reshape(len(FRACTIONS), -1).T.copy()
 
     def _advance(self, flat: NDArray[np.int64]) -> list[SequentialAlarm]:
         alarms: list[SequentialAlarm] = []
@@ -198,13 +186,183 @@ class SequentialTest:
         return alarms
 
     def _remember(self, flat: NDArray[np.int64]) -> None:
-        m = len(flat)
-        # The j-th sample of the block weighs decay ** (m - 1 - j): the newest weighs 1.
-        ages = self._decay ** np.arange(m - 1, -1, -1, dtype=np.float64)
-        added = np.bincount(
-            flat.ravel(), weights=np.repeat(ages, flat.shape[1]), minlength=self._weighted.size
+        self._weighted = _remembered(self._weighted, flat, self._decay)
+
+
+class SequentialGroup:
+    """Several detectors' tests advanced together: one pass per block over all their features.
+
+    A drain feeds every detector the same samples, and each test's work per block is a dozen
+    numpy calls whatever its width; side by side, the detectors of a profile cost those calls
+    once (``make bench-drain``). The arithmetic is the tests' own, feature by feature, so the
+    alarms, evidence and state after :meth:`update` are bit for bit those each test reaches
+    on its own (``tests/unit/test_sequential.py``).
+
+    The tests stay the state's owners: the group copies their state in when built and hands
+    each its part back after every update, so a test updated on its own later goes on from
+    there. It is usable only while every member has seen as many samples as it has
+    (:attr:`usable`): a member updated on its own leaves it behind for good.
+    """
+
+    def __init__(self, tests: Sequence[SequentialTest]) -> None:
+        expect(len(tests) >= 1, "at least one test", len(tests))
+        first = tests[0]
+        bins, seen, decay = first._shape[1], first.seen, first._decay
+        for test in tests:
+            expect(test._shape[1] == bins, f"tests of {bins} bins", test._shape[1])
+            expect(test.seen == seen, f"tests that have seen {seen} samples", test.seen)
+            expect(test._decay == decay, f"tests of one memory ({decay})", test._decay)
+        self.tests = tuple(tests)
+        self.seen = seen
+        self._decay = decay
+        self._fractions = first._fractions
+        widths = [t._shape[0] for t in tests]
+        #: Feature bounds of each member, and of its columns (feature, fraction) in a block.
+        self._features = np.cumsum([0, *widths])
+        self._columns = self._features * len(FRACTIONS)
+        features = int(self._features[-1])
+        self._bins = bins
+        self._offsets = np.arange(features, dtype=np.int64) * bins
+        self._valid = np.concatenate([t._valid for t in tests])
+        self._q = np.concatenate([t._q for t in tests])
+        self._inv_q = np.concatenate([t._inv_q for t in tests])
+        self._tolerance = np.concatenate([t._tolerance for t in tests])
+        self._weighted = np.concatenate([t._weighted for t in tests])
+        self._r = np.concatenate([t._r for t in tests])
+        self._table = np.concatenate([t._table for t in tests])
+
+    @property
+    def usable(self) -> bool:
+        """Every member has seen exactly the samples the group has (none was fed alone)."""
+        return all(test.seen == self.seen for test in self.tests)
+
+    def state_bytes(self) -> int:
+        arrays = (self._weighted, self._r, self._table, self._q, self._inv_q, self._tolerance)
+        return sum(a.nbytes for a in arrays)
+
+    def update(self, codes: Sequence[CodeArray]) -> list[SequentialAlarm]:
+        """Advance every member over its codes ``[B, F_i]`` (one ``B`` for all, oldest first);
+        the alarms they raised, member by member in order, each member's by position."""
+        expect(len(codes) == len(self.tests), f"codes for {len(self.tests)} tests", len(codes))
+        expect(self.usable, "members at the group's sample count", [t.seen for t in self.tests])
+        n = len(codes[0])
+        expect(
+            all(len(c) == n for c in codes), f"{n} samples for every test", [len(c) for c in codes]
         )
-        self._weighted = self._weighted * self._decay**m + added.reshape(self._shape)
+        flat = np.concatenate([np.asarray(c, dtype=np.int64) for c in codes], axis=1)
+        flat += self._offsets
+        raised: list[list[SequentialAlarm]] = [[] for _ in self.tests]
+        evidence = [test.log_evidence for test in self.tests]
+        done = 0
+        while done < n:
+            if self.seen % REFRESH == 0:
+                self._table = _e_table(
+                    self._weighted,
+                    self._q,
+                    self._inv_q,
+                    self._valid,
+                    self._tolerance,
+                    self._fractions,
+                )
+            block = flat[done : done + REFRESH - self.seen % REFRESH]
+            self._advance(block, raised, evidence)
+            self._weighted = _remembered(self._weighted, block, self._decay)
+            self.seen += len(block)
+            done += len(block)
+        bins = self._bins
+        for i, test in enumerate(self.tests):
+            f0, f1 = self._features[i], self._features[i + 1]
+            test._weighted = self._weighted[f0:f1]
+            test._table = self._table[f0 * bins : f1 * bins]
+            test._r = self._r[self._columns[i] : self._columns[i + 1]]
+            test.seen = self.seen
+            test.alarms += len(raised[i])
+            test.log_evidence = evidence[i]
+        return [alarm for alarms in raised for alarm in alarms]
+
+    def _advance(
+        self,
+        flat: NDArray[np.int64],
+        raised: list[list[SequentialAlarm]],
+        evidence: list[float],
+    ) -> None:
+        """One block for every member: the shared part in one pass, a member that alarms
+        inside the block carried on alone from its restart, as :meth:`SequentialTest._advance`
+        does."""
+        m = len(flat)
+        e = self._table[flat].reshape(m, -1)
+        r = _roberts(self._r, e)
+        last = r[-1].copy()
+        for i, test in enumerate(self.tests):
+            c0, c1 = self._columns[i], self._columns[i + 1]
+            # Summed over the member's own columns: the same sums its own test takes.
+            mean = r[:, c0:c1].sum(axis=1) / test._terms
+            over = np.flatnonzero(mean >= test._threshold)
+            if over.size == 0:
+                evidence[i] = math.log(mean[-1]) if mean[-1] > 0 else -math.inf
+                continue
+            done = 0
+            while True:
+                at = int(over[0])
+                position = self.seen + done + at + 1
+                raised[i].append(
+                    SequentialAlarm(test.detector, test.level, position, math.log(mean[at]))
+                )
+                # Restart: the run-length bound holds afresh from the sample after the alarm.
+                done += at + 1
+                last[c0:c1] = 0.0
+                evidence[i] = -math.inf
+                if done == m:
+                    break
+                rest = _roberts(np.zeros(c1 - c0), e[done:, c0:c1])
+                mean = rest.sum(axis=1) / test._terms
+                over = np.flatnonzero(mean >= test._threshold)
+                if over.size == 0:
+                    last[c0:c1] = rest[-1]
+                    evidence[i] = math.log(mean[-1]) if mean[-1] > 0 else -math.inf
+                    break
+        self._r = last
+
+
+def _e_table(
+    weighted: FloatArray,
+    q: FloatArray,
+    inv_q: FloatArray,
+    valid: NDArray[np.bool_],
+    tolerance: FloatArray,
+    fractions: FloatArray,
+) -> FloatArray:
+    """``e`` per (feature, bin) and betting fraction, ``[F * K, fractions]``, from the forecast
+    of the samples so far (``weighted``): per feature alone, so the table of several
+    detectors' features side by side is theirs side by side."""
+    forecast = (weighted + PRIOR_SAMPLES * q) / (
+        weighted.sum(axis=1, keepdims=True) + PRIOR_SAMPLES
+    )
+    distance = np.sqrt(((forecast - q) ** 2 * inv_q).sum(axis=1))
+    # Bins that do not exist never receive a code: ratio 1 keeps their entries finite.
+    ratio = np.where(valid, forecast * inv_q, 1.0)
+    table = np.log1p(fractions * (ratio - 1.0)[None]) - np.log1p(
+        fractions * (tolerance * distance)[None, :, None]
+    )
+    # Clipped to [LOG_E_FLOOR, LOG_E_CAP] and divided by 1 + exp(LOG_E_FLOOR): the
+    # expectation bound still holds exactly, and a block's running products stay within
+    # float64 (see _roberts).
+    floored = np.clip(table, LOG_E_FLOOR, LOG_E_CAP) - math.log1p(math.exp(LOG_E_FLOOR))
+    # [F * K, fractions]: a block's gather is then [B, F, fractions], contiguous.
+    result: FloatArray = np.exp(floored).reshape(len(fractions), -1).T.copy()
+    return result
+
+
+def _remembered(weighted: FloatArray, flat: NDArray[np.int64], decay: float) -> FloatArray:
+    """The forecast's weighted counts after the block of codes ``flat`` (offset per feature)."""
+    m = len(flat)
+    # The j-th sample of the block weighs decay ** (m - 1 - j): the newest weighs 1.
+    ages = decay ** np.arange(m - 1, -1, -1, dtype=np.float64)
+    added = np.bincount(
+        flat.ravel(), weights=np.repeat(ages, flat.shape[1]), minlength=weighted.size
+    )
+    result: FloatArray = weighted * decay**m + added.reshape(weighted.shape)
+    return result
 
 
 def _roberts(r0: FloatArray, e: FloatArray) -> FloatArray:

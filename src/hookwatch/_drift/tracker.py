@@ -22,7 +22,7 @@ from hookwatch._drift.bins import (
 from hookwatch._drift.calibration import Calibration
 from hookwatch._drift.features import derive
 from hookwatch._drift.projection import Projection
-from hookwatch._drift.sequential import SequentialAlarm, SequentialTest
+from hookwatch._drift.sequential import SequentialAlarm, SequentialGroup, SequentialTest
 from hookwatch._names import OUTPUT_LAYER
 from hookwatch._views import UnitReference
 
@@ -200,6 +200,12 @@ class DriftTracker:
     first_alarms: frozenset[str] = frozenset()
     _round: int = 0
     _episode_round: int = -1
+    #: Codes held for the sequential tests between :meth:`defer_sequential` and
+    #: :meth:`advance_sequential`, as (layer, detector, codes) in arrival order; None: not
+    #: deferring (each update feeds its tests at once).
+    _deferred: list[tuple[str, str, CodeArray]] | None = None
+    #: The tests last advanced together (see advance_sequential), kept while in step.
+    _group: SequentialGroup | None = None
 
     def __post_init__(self) -> None:
         expect(self.step >= 1, "a step of at least 1", self.step)
@@ -237,9 +243,10 @@ class DriftTracker:
             codes = ref.encode(x)
             test = self.sequential.get(name)
             if test is not None:
-                raised = test.update(codes)
-                if raised and len(self._alarms) < MAX_PENDING_ALARMS:
-                    self._alarms.extend(raised[: MAX_PENDING_ALARMS - len(self._alarms)])
+                if self._deferred is not None:
+                    self._deferred.append((layer, name, codes))
+                else:
+                    self._hold_alarms(test.update(codes))
             if name in self.tallied:
                 index = self.fleet_index.get(name)
                 tallied = codes if index is None else codes[:, index]
@@ -292,7 +299,8 @@ class DriftTracker:
         """Memory of the streaming state (windows, their counts' inputs, sequential tests):
         bounded by the window, features and bins, whatever the traffic."""
         windows = sum(w.state_bytes() for w in self._windows.values())
-        return windows + sum(t.state_bytes() for t in self.sequential.values())
+        group = self._group.state_bytes() if self._group is not None else 0
+        return windows + group + sum(t.state_bytes() for t in self.sequential.values())
 
     def feature_widths(self) -> dict[str, int]:
         """Features each projected layer must capture: its projection's input width."""
@@ -315,6 +323,56 @@ class DriftTracker:
         if self._episode_round == self._round:
             self.first_alarms = self.first_alarms | {result.detector}
         self._alarming.add(result.detector)
+
+    def defer_sequential(self) -> None:
+        """Hold the sequential tests' codes from here until :meth:`advance_sequential`, which
+        advances the detectors fed in between together (the capture thread, once a drain)."""
+        if self._deferred is None:
+            self._deferred = []
+
+    def advance_sequential(self) -> dict[str, Exception]:
+        """Feed the sequential tests the codes held since :meth:`defer_sequential`, and stop
+        holding; the layers whose tests failed, with the error (their codes are lost).
+
+        Detectors fed the same number of samples, each once, by tests in step with each
+        other, advance as one :class:`SequentialGroup` (the usual drain: every layer of every
+        record); any other mix, each test on its own. Either way the same alarms and state.
+        """
+        deferred, self._deferred = self._deferred, None
+        if not deferred:
+            return {}
+        names = tuple(name for _, name, _ in deferred)
+        tests = [self.sequential[name] for name in names]
+        if (
+            len(tests) > 1
+            and len(set(names)) == len(names)
+            and len({len(codes) for _, _, codes in deferred}) == 1
+            and len({test.seen for test in tests}) == 1
+            and len({test._shape[1] for test in tests}) == 1
+        ):
+            try:
+                group = self._group
+                if group is None or group.tests != tuple(tests) or not group.usable:
+                    group = self._group = SequentialGroup(tests)
+                self._hold_alarms(group.update([codes for _, _, codes in deferred]))
+                return {}
+            except Exception:
+                # The group writes nothing back until it has finished: each test on its own
+                # below, so a failure is charged to its layer.
+                self._group = None
+        failed: dict[str, Exception] = {}
+        for layer, name, codes in deferred:
+            if layer in failed:
+                continue
+            try:
+                self._hold_alarms(self.sequential[name].update(codes))
+            except Exception as error:
+                failed[layer] = error
+        return failed
+
+    def _hold_alarms(self, raised: list[SequentialAlarm]) -> None:
+        if raised and len(self._alarms) < MAX_PENDING_ALARMS:
+            self._alarms.extend(raised[: MAX_PENDING_ALARMS - len(self._alarms)])
 
     def sequential_state(self) -> dict[str, tuple[int, float]]:
         """Per detector with a sequential test: its alarms so far and its current log evidence."""

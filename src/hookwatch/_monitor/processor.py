@@ -188,6 +188,9 @@ class CaptureProcessor:
     def process(self, records: Sequence[Record]) -> None:
         if self.drift is not None:
             self.drift.new_round()
+            # The detectors' sequential tests advance together after the layers (one pass for
+            # all: a drain feeds each the same records).
+            self.drift.defer_sequential()
         by_layer = _by_layer(records)
         # The output first: its predictions label every layer's rows with a class.
         order = sorted(by_layer, key=lambda layer: layer != OUTPUT_LAYER)
@@ -212,6 +215,16 @@ class CaptureProcessor:
                 self._pause()
             self._update_accuracy(self.accuracy, len(records), estimated)
         if self.drift is not None:
+            if self._pause is not None:
+                self._pause()
+            for layer, failure in self.drift.advance_sequential().items():
+                self._drift_off.add(layer)
+                self._fault(
+                    "drift tests",
+                    layer,
+                    failure,
+                    "drift for that layer is off, statistics continue",
+                )
             counts = self.drift.take_counts()
             sequential = self.drift.sequential_state()
             for alarm in self.drift.take_alarms():
@@ -680,6 +693,14 @@ class _Predictions:
         Rows of a record whose output was not captured, or whose batch differs from the
         output's (a layer with another leading dimension), have no class (-1).
         """
+        if (
+            len(records) == len(self.sizes)
+            and rows == len(self.slots)
+            and np.array_equal(sizes, self.sizes)
+        ):
+            # Every record of the drain, each with as many rows as its output (the usual
+            # drain): the layer's rows are the output's, row for row. Read, not written.
+            return self.slots
         slots = np.full(rows, -1, dtype=np.int64)
         match = self.sizes[records] == sizes
         if not match.any():
