@@ -276,21 +276,31 @@ def test_the_tracker_advances_a_drains_detectors_together_with_the_same_results(
 
     x = {"a": rng.normal(size=(900, 5)) + 1.0, "b": rng.normal(size=(900, 3))}
     immediate, deferred = tracker(), tracker()
-    for start in range(0, 900, 100):
-        # A drain in which "b" lost some rows (non-finite) is fed test by test.
-        stop_b = start + (60 if start == 300 else 100)
+    verdicts = 0
+    for start in range(0, 900, 40):
+        # A drain in which "b" lost some rows (non-finite) is fed detector by detector.
+        stop_b = start + (25 if start == 400 else 40)
+        expected = []
         for name in ("a", "b"):
-            immediate.update(name, x[name][start : stop_b if name == "b" else start + 100])
-        deferred.defer_sequential()
+            stop = stop_b if name == "b" else start + 40
+            expected += immediate.update(name, x[name][start:stop])
+        deferred.defer()
         for name in ("a", "b"):
-            deferred.update(name, x[name][start : stop_b if name == "b" else start + 100])
-        assert deferred.advance_sequential() == {}
+            stop = stop_b if name == "b" else start + 40
+            assert deferred.update(name, x[name][start:stop]) == []
+        results, failed = deferred.advance()
+        assert failed == {} and results == expected
+        verdicts += len(results)
+        assert immediate.first_alarms == deferred.first_alarms
         assert immediate.sequential_state() == deferred.sequential_state()
         assert immediate.take_alarms() == deferred.take_alarms()
         # Together while in step; out of step for good once "b" was fed fewer samples.
-        group = deferred._group
-        assert (group is not None and group.usable) is (start < 300)
-    assert deferred.sequential_state()["a"][0] > 0
+        assert (deferred._group is not None and deferred._group.usable) is (start < 400)
+        windows = deferred._window_group
+        assert (windows is not None and windows.usable) is (start < 400)
+    assert verdicts > 20 and deferred.sequential_state()["a"][0] > 0
+    for name in ("a", "b"):
+        assert np.array_equal(immediate._windows[name].ordered(), deferred._windows[name].ordered())
 
 
 def test_a_failing_test_in_a_drain_is_charged_to_its_layer_only() -> None:
@@ -312,9 +322,11 @@ def test_a_failing_test_in_a_drain_is_charged_to_its_layer_only() -> None:
 
     tests["b"].update = broken  # type: ignore[method-assign]
     tests["b"]._r = np.zeros(3)  # the group's concatenation then fails too
-    tracker.defer_sequential()
+    tracker.defer()
     tracker.update("a", rng.normal(size=(40, 2)))
     tracker.update("b", rng.normal(size=(40, 2)))
-    failed = tracker.advance_sequential()
+    _, failed = tracker.advance()
     assert list(failed) == ["b"] and "boom" in str(failed["b"])
     assert tests["a"].seen == 40
+    # The failed layer's window took nothing; the other's took its samples.
+    assert (tracker._windows["a"].seen, tracker._windows["b"].seen) == (40, 0)

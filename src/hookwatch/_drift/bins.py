@@ -72,7 +72,9 @@ class ChiSquare:
     the same reference hundreds of times a minute, and only the window's counts change.
     """
 
-    def __init__(self, ref: IntArray, valid: NDArray[np.bool_], n_ref: int) -> None:
+    def __init__(
+        self, ref: IntArray, valid: NDArray[np.bool_], n_ref: int | NDArray[np.int64]
+    ) -> None:
         q = expected_shares(ref, valid)
         self._valid = valid
         self._q = q

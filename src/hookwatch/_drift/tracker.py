@@ -15,6 +15,7 @@ from hookwatch._drift.bins import (
     BinnedReference,
     ChiSquare,
     CodeArray,
+    FloatArray,
     IntArray,
     bin_counts,
     expect,
@@ -124,12 +125,16 @@ class SlidingWindow:
         One gather and one bincount for every verdict of a batch, instead of a push and a
         recount per verdict: the counts are the same integers.
         """
+        counts = self.counting(codes, ends)
+        self.push(codes)
+        return counts
+
+    def counting(self, codes: CodeArray, ends: NDArray[np.int64]) -> IntArray:
+        """:meth:`push_counting` without the push."""
         history = np.concatenate([self.ordered(), codes])
         # Each end's window is the last `size` codes before it, in the history.
         rows = (ends + self.filled - self.size)[:, None] + self._positions[None, :]
-        counts = bin_counts(history[rows], self.bins)
-        self.push(codes)
-        return counts
+        return bin_counts(history[rows], self.bins)
 
     @property
     def counts(self) -> IntArray:
@@ -200,12 +205,13 @@ class DriftTracker:
     first_alarms: frozenset[str] = frozenset()
     _round: int = 0
     _episode_round: int = -1
-    #: Codes held for the sequential tests between :meth:`defer_sequential` and
-    #: :meth:`advance_sequential`, as (layer, detector, codes) in arrival order; None: not
-    #: deferring (each update feeds its tests at once).
+    #: Codes held between :meth:`defer` and :meth:`advance`, as (layer, detector, codes) in
+    #: arrival order; None: not deferring (each update scores its detectors at once).
     _deferred: list[tuple[str, str, CodeArray]] | None = None
-    #: The tests last advanced together (see advance_sequential), kept while in step.
+    #: The sequential tests, and the windows, last advanced together (see :meth:`advance`),
+    #: kept while in step.
     _group: SequentialGroup | None = None
+    _window_group: _WindowGroup | None = None
 
     def __post_init__(self) -> None:
         expect(self.step >= 1, "a step of at least 1", self.step)
@@ -220,10 +226,11 @@ class DriftTracker:
     def update(
         self, layer: str, features: NDArray[Any], pause: Callable[[], None] | None = None
     ) -> list[DriftResult]:
-        """Feed a layer's features ``[B, F]``; the verdicts they brought, detector by detector.
+        """Feed a layer's features ``[B, F]``; the verdicts they brought, detector by detector
+        (none while deferring: then :meth:`advance` returns them).
 
         ``pause`` is called before every detector after the first (the capture thread lets
-        the GIL go there: the output's four detectors are most of a drain's drift work).
+        the GIL go there).
         """
         results: list[DriftResult] = []
         projection = self.projections.get(layer)
@@ -239,29 +246,35 @@ class DriftTracker:
             if pause is not None and not first:
                 pause()
             first = False
-            window = self._windows[name]
             codes = ref.encode(x)
-            test = self.sequential.get(name)
-            if test is not None:
-                if self._deferred is not None:
-                    self._deferred.append((layer, name, codes))
-                else:
-                    self._hold_alarms(test.update(codes))
             if name in self.tallied:
                 index = self.fleet_index.get(name)
                 tallied = codes if index is None else codes[:, index]
                 counts = bin_counts(tallied[None], ref.n_bins)[0]
                 pending = self._tally.get(name)
                 self._tally[name] = counts if pending is None else pending + counts
-            ends = self._verdict_ends(name, len(codes))
-            if not ends:
-                window.push(codes)
+            if self._deferred is not None:
+                self._deferred.append((layer, name, codes))
                 continue
-            # Every verdict of the batch scored in one call; the scores are those of the
-            # window as it stood at each step boundary.
-            scores = ref.score(window.push_counting(codes, np.asarray(ends, dtype=np.int64)))
-            results.extend(self._verdict(name, float(score)) for score in scores)
+            test = self.sequential.get(name)
+            if test is not None:
+                self._hold_alarms(test.update(codes))
+            results.extend(self._window_verdicts(name, codes))
         return results
+
+    def _window_verdicts(self, name: str, codes: CodeArray) -> list[DriftResult]:
+        """Push a detector's codes into its window; the verdicts that fell on the way."""
+        window = self._windows[name]
+        ends = self._verdict_ends(name, len(codes))
+        if not ends:
+            window.push(codes)
+            return []
+        # Every verdict of the batch scored in one call; the scores are those of the
+        # window as it stood at each step boundary.
+        scores = self.references[name].score(
+            window.push_counting(codes, np.asarray(ends, dtype=np.int64))
+        )
+        return [self._verdict(name, float(score)) for score in scores]
 
     def choose_fleet(self, patterns: Sequence[str], features: int) -> None:
         """Tally the detectors whose names match one of ``patterns`` (``fnmatch`` globs) for the
@@ -324,29 +337,37 @@ class DriftTracker:
             self.first_alarms = self.first_alarms | {result.detector}
         self._alarming.add(result.detector)
 
-    def defer_sequential(self) -> None:
-        """Hold the sequential tests' codes from here until :meth:`advance_sequential`, which
-        advances the detectors fed in between together (the capture thread, once a drain)."""
+    def defer(self) -> None:
+        """Hold the detectors' codes from here until :meth:`advance`, which advances the
+        detectors fed in between together (the capture thread, once a drain)."""
         if self._deferred is None:
             self._deferred = []
 
-    def advance_sequential(self) -> dict[str, Exception]:
-        """Feed the sequential tests the codes held since :meth:`defer_sequential`, and stop
-        holding; the layers whose tests failed, with the error (their codes are lost).
+    def advance(self) -> tuple[list[DriftResult], dict[str, Exception]]:
+        """Feed the codes held since :meth:`defer` to the sequential tests and the windows,
+        and stop holding: the verdicts they brought, detector by detector in the order they
+        were fed, and the layers whose detectors failed, with the error (their codes are lost).
 
-        Detectors fed the same number of samples, each once, by tests in step with each
-        other, advance as one :class:`SequentialGroup` (the usual drain: every layer of every
-        record); any other mix, each test on its own. Either way the same alarms and state.
+        Detectors fed the same number of samples, each once, in step with each other (the
+        usual drain: every layer of every record), advance together: one
+        :class:`SequentialGroup` for their tests, one window over all their features. Any
+        other mix, each on its own. Either way the same verdicts, alarms and state.
         """
         deferred, self._deferred = self._deferred, None
         if not deferred:
-            return {}
+            return [], {}
+        failed: dict[str, Exception] = {}
+        self._advance_tests([e for e in deferred if e[1] in self.sequential], failed)
+        results = self._advance_windows([e for e in deferred if e[0] not in failed], failed)
+        return results, failed
+
+    def _advance_tests(
+        self, deferred: list[tuple[str, str, CodeArray]], failed: dict[str, Exception]
+    ) -> None:
         names = tuple(name for _, name, _ in deferred)
         tests = [self.sequential[name] for name in names]
         if (
-            len(tests) > 1
-            and len(set(names)) == len(names)
-            and len({len(codes) for _, _, codes in deferred}) == 1
+            _together(names, [codes for _, _, codes in deferred])
             and len({test.seen for test in tests}) == 1
             and len({test._shape[1] for test in tests}) == 1
         ):
@@ -355,12 +376,11 @@ class DriftTracker:
                 if group is None or group.tests != tuple(tests) or not group.usable:
                     group = self._group = SequentialGroup(tests)
                 self._hold_alarms(group.update([codes for _, _, codes in deferred]))
-                return {}
+                return
             except Exception:
                 # The group writes nothing back until it has finished: each test on its own
                 # below, so a failure is charged to its layer.
                 self._group = None
-        failed: dict[str, Exception] = {}
         for layer, name, codes in deferred:
             if layer in failed:
                 continue
@@ -368,7 +388,54 @@ class DriftTracker:
                 self._hold_alarms(self.sequential[name].update(codes))
             except Exception as error:
                 failed[layer] = error
-        return failed
+
+    def _advance_windows(
+        self, deferred: list[tuple[str, str, CodeArray]], failed: dict[str, Exception]
+    ) -> list[DriftResult]:
+        names = tuple(name for _, name, _ in deferred)
+        codes = [c for _, _, c in deferred]
+        windows = [self._windows[name] for name in names]
+        if (
+            _together(names, codes)
+            and len({(w._next, w.filled, w.seen, w.bins) for w in windows}) == 1
+            and len({self._since[name] for name in names}) == 1
+        ):
+            since = self._since[names[0]]
+            try:
+                group = self._window_group
+                if group is None or group.names != names or not group.usable:
+                    group = self._window_group = _WindowGroup(
+                        names, windows, [self.references[name] for name in names]
+                    )
+                ends = self._verdict_ends(names[0], len(codes[0]))
+                if not ends:
+                    group.push(codes)
+                    for name in names:
+                        self._since[name] = self._since[names[0]]
+                    return []
+                scores = group.scores(codes, np.asarray(ends, dtype=np.int64))
+            except Exception:
+                # Nothing was pushed (the group pushes last): each window on its own
+                # below, so a failure is charged to its layer.
+                self._window_group = None
+                self._since[names[0]] = since
+            else:
+                for name in names:
+                    self._since[name] = self._since[names[0]]
+                return [
+                    self._verdict(name, float(score))
+                    for name, per_name in zip(names, scores, strict=True)
+                    for score in per_name
+                ]
+        results: list[DriftResult] = []
+        for layer, name, c in deferred:
+            if layer in failed:
+                continue
+            try:
+                results.extend(self._window_verdicts(name, c))
+            except Exception as error:
+                failed[layer] = error
+        return results
 
     def _hold_alarms(self, raised: list[SequentialAlarm]) -> None:
         if raised and len(self._alarms) < MAX_PENDING_ALARMS:
@@ -427,3 +494,79 @@ class DriftTracker:
         result = DriftResult(name, ref.level, score > threshold, score, threshold, self.window)
         self._track_episode(result)
         return result
+
+
+def _together(names: Sequence[str], codes: Sequence[CodeArray]) -> bool:
+    """Several detectors, each fed once, the same number of samples each: a drain's usual mix,
+    the one :meth:`DriftTracker.advance` advances in one pass."""
+    return len(names) > 1 and len(set(names)) == len(names) and len({len(c) for c in codes}) == 1
+
+
+class _WindowGroup:
+    """Several detectors' windows as one window over all their features, in step.
+
+    The members' code rings become column views of the group's ring, so a push of the group
+    is a push of each member; the group then sets each member's position. Scoring takes every
+    verdict's counts of every member in one gather and one bincount, and the chi-square per
+    feature over all of them; each member's score aggregates its own features, the same
+    arithmetic as :meth:`BinnedReference.score` on its own counts. Usable while every member
+    stands where the group does (none was pushed alone).
+    """
+
+    def __init__(
+        self,
+        names: tuple[str, ...],
+        windows: Sequence[SlidingWindow],
+        references: Sequence[BinnedReference],
+    ) -> None:
+        first = windows[0]
+        self.names = names
+        self.windows = tuple(windows)
+        widths = [w._codes.shape[1] for w in windows]
+        self._bounds = np.cumsum([0, *widths])
+        self.window = SlidingWindow(first.size, int(self._bounds[-1]), first.bins)
+        self.window._codes[:] = np.concatenate([w._codes for w in windows], axis=1)
+        self.window._next, self.window.filled, self.window.seen = (
+            first._next,
+            first.filled,
+            first.seen,
+        )
+        for i, member in enumerate(windows):
+            member._codes = self.window._codes[:, self._bounds[i] : self._bounds[i + 1]]
+        self._aggregations = [ref.aggregation for ref in references]
+        n_ref = np.concatenate([np.full(ref.n_features, ref.n_ref) for ref in references])
+        self._chi_square = ChiSquare(
+            np.concatenate([ref.counts for ref in references]),
+            np.concatenate([ref.valid for ref in references]),
+            n_ref,
+        )
+
+    @property
+    def usable(self) -> bool:
+        group = self.window
+        return all(
+            (w._next, w.filled, w.seen) == (group._next, group.filled, group.seen)
+            for w in self.windows
+        )
+
+    def push(self, codes: Sequence[CodeArray]) -> None:
+        self.window.push(np.concatenate(codes, axis=1))
+        self._place()
+
+    def scores(self, codes: Sequence[CodeArray], ends: NDArray[np.int64]) -> list[FloatArray]:
+        """Per member, its scores at each end (as its reference scores them), then push the
+        codes: a failure before the push leaves every window as it was."""
+        joined = np.concatenate(codes, axis=1)
+        per_feature = self._chi_square(self.window.counting(joined, ends))
+        out: list[FloatArray] = []
+        for i, aggregation in enumerate(self._aggregations):
+            part = per_feature[:, self._bounds[i] : self._bounds[i + 1]]
+            out.append(part.max(axis=-1) if aggregation == "max" else part.mean(axis=-1))
+        self.window.push(joined)
+        self._place()
+        return out
+
+    def _place(self) -> None:
+        group = self.window
+        for member in self.windows:
+            member._next, member.filled, member.seen = group._next, group.filled, group.seen

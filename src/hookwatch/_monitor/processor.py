@@ -188,9 +188,9 @@ class CaptureProcessor:
     def process(self, records: Sequence[Record]) -> None:
         if self.drift is not None:
             self.drift.new_round()
-            # The detectors' sequential tests advance together after the layers (one pass for
+            # The detectors' tests and windows advance together after the layers (one pass for
             # all: a drain feeds each the same records).
-            self.drift.defer_sequential()
+            self.drift.defer()
         by_layer = _by_layer(records)
         # The output first: its predictions label every layer's rows with a class.
         order = sorted(by_layer, key=lambda layer: layer != OUTPUT_LAYER)
@@ -217,7 +217,9 @@ class CaptureProcessor:
         if self.drift is not None:
             if self._pause is not None:
                 self._pause()
-            for layer, failure in self.drift.advance_sequential().items():
+            results, failed = self.drift.advance()
+            self._tally_verdicts(results)
+            for layer, failure in failed.items():
                 self._drift_off.add(layer)
                 self._fault(
                     "drift tests",
@@ -486,23 +488,28 @@ class CaptureProcessor:
                 features = features[np.isfinite(features).all(axis=1)]
             if not len(features):
                 return
-            results = self.drift.update(layer, features, self._pause)
-            if results:
-                with self._lock:
-                    self._pending.first_alarms = self.drift.first_alarms
-                    drift = self._pending.drift
-                    for result in results:
-                        pending = drift.get(result.detector)
-                        if pending is None:
-                            pending = drift[result.detector] = DriftTally(result)
-                        pending.latest = result
-                        pending.windows += 1
-                        pending.alarms += 1 if result.is_drift else 0
+            # While the drain defers (process), the verdicts come with DriftTracker.advance.
+            self._tally_verdicts(self.drift.update(layer, features, self._pause))
         except Exception as error:
             self._drift_off.add(layer)
             self._fault(
                 "drift tests", layer, error, "drift for that layer is off, statistics continue"
             )
+
+    def _tally_verdicts(self, results: Sequence[DriftResult]) -> None:
+        if not results:
+            return
+        assert self.drift is not None
+        with self._lock:
+            self._pending.first_alarms = self.drift.first_alarms
+            drift = self._pending.drift
+            for result in results:
+                pending = drift.get(result.detector)
+                if pending is None:
+                    pending = drift[result.detector] = DriftTally(result)
+                pending.latest = result
+                pending.windows += 1
+                pending.alarms += 1 if result.is_drift else 0
 
     def _update_accuracy(
         self, accuracy: AccuracyTracker, count: int, estimated: Mapping[str, _Rows]
