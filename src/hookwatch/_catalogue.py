@@ -167,7 +167,8 @@ REQUESTS_SAMPLED = CounterSpec(
     ("model",),
     "requests",
     "Requests sampled for capture: a forward pass is sampled on its own draw, with all its "
-    "requests (`max_sampled_per_s` may cut it to its first ones).",
+    "requests (`max_sampled_per_s` may cut it to its first ones); counted once the forward has "
+    "run (a forward that raised captured nothing).",
 )
 REQUESTS_REJECTED = CounterSpec(
     "hookwatch_requests_rejected_total",

@@ -113,7 +113,11 @@ def _check_values(tensor: torch.Tensor, spec: InputSpec) -> torch.Tensor:
                 f"values in [{vmin:g}, {vmax:g}]",
                 reason="out_of_range",
             )
-    if not _DTYPES[spec.dtype].is_floating_point and not bool((tensor == tensor.round()).all()):
+    if (
+        tensor.is_floating_point()
+        and not _DTYPES[spec.dtype].is_floating_point
+        and not bool((tensor == tensor.round()).all())
+    ):
         raise BadInputError(
             f"whole numbers (input dtype {spec.dtype})", "fractional values", reason="wrong_type"
         )
@@ -178,6 +182,10 @@ def decode_payload(body: Any, spec: InputSpec) -> torch.Tensor:
             f"shape {list(got)}",
             reason="wrong_shape",
         )
+    if spec.dtype != "float32" and spec.mean is None and spec.std is None:
+        # Decoded as the model takes them: through float32, large integers would lose digits
+        # and values outside the dtype's range would wrap or overflow without a word.
+        return _check_values(_decode_as(values, spec.dtype).reshape(shape), spec)
     try:
         tensor = torch.tensor(values, dtype=torch.float32)
     except (OverflowError, RuntimeError, TypeError):
@@ -185,7 +193,75 @@ def decode_payload(body: Any, spec: InputSpec) -> torch.Tensor:
         raise BadInputError(
             "numbers within float32's range", "a number too large to convert", reason="out_of_range"
         ) from None
+    if not bool(torch.isfinite(tensor).all()):
+        _check_finite_range(values, "float32")  # only on this path: tell overflow from NaN
     return _check_values(tensor.reshape(shape), spec)
+
+
+def _check_finite_range(values: Any, dtype: str) -> None:
+    """A value finite as sent but beyond ``dtype``'s range is ``out_of_range``, not NaN."""
+    try:
+        wide = np.asarray(values, dtype=np.float64)
+    except (OverflowError, ValueError, TypeError):
+        wide = None
+    if wide is None or bool(np.isfinite(wide).all()):
+        raise BadInputError(
+            f"numbers within {dtype}'s range", "a number too large for it", reason="out_of_range"
+        )
+
+
+def _decode_as(values: Any, dtype: str) -> torch.Tensor:
+    """A rectangular list of JSON numbers as a tensor of ``dtype`` (not float32), exactly, or
+    :class:`BadInputError` for a value that dtype cannot hold."""
+    target = _DTYPES[dtype]
+    if target.is_floating_point:
+        try:
+            wide = torch.tensor(values, dtype=torch.float64)
+        except (OverflowError, RuntimeError, TypeError):
+            raise BadInputError(
+                f"numbers within {dtype}'s range",
+                "a number too large to convert",
+                reason="out_of_range",
+            ) from None
+        if not bool(torch.isfinite(wide).all()):
+            raise BadInputError("finite numbers", "NaN or Infinity", reason="not_finite")
+        if target != torch.float64:
+            top = float(torch.finfo(target).max)
+            if float(wide.abs().max()) > top:
+                raise BadInputError(
+                    f"numbers within {dtype}'s range (|x| <= {top:g})",
+                    f"values up to {float(wide.abs().max()):g}",
+                    reason="out_of_range",
+                )
+        return wide.to(target)
+    # Whole numbers: ints stay ints (no rounding through a float), floats must be whole.
+    array = np.asarray(values)
+    if array.dtype.kind == "f":
+        if not bool(np.isfinite(array).all()):
+            raise BadInputError("finite numbers", "NaN or Infinity", reason="not_finite")
+        if not bool((array == np.round(array)).all()):
+            raise BadInputError(
+                f"whole numbers (input dtype {dtype})", "fractional values", reason="wrong_type"
+            )
+    elif array.dtype.kind not in "iu":
+        # Python ints beyond int64 make an object array.
+        raise BadInputError(
+            f"whole numbers within {dtype}'s range",
+            "a number too large to convert",
+            reason="out_of_range",
+        )
+    if target == torch.bool:
+        lo, hi = 0, 1
+    else:
+        info = torch.iinfo(target)
+        lo, hi = info.min, info.max
+    if array.size and (array.min() < lo or array.max() > hi):
+        raise BadInputError(
+            f"whole numbers in [{lo}, {hi}] (input dtype {dtype})",
+            f"values in [{array.min():g}, {array.max():g}]",
+            reason="out_of_range",
+        )
+    return torch.from_numpy(array.astype(np.int64)).to(target)
 
 
 _DTYPES: dict[str, torch.dtype] = {
@@ -542,6 +618,9 @@ class ModelService:
                         take = path.take_output
                         if take is not None:
                             take(raw)
+                    # Counted once the forward ran: one that raised captured nothing, and
+                    # its requests run alone, unmonitored.
+                    path.sampled(scope.picked)
                 else:
                     # Unsampled (or unmonitored): the scope would enter and leave doing
                     # nothing; two calls fewer on most requests.

@@ -645,8 +645,10 @@ def test_a_request_the_model_refuses_gets_a_422_and_its_batch_is_served(
         == 2
     )
     assert value(metrics, "hookwatch_requests_total", model="ids") == 9
-    # The batches that raised handed no capture off; the two that ran did.
+    # The batches that raised handed no capture off; the two that ran did, and only those
+    # count as sampled (their batch-mates ran alone, unmonitored).
     assert value(metrics, "hookwatch_captures_total", model="ids", layer="act") == 2
+    assert value(metrics, "hookwatch_requests_sampled_total", model="ids") == 2
 
 
 @pytest.mark.parametrize("head", ["logits", "values", "embedding", "none"])

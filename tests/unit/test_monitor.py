@@ -912,7 +912,10 @@ def test_the_request_path_counts_and_samples_as_the_tally_and_the_gate_do(
         if i == len(sizes) // 2:
             gate_a.sample_rate = gate_b.sample_rate = 0.5
         due = path.arrived(size)
-        via_path.append(path.decide(size, None).picked if due else 0)
+        picked = path.decide(size, None).picked if due else 0
+        if picked:
+            path.sampled(picked)  # the service's, once the forward ran
+        via_path.append(picked)
         tally_b.received(size)
         via_two.append(gate_b.request(size, None, True).picked)
     assert via_path == via_two

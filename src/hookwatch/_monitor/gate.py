@@ -228,14 +228,20 @@ class RequestGate:
         return self._decide(count, sizes)
 
     def due(self, count: int, sizes: Sequence[int] | None = None) -> RequestScope:
-        """:meth:`request` with ``received``, for a server whose countdown said, on arrival,
-        that this forward is due (:class:`~hookwatch._monitor.path.RequestPath`): the full
-        decision without the common case's test, for ``count`` requests (a whole number,
-        the server's own count) or ``sizes``."""
-        scope = self._decide(len(sizes) if sizes is not None else count, sizes)
+        """:meth:`request` with ``received``: :meth:`decide`, its picked requests counted as
+        sampled at once."""
+        scope = self.decide(count, sizes)
         if scope.picked:
             self._tally.sampled(scope.picked)
         return scope
+
+    def decide(self, count: int, sizes: Sequence[int] | None = None) -> RequestScope:
+        """The full decision, without the common case's test, for a server whose countdown
+        said, on arrival, that this forward is due
+        (:class:`~hookwatch._monitor.path.RequestPath`), for ``count`` requests (a whole
+        number, the server's own count) or ``sizes``. Counting the picked ones as sampled is
+        the caller's, once their forward has run (one that raised captured nothing)."""
+        return self._decide(len(sizes) if sizes is not None else count, sizes)
 
     def _decide(self, count: int, sizes: Sequence[int] | None) -> RequestScope:
         """The decision for a forward of ``count`` requests (``sizes``: their rows) that is

@@ -5,8 +5,9 @@ An unsampled batch makes one Python call here, :meth:`RequestPath.arrived`, whic
 requests and moves the sampling countdown, and one C call with its answer (its duration
 appended to :attr:`RequestPath.durations`, binned later by the capture thread). A batch that is
 due to be sampled also calls :attr:`RequestPath.decide` after decoding (the gate's full
-decision: the per-second cap, the rows of a partial capture) and, answered,
-:attr:`RequestPath.answered_sampled` (the cost cap's measure).
+decision: the per-second cap, the rows of a partial capture), :attr:`RequestPath.sampled`
+once its forward has run, and, answered, :attr:`RequestPath.answered_sampled` (the cost cap's
+measure).
 
 In situ each Python frame on this path costs several times what it costs in a loop: the code
 is cold between a JSON decode and a forward, and every bytecode of it is a dispatch the branch
@@ -36,10 +37,12 @@ class RequestPath:
 
     Per batch: ``due = path.arrived(len(bodies))`` on arrival (before decoding: a worker
     killed later has counted them); if ``due``, ``scope = path.decide(rows, sizes)``
-    before the forward, and the forward runs in ``scope`` when ``scope.picked``; with the
-    answers, ``path.durations.append((seconds, count))``, or, after a sampled forward when
-    it is not None (the cost cap measures those apart), ``path.answered_sampled(seconds,
-    count)``. Rejects go through ``path.received``.
+    before the forward, and the forward runs in ``scope`` when ``scope.picked``, then
+    ``path.sampled(scope.picked)`` if it did not raise (a batch whose forward raised is
+    captured by nobody, so it is not counted as sampled); with the answers,
+    ``path.durations.append((seconds, count))``, or, after a sampled forward when it is not
+    None (the cost cap measures those apart), ``path.answered_sampled(seconds, count)``.
+    Rejects go through ``path.received``.
 
     Inside a sampled forward's scope, ``path.take_input(inputs)`` before the forward and
     ``path.take_output(output)`` after it, each when not None: the model's own input and
@@ -53,6 +56,7 @@ class RequestPath:
         "decide",
         "durations",
         "received",
+        "sampled",
         "take_input",
         "take_output",
     )
@@ -69,7 +73,8 @@ class RequestPath:
         self._tally = tally
         self._gate = gate
         self.received = received
-        self.decide: Callable[[int, Sequence[int] | None], RequestScope] = gate.due
+        self.decide: Callable[[int, Sequence[int] | None], RequestScope] = gate.decide
+        self.sampled: Callable[[int], None] = tally.sampled
         self.durations: deque[tuple[float, int]] = tally.pending
         self.answered_sampled = answered_sampled
         self.take_input = take_input

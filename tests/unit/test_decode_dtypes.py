@@ -1,0 +1,68 @@
+"""A JSON payload is decoded as the model takes it: exact integers, and a 4xx for a value the
+input's dtype cannot hold (never a silently rounded, wrapped or infinite input)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from hookwatch._config import InputSpec
+from hookwatch._errors import BadInputError
+from hookwatch._service import InputPipeline, decode_payload
+
+
+def _decode(dtype: str, data: list[Any], **spec: Any) -> torch.Tensor:
+    return decode_payload({"data": data}, InputSpec(shape=(3,), dtype=dtype, **spec))
+
+
+@pytest.mark.parametrize(
+    ("dtype", "data"),
+    [
+        ("int64", [16_777_217, 123_456_789, 2**62 + 1]),  # beyond float32's and float64's digits
+        ("int32", [2**31 - 1, -(2**31), 3]),
+        ("int64", [3.0, 4, -5]),  # whole floats are whole numbers
+        ("bool", [0, 1, 1]),
+        ("float64", [0.1, 1e300, -3]),
+    ],
+)
+def test_values_reach_the_model_exactly(dtype: str, data: list[Any]) -> None:
+    tensor = _decode(dtype, data)
+    assert tensor.dtype == getattr(torch, dtype)
+    assert tensor.tolist() == [type(tensor.tolist()[0])(v) for v in data]
+    # The batch keeps them: no float on the way.
+    batch = InputPipeline(InputSpec(shape=(3,), dtype=dtype)).batch([tensor, tensor])
+    assert batch.dtype == tensor.dtype and torch.equal(batch[1], tensor)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "data", "reason", "said"),
+    [
+        ("int64", [1e30, -1e30, 3], "out_of_range", "whole numbers in [-9223372036854775808"),
+        ("int64", [99_999_999_999_999_999_999, 3, 3], "out_of_range", "within int64's range"),
+        ("int64", [3.5, 3, 3], "wrong_type", "whole numbers"),
+        ("int32", [3_000_000_000, 1, 3], "out_of_range", "[-2147483648, 2147483647]"),
+        ("bool", [0, 1, 2], "out_of_range", "[0, 1]"),
+        ("float16", [70_000, 1, 0.1], "out_of_range", "within float16's range"),
+        ("bfloat16", [1e39, 1, 1], "out_of_range", "within bfloat16's range"),
+        ("float64", [10**400, 1, 1], "out_of_range", "within float64's range"),
+        ("float32", [1e39, 1, 1], "out_of_range", "within float32's range"),
+        ("float32", [float("nan"), 1, 1], "not_finite", "finite numbers"),
+        ("float64", [float("inf"), 1, 1], "not_finite", "finite numbers"),
+        ("int64", [float("nan"), 1, 1], "not_finite", "finite numbers"),
+    ],
+)
+def test_a_value_the_dtype_cannot_hold_is_a_clear_4xx(
+    dtype: str, data: list[Any], reason: str, said: str
+) -> None:
+    with pytest.raises(BadInputError) as raised:
+        _decode(dtype, data)
+    assert raised.value.reason == reason
+    assert said in str(raised.value)
+
+
+def test_the_declared_range_still_applies_to_integers() -> None:
+    with pytest.raises(BadInputError) as raised:
+        _decode("int64", [1, 2, 300], min_value=0, max_value=255)
+    assert raised.value.reason == "out_of_range" and "[1, 300]" in str(raised.value)
