@@ -141,12 +141,19 @@ def load_state(path: Path) -> dict[str, torch.Tensor]:
             if isinstance(loaded.get(key), dict):
                 state = loaded[key]
                 break
-    if not (isinstance(state, dict) and state and all(isinstance(k, str) for k in state)):
+    if not (isinstance(state, dict) and all(isinstance(k, str) for k in state)):
         raise ConfigError(
             f"weights: expected a state_dict (parameter names to tensors) in {path}, got "
             f"{type(state).__name__}"
         )
     tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    if state and not tensors:
+        # An empty state_dict is a parameter-free model's (an identity, a fixed transform);
+        # names without one tensor are something else (a training log, hyperparameters).
+        raise ConfigError(
+            f"weights: expected a state_dict (parameter names to tensors) in {path}, got a "
+            f"dict without tensors (keys {', '.join(sorted(state)[:5])})"
+        )
     # DataParallel's wrapper, torch.compile's, or one inside the other.
     for prefix in ("module.", "_orig_mod.", "module."):
         if tensors and all(k.startswith(prefix) for k in tensors):

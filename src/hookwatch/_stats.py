@@ -62,12 +62,18 @@ def reduce_activation(activation: torch.Tensor) -> torch.Tensor:
     # Plain sums, norms and amin/amax only: torch's std_mean, aminmax and ``x == 0`` reductions
     # over a wide row are many times slower on CPU (docs/bench/README.md, "Figures behind the
     # code's constants"), and this runs in the request thread. Two passes keep the variance
-    # exact enough.
-    mean = x.sum(dim=1, dtype=torch.float32) / width
-    std = torch.linalg.vector_norm(x - mean[:, None], dim=1, dtype=torch.float32) / math.sqrt(width)
+    # exact enough. A float64 activation is reduced in float64, as the numpy form does:
+    # vector_norm refuses a dtype= narrower than its input, and copying it to float32 first
+    # would cost a pass. Half precision widens to float32 (a float16 sum overflows).
+    wide = torch.float64 if x.dtype == torch.float64 else torch.float32
+    mean = x.sum(dim=1, dtype=wide) / width
+    std = torch.linalg.vector_norm(x - mean[:, None], dim=1, dtype=wide) / math.sqrt(width)
+    mean, std = mean.float(), std.float()  # no-ops for float32
     lo, hi = x.amin(dim=1), x.amax(dim=1)
     # sign() is 0 exactly at 0; its absolute sum counts the non-zeros (exact below 2**24 units).
     zero_fraction = 1.0 - x.sign().abs_().sum(dim=1, dtype=torch.float32) / width
+    # On the float32 results, as the numpy form checks them: a float64 mean past float32's
+    # range is Inf there, and then the counts (of none) are taken too.
     if not math.isfinite(float((mean + std).sum())):
         # A NaN or Inf anywhere makes the row's sum non-finite, so the exact counts are only
         # needed then (a branch the device form cannot take: it would synchronise).
@@ -171,7 +177,7 @@ def token_summary(
     (the model's input) give statistics over the ids and, as their one feature, the token count.
     Both results own their storage; a NaN or Inf in the padding counts for nothing.
     """
-    x = activation.detach()
+    x = _real(activation.detach())  # as reduce_activation reads it, not its real part
     valid = mask.detach().to(device=x.device, dtype=torch.bool)
     if x.device.type == "cpu" and bool(valid.all()):
         # No padding (a batch of one text, or of equal lengths): the plain reductions over
@@ -285,7 +291,9 @@ def reduce_rows(activation: NDArray[Any]) -> NDArray[np.float32]:
     if x.ndim == 0:
         x = x.reshape(1, 1)
     x = x.reshape(x.shape[0], -1)
-    if x.dtype.kind != "f":
+    if x.dtype.kind != "f" or x.itemsize < 4:
+        # float16 too: its sums would overflow (and round) in float16, where the torch form
+        # sums in float32. float64 stays float64, as in the torch form.
         x = x.astype(np.float32)
     rows, width = x.shape
     out = np.zeros((rows, len(STATISTICS)), dtype=np.float32)
@@ -301,7 +309,9 @@ def reduce_rows(activation: NDArray[Any]) -> NDArray[np.float32]:
     out[:, 0] = mean
     np.min(x, axis=1, out=out[:, 2])
     np.max(x, axis=1, out=out[:, 3])
-    out[:, 4] = 1.0 - np.count_nonzero(x, axis=1) / width
+    # A NaN is not a zero (x != 0 holds for it), as count_nonzero counts; summed into int32,
+    # half count_nonzero's time per row (its axis form sums a bool copy into int64).
+    out[:, 4] = 1.0 - (x != 0).sum(axis=1, dtype=np.int32) / width
     if not np.isfinite(out[:, :2]).all():
         # As in the torch form: only a non-finite value makes the mean or std non-finite.
         out[:, 5] = np.isnan(x).sum(axis=1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from pathlib import Path
@@ -19,6 +20,7 @@ from hookwatch._errors import ConfigError, ProfileError
 from hookwatch._hooks import plan_watch
 from hookwatch._metrics import MetricSet
 from hookwatch._monitor import Monitor
+from hookwatch._names import STATISTICS
 from hookwatch._profile import (
     VERSION,
     DriftProfile,
@@ -506,3 +508,89 @@ def test_profiling_gives_every_module_its_own_mode_back() -> None:
     model.act2.eval()  # a part the user froze
     build_profile(model, _config(), [torch.rand(16, 1, 8, 8) for _ in range(2)], "modes")
     assert model.training and model.act1.training and not model.act2.training
+
+
+class _Counting(nn.Module):
+    """A small regression model that counts the samples it was run on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = nn.Linear(4, 8)
+        self.act = nn.ReLU()
+        self.head = nn.Linear(8, 2)
+        self.samples = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.samples += len(x)
+        out: torch.Tensor = self.head(self.act(self.fc(x)))
+        return out
+
+
+_REGRESSION = {"layers": ["act"], "output": {"head": "values"}, "drift": {"window": 20}}
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_a_reference_with_nan_or_infinity_is_refused_in_one_line(value: float) -> None:
+    """Binned, NaN features read as constant: the profile archived with its detectors left out
+    for a false reason. The builder refuses the reference, counting every bad sample, and runs
+    no batch after the first bad one."""
+    x = torch.randn(300, 4, generator=torch.Generator().manual_seed(0))
+    x[100::2, 0] = value  # samples 100, 102, ..., 298: 100 of them
+    model = _Counting().eval()
+    batches = [x[i : i + 50] for i in range(0, 300, 50)]
+    message = (
+        r"^reference: expected finite values, got NaN or Infinity in 100 of 300 samples "
+        r"\(the first: sample 100\)$"
+    )
+    with pytest.raises(ProfileError, match=message):
+        build_profile(model, _REGRESSION, batches, "reg")
+    assert model.samples == 100  # the two clean batches before the first bad one
+    # As keyword arguments (a model called model(x=...)), and a reference of NaN only.
+    with pytest.raises(ProfileError, match="NaN or Infinity in 300 of 300 samples"):
+        build_profile(model, _REGRESSION, [{"x": torch.full((300, 4), value)}], "reg")
+
+
+def test_nan_or_infinity_from_the_model_on_a_finite_reference_leaves_its_detectors_out(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A layer that gives NaN on some finite inputs: its detectors are left out with the true
+    reason, not "constant", and the layers before it keep theirs."""
+
+    class Logarithm(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.log(x)  # NaN where x < 0
+
+    model = nn.Sequential(nn.Linear(4, 3), Logarithm(), nn.Linear(3, 3)).eval()
+    torch.manual_seed(0)
+    x = torch.randn(300, 4)
+    config = {"layers": ["0", "1"], "output": {"head": "logits"}, "drift": {"window": 20}}
+    with caplog.at_level(logging.WARNING, logger="hookwatch"):
+        profile = build_profile(model, config, [x], "log")
+    bad = int((~torch.isfinite(torch.log(model[0](x)))).any(dim=1).sum())
+    assert 0 < bad < 300
+    left_out = {"1", "output", "confidence", "entropy", "class_mix"}
+    assert set(profile.left_out) == left_out
+    for reason in profile.left_out.values():
+        assert reason.startswith(f"the model gave NaN or Infinity in its features on {bad} of")
+        assert "constant" not in reason
+    assert {"input", "0"} == set(profile.references)
+    assert sum("NaN or Infinity" in r.message for r in caplog.records) == len(left_out)
+    # The statistics count the NaN for the alert thresholds, as serving exports them.
+    assert profile.statistics["1"][STATISTICS.index("nan_count")] > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
+def test_a_model_of_another_float_dtype_is_profiled(dtype: torch.dtype) -> None:
+    """A ``.double()`` model failed in the hooks' vector_norm(dtype=float32); every float
+    dtype profiles, its statistics the same as its float32 twin's."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 1)).eval()
+    x = torch.randn(200, 3, generator=torch.Generator().manual_seed(1))
+    config = {"layers": ["1"], "output": {"head": "values"}, "drift": {"window": 20}}
+    twin = build_profile(model, config, [x.to(dtype).float()], "f32")
+    profile = build_profile(copy.deepcopy(model).to(dtype), config, [x.to(dtype)], "other")
+    assert set(profile.references) == {"input", "1", "output"} and not profile.left_out
+    tolerance = 1e-5 if dtype == torch.float64 else 5e-2
+    for layer, stats in twin.statistics.items():
+        assert profile.statistics[layer] == pytest.approx(stats, rel=tolerance, abs=tolerance)

@@ -352,7 +352,7 @@ def _collect_reference(
     """Step 2: ``batches`` through the serving hooks into a reservoir of ``max_reference``."""
     collector = _Collector()
     reservoir = _Reservoir(max_reference, seed)
-    for features in capture_features(model, plan, batches, collector):
+    for features in capture_features(model, plan, _finite(batches), collector):
         reservoir.add(features)
     kept = min(reservoir.seen, max_reference)
     if kept < 2:
@@ -365,6 +365,52 @@ def _collect_reference(
         statistics=collector.statistics(),
         positions=collector.positions,
     )
+
+
+def _finite(
+    batches: Iterable[torch.Tensor | Mapping[str, Any]],
+) -> Iterable[torch.Tensor | Mapping[str, Any]]:
+    """``batches`` while every input value is finite; a NaN or Inf refuses the reference.
+
+    Binned, a NaN sorts past every quantile edge and its features read as constant, so a
+    poisoned reference would archive with its detectors left out for a false reason. From
+    the first bad batch on, the rest are only counted (not run), for the one-line error.
+    """
+    bad = total = 0
+    first = -1
+    for batch in batches:
+        rows, nonfinite = _nonfinite_rows(batch)
+        if nonfinite.any() and first < 0:
+            first = total + int(nonfinite.nonzero()[0, 0])
+        if first < 0:
+            yield batch
+        bad += int(nonfinite.sum())
+        total += rows
+    if bad:
+        raise ProfileError(
+            f"reference: expected finite values, got NaN or Infinity in {bad} of {total} "
+            f"samples (the first: sample {first})"
+        )
+
+
+def _nonfinite_rows(batch: torch.Tensor | Mapping[str, Any]) -> tuple[int, torch.Tensor]:
+    """A batch's samples, and per sample whether any of its input values is NaN or Inf."""
+    values = list(batch.values()) if isinstance(batch, Mapping) else [batch]
+    sized = any(isinstance(value, torch.Tensor) and value.dim() for value in values)
+    # A batch of no known size (a scalar input) is one sample; an empty batch, none.
+    rows = _rows(batch) if sized else 1
+    nonfinite = torch.zeros(rows, dtype=torch.bool)
+    for value in values:
+        if not (
+            isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex())
+        ):
+            continue  # integers and booleans are always finite
+        finite = torch.isfinite(value.detach())
+        if value.dim() and value.shape[0] == rows and rows:
+            nonfinite |= ~finite.reshape(rows, -1).all(dim=1).cpu()
+        elif not bool(finite.all()):
+            nonfinite[:] = True  # not per sample: every sample of the batch sees it
+    return rows, nonfinite
 
 
 def _fit_detectors(
@@ -393,8 +439,25 @@ def _fit_detectors(
                 "path); its statistics are watched, its drift is not",
             )
             continue
-        values = _project(plan, layer, reference.rows[layer], n, fitted.projections)
         head, positions = config.output.head, reference.positions
+        rows = reference.rows[layer]
+        bad = int((~np.isfinite(rows).all(axis=1)).sum())
+        if bad:
+            # The model's own NaN or Inf, on a finite reference: bins (and a projection) fitted
+            # on them would be meaningless, and binning alone would call them constant. Zeros
+            # in their place give the detectors' names only.
+            blank = np.zeros((1, rows.shape[1]))
+            for name in derive(layer, blank, OUTPUT_LAYER, head, positions):
+                _leave_out(
+                    fitted,
+                    plan,
+                    name,
+                    f"the model gave NaN or Infinity in its features on {bad} of the {n} "
+                    "reference samples; its statistics are watched (nan_count, inf_count), its "
+                    "drift is not",
+                )
+            continue
+        values = _project(plan, layer, rows, n, fitted.projections)
         for name, x in derive(layer, values, OUTPUT_LAYER, head, positions).items():
             if name != layer and name in config.watched:
                 raise ValueError(f"expected no watched layer named like detector {name!r}")
