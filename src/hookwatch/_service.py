@@ -41,6 +41,7 @@ __all__ = [
     "Pipeline",
     "batch_inputs",
     "call_model",
+    "decode_as",
     "decode_payload",
     "load_preprocess",
     "make_pipeline",
@@ -185,7 +186,7 @@ def decode_payload(body: Any, spec: InputSpec) -> torch.Tensor:
     if spec.dtype != "float32" and spec.mean is None and spec.std is None:
         # Decoded as the model takes them: through float32, large integers would lose digits
         # and values outside the dtype's range would wrap or overflow without a word.
-        return _check_values(_decode_as(values, spec.dtype).reshape(shape), spec)
+        return _check_values(decode_as(values, spec.dtype).reshape(shape), spec)
     try:
         tensor = torch.tensor(values, dtype=torch.float32)
     except (OverflowError, RuntimeError, TypeError):
@@ -210,9 +211,10 @@ def _check_finite_range(values: Any, dtype: str) -> None:
         )
 
 
-def _decode_as(values: Any, dtype: str) -> torch.Tensor:
-    """A rectangular list of JSON numbers as a tensor of ``dtype`` (not float32), exactly, or
-    :class:`BadInputError` for a value that dtype cannot hold."""
+def decode_as(values: Any, dtype: str) -> torch.Tensor:
+    """Rectangular numbers (nested lists, or an array) as a tensor of ``dtype``, exactly, or
+    :class:`BadInputError` for a value that dtype cannot hold: a request's payload, and a
+    reference array, as the model takes them."""
     target = _DTYPES[dtype]
     if target.is_floating_point:
         try:

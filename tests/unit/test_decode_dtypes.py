@@ -66,3 +66,36 @@ def test_the_declared_range_still_applies_to_integers() -> None:
     with pytest.raises(BadInputError) as raised:
         _decode("int64", [1, 2, 300], min_value=0, max_value=255)
     assert raised.value.reason == "out_of_range" and "[1, 300]" in str(raised.value)
+
+
+def _reference(tmp_path: Any, array: Any, dtype: str) -> list[torch.Tensor]:
+    import numpy as np
+
+    from hookwatch.tools.own_model import load_reference
+
+    path = tmp_path / "reference.npy"
+    np.save(path, np.asarray(array))
+    pipeline = InputPipeline(InputSpec(shape=(3,), dtype=dtype))
+    return list(load_reference(path, pipeline))
+
+
+def test_a_reference_array_reaches_the_model_as_requests_do(tmp_path: Any) -> None:
+    """A `.npy` reference goes through the same decoding: exact integers, the dtype's range."""
+    import numpy as np
+
+    from hookwatch._errors import ConfigError
+
+    ids = np.array([[2**40 + 1, 3, 4], [5, 6, 2**53 + 1]], dtype=np.int64)
+    (batch,) = _reference(tmp_path, ids, "int64")
+    assert batch.dtype == torch.int64 and batch.tolist() == ids.tolist()
+    with pytest.raises(ConfigError, match=r"reference: expected whole numbers in \[-2147483648"):
+        _reference(tmp_path, ids, "int32")
+    nan = np.ones((4, 3))
+    nan[2, 1] = np.nan
+    for dtype in ("float32", "int64"):  # an integer input once hid the NaN in its cast
+        with pytest.raises(
+            ConfigError,
+            match=r"expected finite values, got NaN or Infinity in 1 of 4 samples "
+            r"\(the first: sample 2\)",
+        ):
+            _reference(tmp_path, nan, dtype)

@@ -193,6 +193,16 @@ _LABELS = _file(
 )
 
 
+def _input_dtype(text: str) -> str:
+    """An argparse type: a dtype a request can be converted to, as the config checks it (a
+    dry run on another would write a config that `hookwatch archive` refuses)."""
+    from hookwatch._config import INPUT_DTYPES
+
+    if text not in INPUT_DTYPES:
+        raise argparse.ArgumentTypeError(f"expected one of {list(INPUT_DTYPES)}, got {text!r}")
+    return text
+
+
 def _traffic(text: str) -> str:
     if not re.fullmatch(r"none|fortunes(:[\w-]+(:[\w-]+)?)?", text):
         raise argparse.ArgumentTypeError(
@@ -653,7 +663,9 @@ def _dry_run_rows(args: argparse.Namespace) -> tuple[Any, tuple[int, ...], str, 
     high = spec.max_value if spec and spec.max_value is not None else 1.0
     floating = dtype.startswith(("float", "bfloat"))
     x = example_input(shape, "float32" if floating else dtype, low, high)
-    x = InputPipeline(spec).batch(x) if spec is not None else x.to(getattr(torch, dtype))
+    x = InputPipeline(spec).batch(x) if spec is not None else x
+    # --input-dtype over the config's: the dtype the model is tried on is the one written.
+    x = x.to(getattr(torch, dtype))
     return discover_layers(model, x, argument), shape, dtype, argument
 
 
@@ -1121,10 +1133,17 @@ def build_parser() -> argparse.ArgumentParser:
             help="a state_dict or checkpoint (loaded to CPU)",
         )
 
+    from hookwatch._config import INPUT_DTYPES
+
     def dry_run_options(cmd: argparse.ArgumentParser) -> None:
         model_options(cmd)
         cmd.add_argument("--input-shape", default="", help="one item's shape, e.g. 3,224,224")
-        cmd.add_argument("--input-dtype", default="", help="float32 (default), int64, ...")
+        cmd.add_argument(
+            "--input-dtype",
+            type=_input_dtype,
+            default=None,  # not "": argparse would check a string default with the type
+            help=f"one of {', '.join(INPUT_DTYPES)} (default: the config's, else float32)",
+        )
         cmd.add_argument("--argument", default="", help="pass the input as this keyword")
         cmd.add_argument(
             "--config", type=_MODEL_CONFIG, default=None, help="take the input from a model-config"

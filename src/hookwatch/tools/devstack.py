@@ -17,6 +17,7 @@ import fcntl
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -215,6 +216,51 @@ def require_binary(name: str, hint: str | None = None) -> str:
             f"expected {name!r} on PATH, found none: install {hint or SYSTEM_PARTS[name]}"
         )
     return path
+
+
+#: TorchServe's own line when a model's worker died loading it (torchserve.out).
+_LOAD_FAILED = re.compile(r"Load model failed: ([^,\s]+)")
+#: The last line of a Python traceback: ``package.Name: message``, or the bare name.
+_EXCEPTION_LINE = re.compile(r"(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception)(?::.*)?")
+
+
+def worker_reason(model_log: Path, model: str) -> str | None:
+    """The reason a worker of ``model`` wrote to TorchServe's model log for failing: its last
+    exception line, else its last ``hookwatch`` line; None when it wrote neither."""
+    if not model_log.exists():
+        return None
+    # The frontend prefixes each line a worker writes with its thread: W-PORT-MODEL_VERSION-
+    # stdout (or stderr), so one model's lines are told from those of the others.
+    mine = re.compile(rf"W-\d+-{re.escape(model)}_[^_\s]*-std(?:out|err) MODEL_LOG - (.*)")
+    said = [
+        m.group(1).strip()
+        for m in map(mine.search, model_log.read_text(errors="replace").splitlines())
+        if m
+    ]
+    for wanted in (_EXCEPTION_LINE, re.compile(r"hookwatch\b.*")):
+        found = [line for line in said if wanted.fullmatch(line)]
+        if found:
+            return found[-1]
+    return None
+
+
+def load_failure(logs: Path, model: str, settle_s: float = 1.0) -> str | None:
+    """None while TorchServe has not said a model failed to load; else one line: the model,
+    the reason its worker gave (see :func:`worker_reason`) and where the full log is."""
+    out = logs / "torchserve.out"
+    text = out.read_text(errors="replace") if out.exists() else ""
+    if "Load model failed" not in text:
+        return None
+    named = _LOAD_FAILED.search(text)
+    model = named.group(1) if named else model
+    model_log = logs / "model_log.log"
+    reason = worker_reason(model_log, model)
+    if reason is None:
+        # The frontend logs a worker's last lines on another thread than its "Load model
+        # failed": they can land a moment later.
+        time.sleep(settle_s)
+        reason = worker_reason(model_log, model) or "its worker gave no reason"
+    return f"TorchServe could not load the model {model}: {reason} (the full log: {model_log})"
 
 
 def torchserve_binary() -> str | None:
@@ -425,11 +471,9 @@ class Stack:
         )
 
     def _torchserve_ready(self) -> bool:
-        log = self.logs / "torchserve.out"
-        if log.exists() and "Load model failed" in log.read_text(errors="replace"):
-            model_log = self.logs / "model_log.log"
-            detail = model_log.read_text(errors="replace")[-4000:] if model_log.exists() else ""
-            raise RuntimeError(f"TorchServe could not load the model:\n{detail}")
+        failed = load_failure(self.logs, self.model_name)
+        if failed is not None:
+            raise RuntimeError(failed)
         return self.ready_workers() >= self.workers
 
     def _describe(self, model: str) -> tuple[int, bytes]:

@@ -14,6 +14,7 @@ import fnmatch
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -44,6 +45,7 @@ from hookwatch._service import (
     Pipeline,
     batch_inputs,
     call_model,
+    decode_as,
     make_pipeline,
 )
 from hookwatch._text import TextPipeline
@@ -186,14 +188,31 @@ def undeclared_imports(model_file: Path, extra_files: Sequence[Path]) -> list[Pa
     return sorted(found)
 
 
+#: ``--input-shape``: positive integers, each piece between commas or x's (1,28,28, 3x32x32).
+_SHAPE = re.compile(r"\s*0*[1-9][0-9]*\s*(?:[,x]\s*0*[1-9][0-9]*\s*)*")
+
+
 def parse_shape(text: str) -> tuple[int, ...]:
-    try:
-        shape = tuple(int(part) for part in text.replace("x", ",").split(",") if part.strip())
-    except ValueError:
-        shape = ()
-    if not shape or min(shape) <= 0:
+    # The whole text must match: an empty piece (20,,4) or a stray word (20,4,x) is a typo,
+    # never a shape with that dimension left out.
+    if not _SHAPE.fullmatch(text):
         raise ConfigError(f"--input-shape: expected positive integers like 1,28,28, got {text!r}")
-    return shape
+    return tuple(int(part) for part in re.split("[,x]", text))
+
+
+#: What torch says when a floating input reaches an operation on indices (nn.Embedding,
+#: one_hot, gather, index_select, indexing).
+_WANTS_INTEGERS = re.compile(r"'indices'|index tensor|for index\b|used as indices must be")
+
+
+def integer_hint(error: BaseException, given: ModelInputs, fix: str) -> str:
+    """What a dry-run error ends with when the model wanted integers and was ``given`` floats
+    (``; the model wants integer inputs: try FIX``), else nothing: torch's words alone do
+    not say which option to change."""
+    floats = isinstance(given, torch.Tensor) and given.is_floating_point()
+    if floats and _WANTS_INTEGERS.search(str(error)):
+        return f"; the model wants integer inputs: try {fix}"
+    return ""
 
 
 def example_input(
@@ -325,6 +344,7 @@ def discover_layers(
                 f"dry run: expected the model to accept inputs of {_describe_inputs(x)} "
                 f"(batch of {first.shape[0]}, dtype {str(first.dtype).removeprefix('torch.')}), "
                 f"got {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+                + integer_hint(error, first, "--input-dtype int64")
             ) from None
     finally:
         for handle in handles:
@@ -630,7 +650,24 @@ def load_reference(path: Path, pipeline: Pipeline, batch_size: int = 64) -> Iter
         raise ConfigError(f"reference: expected at least 2 samples, got {len(array)}")
     if not np.issubdtype(array.dtype, np.number) and array.dtype != np.bool_:
         raise ConfigError(f"reference: expected numbers, got dtype {array.dtype}")
-    values = torch.from_numpy(np.ascontiguousarray(array).astype(np.float32, copy=False))
+    if np.issubdtype(array.dtype, np.inexact):
+        finite = np.isfinite(array.reshape(len(array), -1)).all(axis=1)
+        if not finite.all():
+            # As the profile builder says it of what reaches the model.
+            raise ConfigError(
+                f"reference: expected finite values, got NaN or Infinity in "
+                f"{int((~finite).sum())} of {len(array)} samples (the first: sample "
+                f"{int(np.flatnonzero(~finite)[0])})"
+            )
+    if spec.dtype != "float32" and spec.mean is None and spec.std is None:
+        # As a request's numbers are decoded: exact integers (no float32 on the way), and a
+        # value the input's dtype cannot hold refused.
+        try:
+            values = decode_as(array, spec.dtype)
+        except BadInputError as error:
+            raise ConfigError(f"reference: {error}") from None
+    else:
+        values = torch.from_numpy(np.ascontiguousarray(array).astype(np.float32, copy=False))
     lo, hi = spec.min_value, spec.max_value
     if (lo is not None and float(values.min()) < lo) or (
         hi is not None and float(values.max()) > hi
@@ -727,6 +764,7 @@ def archive_model(
         raise ConfigError(
             f"dry run: expected the model to accept inputs of {_describe_inputs(first)} "
             f"(handler.input), got {type(error).__name__}: {str(error).splitlines()[0]}"
+            + integer_hint(error, first, "input.dtype: int64 in the model-config")
         ) from None
     if select_tensor(output, config.output.select) is None:
         raise ConfigError(

@@ -505,17 +505,30 @@ class LiveView:
             lines += self._drift(rows, pages)
         return "\n".join(lines)
 
+    def _requests(self) -> str:
+        """The summary's count of requests when someone else sent them: the handler counts
+        every request it received, the rejected (4xx) among them, so the answered are the
+        rest; "received" alone when the rejected are not known."""
+        received = self._value(f"sum(hookwatch_requests_total{{model={self._label}}})")
+        if received is None:
+            return ""
+        rejected = self._value(f"sum(hookwatch_requests_rejected_total{{model={self._label}}})")
+        head = f", {received:.0f} request{'' if round(received) == 1 else 's'}"
+        if rejected is None:
+            return head + " received"
+        answered = max(received - rejected, 0.0)  # two series: never below 0 between updates
+        return f"{head} ({answered:.0f} answered, {rejected:.0f} rejected)"
+
     def summary(self, traffic: Traffic | None = None, report: Path | None = None) -> str:
         """What the run came to, for when it stops: duration, requests, the first alarm and
         its delay after the switch, the detectors in the order they alarmed, the report."""
         now = self._clock()
-        served = self._value(f"sum(hookwatch_requests_total{{model={self._label}}})")
         head = f"run summary: {_duration(now - self.started)}"
         if traffic is not None:
             sent = sum(traffic.status.values())
             head += f", {sent} requests sent, {traffic.status.get(200, 0)} answered"
-        elif served is not None:
-            head += f", {served:.0f} request{'' if round(served) == 1 else 's'} served"
+        else:
+            head += self._requests()
         lines = [head]
         switched = traffic.switched_at if traffic is not None else None
         if switched is not None and traffic is not None:

@@ -11,7 +11,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 
-from hookwatch.tools.devstack import Stack, http_get, http_post
+from hookwatch.tools.devstack import Stack, http_get, http_post, load_failure
 
 
 class BenchServer(Stack):
@@ -20,14 +20,6 @@ class BenchServer(Stack):
     def _torchserve_ready(self) -> bool:
         status, _ = http_get(f"http://127.0.0.1:{self.ports.management}/models")
         return status == 200
-
-    def _load_failed(self) -> str | None:
-        """The worker log's tail when TorchServe said a model failed to load, else None."""
-        log = self.logs / "torchserve.out"
-        if not (log.exists() and "Load model failed" in log.read_text(errors="replace")):
-            return None
-        model_log = self.logs / "model_log.log"
-        return model_log.read_text(errors="replace")[-4000:] if model_log.exists() else ""
 
     def register(
         self, names: Sequence[str], timeout: float = 300.0, workers: int = 1, suffix: str = ""
@@ -53,12 +45,10 @@ class BenchServer(Stack):
         pending = list(names)
         while pending:
             pending = [n for n in pending if self.ready_workers(n) < workers]
-            failed = self._load_failed() if pending else None
+            failed = load_failure(self.logs, pending[0]) if pending else None
             if failed is not None:
-                last = (failed.strip().splitlines() or ["no worker log"])[-1]
                 raise RuntimeError(
-                    f"expected the workers of {', '.join(pending)} to load the model, got a "
-                    f"failed load ({last}; logs in {self.logs})"
+                    f"expected the workers of {', '.join(pending)} to load the model, got: {failed}"
                 )
             if pending and time.monotonic() > deadline:
                 raise TimeoutError(f"workers of {pending} not ready after {timeout:.0f} s")

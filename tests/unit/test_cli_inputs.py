@@ -1,0 +1,304 @@
+"""What `hookwatch layers / init / serve` make of a user's inputs and of what went wrong: an
+unsupported --input-dtype or a malformed --input-shape refused at once, a model that wants
+integers told which option to change, a worker's load failure given its reason, and a stop
+summary that counts the rejected requests apart."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from hookwatch import ConfigError
+from hookwatch._config import INPUT_DTYPES, read_model_config
+from hookwatch.tools import cli, devstack, own_model
+from hookwatch.tools.devstack import Stack
+from hookwatch.tools.traffic import LiveView
+
+Run = Callable[..., tuple[int, str, str]]
+
+#: A model whose first layer is an nn.Embedding: it takes token ids, never floats.
+TOKENS_MODEL = """\
+from torch import nn
+
+
+class Tokens(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 4)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.fc(self.emb(x).mean(1))
+
+
+def build():
+    return Tokens()
+"""
+
+
+@pytest.fixture
+def run(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Run:
+    """``hookwatch ARGS`` in this process, in ``tmp_path``: (status, stdout, stderr)."""
+    monkeypatch.delenv("HOOKWATCH_DEBUG", raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "model.py").write_text(TOKENS_MODEL)
+
+    def call(*args: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        try:
+            code = cli.main(list(args))
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else 1
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return call
+
+
+def _one_error_line(err: str, command: str) -> str:
+    assert "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"hookwatch {command}: error: "), err
+    return lines[0]
+
+
+# --input-dtype
+
+
+@pytest.mark.parametrize("command", ["layers", "init"])
+def test_an_unsupported_dtype_is_refused_at_once_as_the_config_refuses_it(
+    run: Run, tmp_path: Path, command: str
+) -> None:
+    (tmp_path / "cfg.yaml").write_text("handler:\n  input: {shape: [3], dtype: int8}\n")
+    with pytest.raises(ConfigError) as config_said:
+        read_model_config(tmp_path / "cfg.yaml")
+    out = tmp_path / "out.yaml"
+    extra = ("--out", str(out)) if command == "init" else ()
+    code, _, err = run(
+        command, "model.py:build", "--input-shape", "3", "--input-dtype", "int8", *extra
+    )
+    assert code == 2
+    line = _one_error_line(err, command)
+    # The config's own words after the option's name: one list of dtypes, one message.
+    expected = str(config_said.value).removeprefix("input.dtype: ")
+    assert f"--input-dtype: {expected}" in line, line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("dtype", INPUT_DTYPES)
+def test_every_dtype_the_config_takes_is_taken(dtype: str) -> None:
+    args = cli.build_parser().parse_args(["layers", "m.py:build", "--input-dtype", dtype])
+    assert args.input_dtype == dtype
+
+
+def test_init_writes_a_dtype_archive_accepts(run: Run, tmp_path: Path) -> None:
+    out = tmp_path / "cfg.yaml"
+    code, _, err = run(
+        "init", "model.py:build", "--input-shape", "5", "--input-dtype", "int64", "--out", str(out)
+    )
+    assert code == 0, err
+    assert read_model_config(out).handler.input.dtype == "int64"
+
+
+# --input-shape
+
+
+@pytest.mark.parametrize(
+    ("text", "shape"),
+    [
+        ("3,32,32", (3, 32, 32)),
+        ("3x32x32", (3, 32, 32)),
+        ("3, 32, 32", (3, 32, 32)),
+        ("3", (3,)),
+        ("20,4", (20, 4)),
+    ],
+)
+def test_documented_shapes_parse(text: str, shape: tuple[int, ...]) -> None:
+    assert own_model.parse_shape(text) == shape
+
+
+@pytest.mark.parametrize(
+    "text", ["20,4,x", "20,,4", ",3", "3,", "3x", "x3", "0,3", "3,-1", "a,b", "3.5", " ", "3;4"]
+)
+def test_a_malformed_shape_is_refused_not_shortened(text: str) -> None:
+    with pytest.raises(ConfigError, match="expected positive integers like 1,28,28"):
+        own_model.parse_shape(text)
+
+
+@pytest.mark.parametrize("text", ["20,4,x", "20,,4"])
+def test_layers_refuses_a_malformed_shape_in_one_line(run: Run, text: str) -> None:
+    code, _, err = run("layers", "model.py:build", "--input-shape", text)
+    assert code == 2
+    line = _one_error_line(err, "layers")
+    assert f"--input-shape: expected positive integers like 1,28,28, got {text!r}" in line
+
+
+# a model that wants integers
+
+
+def test_a_model_that_wants_integers_is_told_to_try_int64(run: Run, tmp_path: Path) -> None:
+    code, _, err = run("layers", "model.py:build", "--input-shape", "5")
+    assert code == 2
+    line = _one_error_line(err, "layers")
+    assert "'indices'" in line and line.endswith("try --input-dtype int64"), line
+    code, out, err = run("layers", "model.py:build", "--input-shape", "5", "--input-dtype", "int64")
+    assert code == 0, err
+    assert "emb" in out
+
+
+def test_input_dtype_overrides_the_configs(run: Run, tmp_path: Path) -> None:
+    (tmp_path / "cfg.yaml").write_text("handler:\n  input: {shape: [5], dtype: float32}\n")
+    code, _, err = run("layers", "model.py:build", "--config", "cfg.yaml")
+    assert code == 2 and "try --input-dtype int64" in _one_error_line(err, "layers")
+    code, _, err = run("layers", "model.py:build", "--config", "cfg.yaml", "--input-dtype", "int64")
+    assert code == 0, err
+
+
+def _error_of(call: Callable[[], Any]) -> BaseException:
+    try:
+        call()
+    except Exception as error:
+        return error
+    raise AssertionError("expected an error")
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda x: nn.Embedding(10, 4)(x),
+        lambda x: nn.functional.one_hot(x, 10),
+        lambda x: torch.zeros(10).index_select(0, x[0]),
+        lambda x: torch.zeros(2, 10).gather(1, x),
+        lambda x: torch.zeros(10)[x],
+    ],
+)
+def test_torchs_words_for_wanting_indices_get_the_hint(call: Callable[[Any], Any]) -> None:
+    floats = torch.rand(2, 3)
+    error = _error_of(lambda: call(floats))
+    assert own_model.integer_hint(error, floats, "X") == "; the model wants integer inputs: try X"
+    # Integers given already, or another complaint: no hint.
+    assert own_model.integer_hint(error, floats.long(), "X") == ""
+    assert (
+        own_model.integer_hint(
+            RuntimeError("mat1 and mat2 shapes cannot be multiplied"), floats, "X"
+        )
+        == ""
+    )
+
+
+# a worker that cannot load the model
+
+WORKER = "2026-11-26T18:14:17,581 [INFO ] W-9000-{model}_1.0-stdout MODEL_LOG - {text}"
+REASON = (
+    "hookwatch.ConfigError: weights: expected a state_dict (parameter names to tensors) in "
+    "/run/tmp/models/0f/weights.pt, got list"
+)
+
+
+def _logs(run_dir: Path, model_lines: list[tuple[str, str]], failed: str = "echo_int64") -> Path:
+    logs = run_dir / "logs"
+    logs.mkdir(parents=True)
+    (logs / "torchserve.out").write_text(
+        "2026-11-26T18:14:17,612 [WARN ] W-9000-echo_int64_1.0 "
+        f"org.pytorch.serve.wlm.BatchAggregator - Load model failed: {failed}, error: "
+        "Worker died.\n"
+    )
+    (logs / "model_log.log").write_text(
+        "\n".join(WORKER.format(model=m, text=t) for m, t in model_lines) + "\n"
+    )
+    return logs
+
+
+FAILED_LOAD = [
+    ("echo_int64", "hookwatch: drift profile of model 'echo_int64' loaded"),
+    ("echo_int64", "Backend worker process died."),
+    ("echo_int64", "Traceback (most recent call last):"),
+    ("echo_int64", '  File "/site-packages/hookwatch/_model.py", line 145, in load_state'),
+    ("echo_int64", "    raise ConfigError("),
+    ("echo_int64", REASON),
+    # Another model of the same TorchServe, its name a prefix of the failed one's.
+    ("echo", "RuntimeError: not this one"),
+]
+
+
+def test_serve_says_why_the_worker_could_not_load_the_model(tmp_path: Path) -> None:
+    logs = _logs(tmp_path / ".run", FAILED_LOAD)
+    stack = Stack(root=tmp_path, run_dir=tmp_path / ".run", model_name="echo_int64")
+    with pytest.raises(RuntimeError) as raised:
+        stack._torchserve_ready()
+    said = cli._said(raised.value)  # what `hookwatch serve: error: ` is followed by
+    assert said == (
+        f"TorchServe could not load the model echo_int64: {REASON} (the full log: "
+        f"{logs / 'model_log.log'})"
+    )
+
+
+def test_without_an_exception_the_last_hookwatch_line_is_the_reason(tmp_path: Path) -> None:
+    logs = _logs(
+        tmp_path,
+        [
+            ("echo_int64", "hookwatch: model 'echo_int64' failed its self-check"),
+            ("echo_int64", "Backend worker process died."),
+        ],
+    )
+    failed = devstack.load_failure(logs, "echo_int64", settle_s=0)
+    assert (
+        failed is not None and ": hookwatch: model 'echo_int64' failed its self-check (" in failed
+    )
+
+
+def test_a_worker_that_said_nothing_is_said_so(tmp_path: Path) -> None:
+    logs = _logs(tmp_path, [("echo_int64", "Backend worker process died.")])
+    failed = devstack.load_failure(logs, "echo_int64", settle_s=0)
+    assert failed is not None and "its worker gave no reason" in failed
+    assert "\n" not in failed
+
+
+def test_no_failure_no_message(tmp_path: Path) -> None:
+    logs = _logs(tmp_path, FAILED_LOAD)
+    (logs / "torchserve.out").write_text("Model echo_int64 loaded.\n")
+    assert devstack.load_failure(logs, "echo_int64", settle_s=0) is None
+    assert devstack.load_failure(tmp_path / "none", "echo_int64", settle_s=0) is None
+
+
+# the stop summary
+
+
+class CountingStack:
+    """Answers the summary's two counters, as Prometheus would (or not at all)."""
+
+    model_name = "gru"
+
+    def __init__(self, received: float | None, rejected: float | None) -> None:
+        self.values = {
+            "hookwatch_requests_total": received,
+            "hookwatch_requests_rejected_total": rejected,
+        }
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        name = promql.removeprefix("sum(").split("{")[0]
+        value = self.values.get(name)
+        return [] if value is None else [{"metric": {}, "value": [0, str(value)]}]
+
+
+@pytest.mark.parametrize(
+    ("received", "rejected", "said"),
+    [
+        (85.0, 23.0, ", 85 requests (62 answered, 23 rejected)"),
+        (1.0, 0.0, ", 1 request (1 answered, 0 rejected)"),
+        (85.0, None, ", 85 requests received"),
+        (None, None, ""),
+    ],
+)
+def test_the_summary_counts_the_rejected_apart(
+    received: float | None, rejected: float | None, said: str
+) -> None:
+    view = LiveView(CountingStack(received, rejected), colour=False, clock=lambda: 100.0)
+    head = view.summary().splitlines()[0]
+    assert head == "run summary: 0 s" + said
+    assert "served" not in head
