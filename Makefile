@@ -150,8 +150,8 @@ bench-drain: $(MAR) ## in-process cost of 100 % sampling with drift on: request 
 	$(BIN)/python -m dev.bench.drain --mar $(MAR)
 
 REQUEST_ARGS ?=
-bench-request: $(MAR) ## per-request cost in process, plain vs monitored handle() interleaved, split by phase (~5 min): rewrites docs/bench/request.md and request.json, keeping the "before" run (REQUEST_ARGS)
-	$(BIN)/python -m dev bench-request --keep before $(REQUEST_ARGS)
+bench-request: $(MAR) ## per-request cost in process, plain vs monitored handle() interleaved, split by phase (~5 min): rewrites docs/bench/request.md and request.json, keeping the "before" and "base" runs (REQUEST_ARGS)
+	$(BIN)/python -m dev bench-request --keep before,base $(REQUEST_ARGS)
 
 bench-instructions: $(MAR) ## per-request instructions, mispredictions and cache misses under valgrind (~15 min, needs valgrind): rewrites its block of docs/bench/request.md, keeping the "before" run
 	$(BIN)/python -m dev bench-instructions --keep before

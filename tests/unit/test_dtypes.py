@@ -27,6 +27,7 @@ from hookwatch._stats import (
     reduce_rows,
     token_summary,
 )
+from tests.unit.test_stats import _numpy_reference
 
 DTYPES = [
     torch.float64,
@@ -75,28 +76,13 @@ def _as_reduced(x: torch.Tensor) -> torch.Tensor:
     return x if x.is_floating_point() else x.float()
 
 
-def _statistics(flat: NDArray[np.float64]) -> NDArray[np.float64]:
-    return np.stack(
-        [
-            flat.mean(1),
-            flat.std(1),
-            flat.min(1),
-            flat.max(1),
-            (flat == 0).mean(1),
-            np.isnan(flat).sum(1),
-            np.isinf(flat).sum(1),
-        ],
-        axis=1,
-    )
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(4, 3), (3, 4, 5), (2, 3, 4, 4)])
 def test_statistics_of_every_dtype_are_float32_and_agree_with_numpy(
     dtype: torch.dtype, shape: tuple[int, ...]
 ) -> None:
     x = _values(shape, dtype)
-    want = _statistics(_float64(x).reshape(shape[0], -1))
+    want = _numpy_reference(_float64(x).reshape(shape[0], -1))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no complex-to-real cast dropping the imaginary part
         host = reduce_activation(x)
@@ -166,7 +152,7 @@ def test_token_summaries_of_every_dtype_leave_padding_out(dtype: torch.dtype) ->
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
     exact = _float64(x)
     keep = mask.bool().numpy()
-    want_stats = np.stack([_statistics(exact[i][keep[i]].reshape(1, -1))[0] for i in range(3)])
+    want_stats = np.stack([_numpy_reference(exact[i][keep[i]].reshape(1, -1))[0] for i in range(3)])
     want_features = np.stack([exact[i][keep[i]].mean(axis=0) for i in range(3)])
     real = x.abs() if x.is_complex() else x  # what token_summary hands its two forms
     with warnings.catch_warnings():
@@ -177,7 +163,7 @@ def test_token_summaries_of_every_dtype_leave_padding_out(dtype: torch.dtype) ->
             _packed_token_summary(real, mask.bool(), 3),
             _masked_token_summary(real, mask.bool(), 3),
         ]
-    whole = _statistics(exact.reshape(3, -1))
+    whole = _numpy_reference(exact.reshape(3, -1))
     for i, (stats, features) in enumerate(results):
         assert stats.dtype == torch.float32 and features.dtype == torch.float32
         if i == 1:  # no padding
