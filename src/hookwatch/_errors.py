@@ -76,3 +76,17 @@ class BadInputError(HookwatchError):
 for _public in (HookwatchError, ConfigError, ProfileError, BadInputError):
     _public.__module__ = "hookwatch"  # tracebacks say hookwatch.ConfigError
 del _public
+
+
+#: TorchScript's interpreter opens every error it re-raises with this line; the cause (the
+#: model's own exception, ``builtins.ValueError: ...``) is the message's last line.
+_TORCHSCRIPT = "The following operation failed in the TorchScript interpreter."
+
+
+def error_line(error: BaseException) -> str:
+    """The line of an exception's message that says what went wrong: the first, or the last
+    for an error a TorchScript model raised; empty for an empty message."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if not lines:
+        return ""
+    return lines[-1] if lines[0] == _TORCHSCRIPT else lines[0]

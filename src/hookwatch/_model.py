@@ -161,6 +161,20 @@ def load_state(path: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def _named_by_state(model: nn.Module) -> nn.Module:
+    """The module whose parameter names a state_dict from :func:`load_state` uses: inside
+    ``torch.compile``'s wrapper (``_orig_mod``) and DataParallel's (``module``), whose
+    prefixes it drops. A factory may return the compiled model itself."""
+    while True:
+        inner = getattr(model, "_orig_mod", None)
+        if isinstance(inner, nn.Module):
+            model = inner
+        elif isinstance(model, nn.DataParallel | nn.parallel.DistributedDataParallel):
+            model = model.module
+        else:
+            return model
+
+
 def build_model(spec: ModelSpec, directory: Path, device: torch.device | None = None) -> nn.Module:
     """The model ``spec`` describes, from the files in ``directory``, in eval mode."""
     device = device or torch.device("cpu")
@@ -204,7 +218,7 @@ def build_model(spec: ModelSpec, directory: Path, device: torch.device | None = 
     if spec.weights is not None:
         state = load_state(directory / spec.weights)
         try:
-            model.load_state_dict(state)
+            _named_by_state(model).load_state_dict(state)
         except RuntimeError as error:
             first = str(error).splitlines()
             raise ConfigError(

@@ -25,7 +25,7 @@ from torch import nn
 from hookwatch._body import check_body_size
 from hookwatch._capture import RateLimitedLog
 from hookwatch._config import HandlerConfig, InputSpec, OutputSpec
-from hookwatch._errors import BadInputError, ConfigError
+from hookwatch._errors import BadInputError, ConfigError, error_line
 from hookwatch._hooks import plan_watch, select_tensor
 from hookwatch._metrics import MetricSet
 from hookwatch._monitor import Monitor, ReceivedRequests
@@ -426,8 +426,8 @@ def _out_of_resources(error: BaseException) -> bool:
 
 def _error_summary(error: BaseException) -> str:
     """An exception's type and the first line of its message, short."""
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0][:200]}" if text else type(error).__name__
+    text = error_line(error)
+    return f"{type(error).__name__}: {text[:200]}" if text else type(error).__name__
 
 
 def _refused(error: BaseException) -> BadInputError:

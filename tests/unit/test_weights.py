@@ -45,3 +45,23 @@ def test_a_file_that_is_no_state_dict_is_still_refused(tmp_path: Path, content: 
     torch.save(content, tmp_path / "weights.pt")
     with pytest.raises(ConfigError, match="expected a state_dict"):
         load_state(tmp_path / "weights.pt")
+
+
+def test_a_factory_returning_a_compiled_model_loads_its_own_weights(tmp_path: Path) -> None:
+    """`hookwatch archive` saves a compiled model's state_dict (`_orig_mod.` names); the
+    served handler builds the same compiled model and must load them into the module inside."""
+    (tmp_path / "model.py").write_text(
+        "import torch\nfrom torch import nn\n\n\n"
+        "def build():\n"
+        "    torch.manual_seed(0)\n"
+        "    return torch.compile(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)))\n"
+    )
+    spec = ModelSpec("factory", "model.py", "build", weights="weights.pt")
+    torch.manual_seed(1)
+    saved = torch.compile(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)))
+    torch.save(saved.state_dict(), tmp_path / "weights.pt")
+    assert all(k.startswith("_orig_mod.") for k in saved.state_dict())
+    model = build_model(spec, tmp_path)
+    loaded = model.state_dict()
+    assert loaded.keys() == saved.state_dict().keys()
+    assert all(torch.equal(loaded[k], v) for k, v in saved.state_dict().items())

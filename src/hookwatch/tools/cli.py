@@ -1212,7 +1212,8 @@ def build_parser() -> argparse.ArgumentParser:
     archive.set_defaults(func=_archive)
 
     serve = sub.add_parser(
-        "serve", help="TorchServe + exporter + Prometheus on loopback for any .mar, live view"
+        "serve",
+        help="TorchServe (no token auth), exporter, Prometheus on loopback for a .mar; live view",
     )
     serve.add_argument("mar", type=Path, help="a .mar built by `hookwatch archive`")
     serve.add_argument(

@@ -30,7 +30,7 @@ from torch import nn
 
 from hookwatch._config import HandlerConfig, ModelConfig, read_model_config
 from hookwatch._drift.projection import SAMPLES_PER_COMPONENT
-from hookwatch._errors import BadInputError, ConfigError, HookwatchError
+from hookwatch._errors import BadInputError, ConfigError, HookwatchError, error_line
 from hookwatch._hooks import (
     FeatureReading,
     feature_reading,
@@ -343,7 +343,7 @@ def discover_layers(
             raise ConfigError(
                 f"dry run: expected the model to accept inputs of {_describe_inputs(x)} "
                 f"(batch of {first.shape[0]}, dtype {str(first.dtype).removeprefix('torch.')}), "
-                f"got {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+                f"got {type(error).__name__}: {error_line(error)}"
                 + integer_hint(error, first, "--input-dtype int64")
             ) from None
     finally:
@@ -763,7 +763,7 @@ def archive_model(
     except Exception as error:
         raise ConfigError(
             f"dry run: expected the model to accept inputs of {_describe_inputs(first)} "
-            f"(handler.input), got {type(error).__name__}: {str(error).splitlines()[0]}"
+            f"(handler.input), got {type(error).__name__}: {error_line(error)}"
             + integer_hint(error, first, "input.dtype: int64 in the model-config")
         ) from None
     if select_tensor(output, config.output.select) is None:

@@ -132,7 +132,16 @@ def from_exporter(url: str) -> list[LayerUnits]:
             f"expected a hookwatch exporter at {url} (200 from /metrics), got HTTP {status}: "
             "is that the exporter's port (9101 by default)?"
         )
-    return _collect(_samples(body.decode(errors="replace")))
+    text = body.decode(errors="replace")
+    if "hookwatch_" not in text:
+        # Another program's /metrics (Prometheus' own, TorchServe's) answers too: without a
+        # word, its absent series would read as "no unit counts yet".
+        raise ConfigError(
+            f"expected a hookwatch exporter at {url} (hookwatch_ series in /metrics), got "
+            "metrics without one: is that the exporter's port (9101 by default), not "
+            "Prometheus' or TorchServe's?"
+        )
+    return _collect(_samples(text))
 
 
 def _query(url: str, promql: str) -> list[tuple[dict[str, str], float]]:
