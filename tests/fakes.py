@@ -1,8 +1,13 @@
-"""A stand-in for TorchServe's worker Context, for handler tests without Java."""
+"""A stand-in for TorchServe's worker Context, for handler tests without Java; a stand-in
+for an HTTP endpoint that serves text."""
 
 from __future__ import annotations
 
+import http.server
 import importlib.util
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -54,3 +59,28 @@ class FakeContext:
 
     def get_request_header(self, idx: int, key: str) -> str | None:
         return None
+
+
+@contextmanager
+def text_server(body: dict[str, str]) -> Iterator[int]:
+    """A loopback HTTP server answering every GET with ``body["text"]`` as it is then (a test
+    may change it between requests); yields its port."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            data = body["text"].encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -18,6 +18,7 @@ from hookwatch.tools.bench.loadgen import (
     open_loop,
 )
 from hookwatch.tools.bench.stats import VARIANTS
+from tests.fakes import text_server
 
 pytestmark = pytest.mark.integration
 
@@ -127,23 +128,9 @@ def test_the_bench_stops_when_a_monitored_worker_has_no_drift_profile() -> None:
 
     names = {v: f"m-{v}" for v in VARIANTS}
     exposition = {"text": ""}
-
-    class Exporter(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = exposition["text"].encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Exporter)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    bench = SimpleNamespace(ports=SimpleNamespace(exporter=server.server_address[1]), logs="logs")
     line = 'hookwatch_drift_profile_loaded{{model="{}"}} {}\n'
-    try:
+    with text_server(exposition) as port:
+        bench = SimpleNamespace(ports=SimpleNamespace(exporter=port), logs="logs")
         group = Group("digits", 1, names)
         exposition["text"] = line.format("m-default", 1) + line.format("m-full", 1)
         assert check_drift_loaded(bench, group) == {"default": True, "full": True}  # type: ignore[arg-type]
@@ -155,5 +142,3 @@ def test_the_bench_stops_when_a_monitored_worker_has_no_drift_profile() -> None:
         exposition["text"] = line.format("m-default", 1)
         with pytest.raises(RuntimeError, match="for m-full on the exporter, got no such series"):
             check_drift_loaded(bench, group, timeout=0.5)  # type: ignore[arg-type]
-    finally:
-        server.shutdown()

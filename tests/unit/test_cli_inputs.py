@@ -307,30 +307,11 @@ def test_the_summary_counts_the_rejected_apart(
 def test_units_says_when_the_exporter_url_is_another_program_s_metrics() -> None:
     """Prometheus' own /metrics answers 200 too: without hookwatch_ series it is refused,
     never read as "no unit counts yet"."""
-    import http.server
-    import threading
-
     from hookwatch._errors import ConfigError
     from hookwatch.tools.units import from_exporter
+    from tests.fakes import text_server
 
-    class Other(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = b"# TYPE go_goroutines gauge\ngo_goroutines 42\n"
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.HTTPServer(("127.0.0.1", 0), Other)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
-        with pytest.raises(ConfigError, match=r"expected a hookwatch exporter at .*hookwatch_"):
-            from_exporter(url)
-    finally:
-        server.shutdown()
-        server.server_close()
+    other = {"text": "# TYPE go_goroutines gauge\ngo_goroutines 42\n"}
+    refused = pytest.raises(ConfigError, match=r"expected a hookwatch exporter at .*hookwatch_")
+    with text_server(other) as port, refused:
+        from_exporter(f"http://127.0.0.1:{port}")

@@ -276,11 +276,15 @@ class BinnedReference:
 
     def score(self, counts: NDArray[Any]) -> FloatArray:
         """Detector score of window counts ``[..., F, K]``: chi-square per dof, aggregated."""
-        per_feature = self._chi_square(counts)
-        result: FloatArray = (
-            per_feature.max(axis=-1) if self.aggregation == "max" else per_feature.mean(axis=-1)
-        )
-        return result
+        return aggregate(self._chi_square(counts), self.aggregation)
+
+
+def aggregate(per_feature: FloatArray, aggregation: str) -> FloatArray:
+    """A detector's score from its features' chi-squares ``[..., F]``: their mean or max."""
+    result: FloatArray = (
+        per_feature.max(axis=-1) if aggregation == "max" else per_feature.mean(axis=-1)
+    )
+    return result
 
 
 def encode(x: NDArray[np.float64], edges: FloatArray) -> CodeArray:

@@ -162,25 +162,9 @@ class SequentialTest:
         )
 
     def _advance(self, flat: NDArray[np.int64]) -> list[SequentialAlarm]:
-        alarms: list[SequentialAlarm] = []
         e = self._table[flat].reshape(len(flat), -1)
-        done = 0
-        while done < len(flat):
-            r = _roberts(self._r, e[done:])
-            mean = r.sum(axis=1) / self._terms
-            over = np.flatnonzero(mean >= self._threshold)
-            if over.size == 0:
-                self._r = r[-1]
-                self.log_evidence = math.log(mean[-1]) if mean[-1] > 0 else -math.inf
-                break
-            at = int(over[0])
-            self.alarms += 1
-            position = self.seen + done + at + 1
-            alarms.append(SequentialAlarm(self.detector, self.level, position, math.log(mean[at])))
-            # Restart: the run-length bound holds afresh from the sample after the alarm.
-            self._r = np.zeros_like(self._r)
-            self.log_evidence = -math.inf
-            done += at + 1
+        alarms, self._r, self.log_evidence = _run_block(self, self._r, e, self.seen)
+        self.alarms += len(alarms)
         self._remember(flat)
         self.seen += len(flat)
         return alarms
@@ -289,39 +273,47 @@ class SequentialGroup:
         """One block for every member: the shared part in one pass, a member that alarms
         inside the block carried on alone from its restart, as :meth:`SequentialTest._advance`
         does."""
-        m = len(flat)
-        e = self._table[flat].reshape(m, -1)
+        e = self._table[flat].reshape(len(flat), -1)
         r = _roberts(self._r, e)
-        last = r[-1].copy()
+        last = np.empty_like(self._r)
         for i, test in enumerate(self.tests):
             c0, c1 = self._columns[i], self._columns[i + 1]
-            # Summed over the member's own columns: the same sums its own test takes.
-            mean = r[:, c0:c1].sum(axis=1) / test._terms
-            over = np.flatnonzero(mean >= test._threshold)
-            if over.size == 0:
-                evidence[i] = math.log(mean[-1]) if mean[-1] > 0 else -math.inf
-                continue
-            done = 0
-            while True:
-                at = int(over[0])
-                position = self.seen + done + at + 1
-                raised[i].append(
-                    SequentialAlarm(test.detector, test.level, position, math.log(mean[at]))
-                )
-                # Restart: the run-length bound holds afresh from the sample after the alarm.
-                done += at + 1
-                last[c0:c1] = 0.0
-                evidence[i] = -math.inf
-                if done == m:
-                    break
-                rest = _roberts(np.zeros(c1 - c0), e[done:, c0:c1])
-                mean = rest.sum(axis=1) / test._terms
-                over = np.flatnonzero(mean >= test._threshold)
-                if over.size == 0:
-                    last[c0:c1] = rest[-1]
-                    evidence[i] = math.log(mean[-1]) if mean[-1] > 0 else -math.inf
-                    break
+            alarms, last[c0:c1], evidence[i] = _run_block(
+                test, self._r[c0:c1], e[:, c0:c1], self.seen, r[:, c0:c1]
+            )
+            raised[i].extend(alarms)
         self._r = last
+
+
+def _run_block(
+    test: SequentialTest,
+    r0: FloatArray,
+    e: FloatArray,
+    seen: int,
+    r: FloatArray | None = None,
+) -> tuple[list[SequentialAlarm], FloatArray, float]:
+    """One block of ``test``'s e-values ``e`` ``[B, C]`` from its statistic ``r0`` after
+    ``seen`` samples (``r``: the block's statistic, when a group computed it with others'):
+    the alarms inside the block, each restarting the statistic, then the statistic after the
+    block and its log evidence. The one definition both a test and a group run."""
+    alarms: list[SequentialAlarm] = []
+    done = 0
+    while True:
+        if r is None:
+            r = _roberts(r0, e[done:])
+        # Summed over the detector's own columns: the same sums whether alone or in a group.
+        mean = r.sum(axis=1) / test._terms
+        over = np.flatnonzero(mean >= test._threshold)
+        if over.size == 0:
+            return alarms, r[-1], math.log(mean[-1]) if mean[-1] > 0 else -math.inf
+        at = int(over[0])
+        position = seen + done + at + 1
+        alarms.append(SequentialAlarm(test.detector, test.level, position, math.log(mean[at])))
+        # Restart: the run-length bound holds afresh from the sample after the alarm.
+        done += at + 1
+        r0, r = np.zeros_like(r0), None
+        if done == len(e):
+            return alarms, r0, -math.inf
 
 
 def _e_table(

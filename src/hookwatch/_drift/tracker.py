@@ -17,6 +17,7 @@ from hookwatch._drift.bins import (
     CodeArray,
     FloatArray,
     IntArray,
+    aggregate,
     bin_counts,
     expect,
 )
@@ -558,10 +559,10 @@ class _WindowGroup:
         codes: a failure before the push leaves every window as it was."""
         joined = np.concatenate(codes, axis=1)
         per_feature = self._chi_square(self.window.counting(joined, ends))
-        out: list[FloatArray] = []
-        for i, aggregation in enumerate(self._aggregations):
-            part = per_feature[:, self._bounds[i] : self._bounds[i + 1]]
-            out.append(part.max(axis=-1) if aggregation == "max" else part.mean(axis=-1))
+        out = [
+            aggregate(per_feature[:, self._bounds[i] : self._bounds[i + 1]], aggregation)
+            for i, aggregation in enumerate(self._aggregations)
+        ]
         self.window.push(joined)
         self._place()
         return out

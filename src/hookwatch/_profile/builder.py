@@ -38,7 +38,7 @@ from hookwatch._profile.format import DriftProfile
 from hookwatch._stats import INF_COLUMN, NAN_COLUMN
 from hookwatch._views import UnitReference
 
-__all__ = ["build_profile", "capture_features", "profile_for"]
+__all__ = ["build_profile", "capture_features", "profile_for", "refuse_nonfinite"]
 
 log = logging.getLogger("hookwatch")
 
@@ -387,10 +387,22 @@ def _finite(
         bad += int(nonfinite.sum())
         total += rows
     if bad:
-        raise ProfileError(
-            f"reference: expected finite values, got NaN or Infinity in {bad} of {total} "
-            f"samples (the first: sample {first})"
-        )
+        raise _nonfinite(bad, total, first)
+
+
+def refuse_nonfinite(batch: torch.Tensor | Mapping[str, Any]) -> None:
+    """Raise :class:`ProfileError` when a batch of reference inputs holds NaN or Infinity:
+    the check :func:`build_profile` makes, for a caller that would cast them away first."""
+    rows, nonfinite = _nonfinite_rows(batch)
+    if nonfinite.any():
+        raise _nonfinite(int(nonfinite.sum()), rows, int(nonfinite.nonzero()[0, 0]))
+
+
+def _nonfinite(bad: int, total: int, first: int) -> ProfileError:
+    return ProfileError(
+        f"reference: expected finite values, got NaN or Infinity in {bad} of {total} "
+        f"samples (the first: sample {first})"
+    )
 
 
 def _nonfinite_rows(batch: torch.Tensor | Mapping[str, Any]) -> tuple[int, torch.Tensor]:
