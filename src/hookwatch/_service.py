@@ -194,9 +194,13 @@ def decode_payload(body: Any, spec: InputSpec) -> torch.Tensor:
         raise BadInputError(
             "numbers within float32's range", "a number too large to convert", reason="out_of_range"
         ) from None
-    if not bool(torch.isfinite(tensor).all()):
-        _check_finite_range(values, "float32")  # only on this path: tell overflow from NaN
-    return _check_values(tensor.reshape(shape), spec)
+    try:
+        return _check_values(tensor.reshape(shape), spec)
+    except BadInputError as error:
+        if error.reason == "not_finite":
+            # Only on this path, not per request: tell a number past float32's range from NaN.
+            _check_finite_range(values, "float32")
+        raise
 
 
 def _check_finite_range(values: Any, dtype: str) -> None:
