@@ -285,8 +285,36 @@ def _real_rows(activation: NDArray[Any]) -> NDArray[Any]:
     return np.abs(x) if x.dtype.kind == "c" else x  # as :func:`_real`
 
 
+#: A row whose mean square exceeds its variance this many times has its variance from the
+#: centred form: ``E[x^2] - mean^2`` loses that factor of the sums' relative precision
+#: (~1e-7 in float32), which beyond it would show in the std's sixth digit.
+CANCELLATION = 8.0
+
+#: Vectors of ones by width and dtype (read-only, shared by every call): a row sum is then one
+#: matrix-vector product.
+_ONES: dict[tuple[int, np.dtype[Any]], NDArray[Any]] = {}
+
+
+def _ones(width: int, dtype: np.dtype[Any]) -> NDArray[Any]:
+    key = (width, dtype)
+    ones = _ONES.get(key)
+    if ones is None:
+        if len(_ONES) >= 64:  # a model's layers have a few widths; bounded all the same
+            _ONES.clear()
+        ones = np.ones(width, dtype=dtype)
+        ones.flags.writeable = False
+        _ONES[key] = ones
+    return ones
+
+
 def reduce_rows(activation: NDArray[Any]) -> NDArray[np.float32]:
-    """:func:`reduce_activation` for a host array ``[B, ...]``: a new float32 ``[B, 7]``."""
+    """:func:`reduce_activation` for a host array ``[B, ...]``: a new float32 ``[B, 7]``.
+
+    The row sums and sums of squares are BLAS products, one pass each: several times faster
+    than numpy's reductions along rows on a drain's wide layers (docs/bench/README.md,
+    "Figures behind the code's constants"). A caller that serves requests holds numpy's BLAS
+    to one thread around it (:class:`hookwatch._blas.OneBlasThread`).
+    """
     x = _real_rows(activation)
     if x.ndim == 0:
         x = x.reshape(1, 1)
@@ -297,16 +325,28 @@ def reduce_rows(activation: NDArray[Any]) -> NDArray[np.float32]:
         x = x.astype(np.float32)
     rows, width = x.shape
     out = np.zeros((rows, len(STATISTICS)), dtype=np.float32)
-    if width == 0:
+    if width == 0 or rows == 0:
         return out
-    # float32 sums as in the torch form; numpy's pairwise summation keeps them accurate, and
-    # widening to float64 would double the cost of the widest pass. Inf - Inf is NaN here on
-    # purpose (it flags the row), not a warning for the worker's log.
+    # Inf - Inf is NaN here on purpose (it flags the row), not a warning for the worker's log.
     with np.errstate(invalid="ignore", over="ignore"):
-        mean = x.sum(axis=1) / np.float32(width)
-        centred = x - mean[:, None]
-        out[:, 1] = np.sqrt(np.einsum("ij,ij->i", centred, centred) / np.float32(width))
-    out[:, 0] = mean
+        total = x @ _ones(width, x.dtype)
+        squares = np.matmul(x[:, None, :], x[:, :, None]).reshape(rows)
+        mean = total / x.dtype.type(width)
+        # In float64: the difference below is where the precision goes.
+        mean_square = squares.astype(np.float64) / width
+        variance = mean_square - np.square(mean, dtype=np.float64)
+        out[:, 0] = mean
+        out[:, 1] = np.sqrt(np.maximum(variance, 0.0))
+        # Rows whose variance cancels (a large mean against a small spread, a constant row)
+        # or is not finite (NaN, Inf, a square beyond the dtype): the centred two-pass form,
+        # as exact as the sums allow, and NaN/Inf exactly where the values have them.
+        exact = ~(variance * CANCELLATION >= mean_square)
+        if exact.any():
+            picked = x[exact]
+            centred_mean = picked.sum(axis=1) / x.dtype.type(width)
+            centred = picked - centred_mean[:, None]
+            out[exact, 0] = centred_mean
+            out[exact, 1] = np.sqrt(np.einsum("ij,ij->i", centred, centred) / width)
     np.min(x, axis=1, out=out[:, 2])
     np.max(x, axis=1, out=out[:, 3])
     # A NaN is not a zero (x != 0 holds for it), as count_nonzero counts; summed into int32,
@@ -331,5 +371,12 @@ def feature_rows(
     if flatten and x.ndim > 2 and math.prod(x.shape[1:]) <= max_features:
         x = x.reshape(x.shape[0], -1)
     if x.ndim > 2:
-        x = x.reshape(x.shape[0], x.shape[1], -1).mean(axis=2, dtype=np.float32)
+        # Only the kept channels are averaged.
+        x = x.reshape(x.shape[0], x.shape[1], -1)[:, :max_features]
+        if x.dtype.kind == "f" and x.itemsize >= 4:
+            # Per-channel means as one matrix-vector product (as reduce_rows' sums).
+            with np.errstate(invalid="ignore", over="ignore"):
+                x = (x @ _ones(x.shape[2], x.dtype)) / x.dtype.type(x.shape[2])
+        else:
+            x = x.mean(axis=2, dtype=np.float32)
     return np.array(x[:, :max_features], dtype=np.float32)

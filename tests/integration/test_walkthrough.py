@@ -223,8 +223,8 @@ def test_the_serving_install_holds_numpys_blas_to_one_thread_in_the_estimate(
     probe = (
         "import numpy\n"
         "from threadpoolctl import threadpool_info\n"
-        "from hookwatch._drift.accuracy import _OneBlasThread\n"
-        "with _OneBlasThread()():\n"
+        "from hookwatch._blas import OneBlasThread\n"
+        "with OneBlasThread()():\n"
         "    print([i['num_threads'] for i in threadpool_info() if i['user_api'] == 'blas'])\n"
     )
     out = _sh(["python", "-c", probe], cwd=tmp_path, env=outside_env(serving_venv))

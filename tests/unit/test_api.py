@@ -192,7 +192,7 @@ def test_a_monitor_shows_only_its_documented_face() -> None:
 
 def test_the_core_install_asks_for_five_packages_only() -> None:
     # threadpoolctl: the capture thread's accuracy estimate holds numpy's BLAS to one thread
-    # (hookwatch._drift.accuracy._OneBlasThread); without it OpenBLAS spun a core.
+    # (hookwatch._blas.OneBlasThread); without it OpenBLAS spun a core.
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     names = [re.split(r"[<>=\[ ]", dep)[0] for dep in project["dependencies"]]
     assert sorted(names) == ["numpy", "prometheus-client", "pyyaml", "threadpoolctl", "torch"]

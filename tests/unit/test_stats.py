@@ -100,6 +100,48 @@ def test_numpy_forms_agree_with_the_torch_forms(shape: tuple[int, ...]) -> None:
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
+def test_the_row_sums_keep_the_std_where_the_mean_dominates() -> None:
+    # reduce_rows takes the variance as E[x^2] - mean^2 from BLAS sums; a row whose mean
+    # dwarfs its spread (an offset layer, a constant row) must still get the centred form's
+    # std, and a row of zeros none at all. Each row against float64 numpy.
+    rng = np.random.default_rng(7)
+    width = 2048
+    rows = [
+        rng.standard_normal(width),  # the fast form
+        np.maximum(rng.standard_normal(width), 0.0),  # post-ReLU: the fast form
+        1000.0 + 1e-3 * rng.standard_normal(width),  # mean^2 / var = 1e12: centred
+        3.0 + rng.standard_normal(width),  # mean^2 / var = 9, just past CANCELLATION
+        np.full(width, 2.5),  # constant: std 0, not sqrt of a rounding error
+        np.zeros(width),
+        128.0 + 64.0 * rng.standard_normal(width),  # an unnormalised image's pixels
+    ]
+    for dtype in (np.float32, np.float64):
+        x = np.stack(rows).astype(dtype)
+        got = reduce_rows(x)
+        want = _numpy_reference(x)
+        np.testing.assert_allclose(got[:, 0], want[:, 0], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(got[:, 1], want[:, 1], rtol=1e-5, atol=1e-6)
+        assert got[4, 1] == 0.0 and got[5, 1] == 0.0
+        np.testing.assert_allclose(got[:, 2:], want[:, 2:], rtol=1e-6)
+
+
+def test_rows_beyond_the_dtype_keep_their_nonfinite_form() -> None:
+    # A square beyond float32 (values of 1e20) and an Inf - Inf: the std is Inf or NaN as the
+    # centred form makes it, and only a NaN or Inf value is counted as one.
+    x = np.zeros((3, 4), dtype=np.float32)
+    x[0] = [1e20, -1e20, 1e20, -1e20]
+    x[1, 0], x[1, 1] = np.inf, -np.inf
+    x[2, 2] = np.nan
+    got = reduce_rows(x)
+    assert got[0, 0] == 0.0 and np.isinf(got[0, 1])
+    assert np.isnan(got[1, 0]) and np.isnan(got[2, 0]) and np.isnan(got[2, 1])
+    assert got[:, STATISTICS.index("nan_count")].tolist() == [0.0, 0.0, 1.0]
+    assert got[:, STATISTICS.index("inf_count")].tolist() == [0.0, 2.0, 0.0]
+    # Rows the fast form keeps are not touched by a neighbour's fallback.
+    mixed = np.vstack([x, np.ones((1, 4), dtype=np.float32) * [1, 2, 3, 4]])
+    np.testing.assert_allclose(reduce_rows(mixed)[3, :2], [2.5, np.sqrt(1.25)], rtol=1e-6)
+
+
 def test_numpy_forms_count_nonfinite_values_and_take_integers() -> None:
     x = np.zeros((2, 10), dtype=np.float32)
     x[0, 1] = x[0, 2] = np.nan

@@ -22,16 +22,15 @@ Pure numpy: no Prometheus, TorchServe or torch imports.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 from numpy.typing import NDArray
 
+from hookwatch._blas import OneBlasThread
 from hookwatch._drift.bins import FloatArray, IntArray, expect
 
 __all__ = [
@@ -499,41 +498,6 @@ class AccuracyDropTest:
         return alarms
 
 
-class _OneBlasThread:
-    """numpy's BLAS on one thread while the estimate runs (threadpoolctl, a dependency).
-
-    The k-NN distances are one small matrix product per drain; numpy's BLAS would spread it
-    over every core of a machine whose cores serve requests, and costs 20 times more so on a
-    busy 2-core machine (docs/accuracy-estimators.md, "Cost and state"). Served, it cost more
-    than that: OpenBLAS's worker thread spins on its core for a while after each product, and
-    at 100 % sampling a TorchServe worker's spun ~40 % of a core (docs/bench/README.md, the
-    independent A/B). The limit is the BLAS libraries threadpoolctl finds (numpy's; torch's
-    intra-op pool is set by the monitor, and on x86 its BLAS is linked into torch),
-    process-wide for the few microseconds it is held. Should threadpoolctl be missing after
-    all (an install without dependencies), the estimate runs with numpy's default threads.
-    """
-
-    def __init__(self) -> None:
-        self._controller: object | None = None
-        self._checked = False
-
-    def __call__(self) -> AbstractContextManager[object]:
-        if not self._checked:
-            self._checked = True
-            try:
-                from threadpoolctl import ThreadpoolController  # type: ignore[import-untyped]
-            except ImportError:
-                self._controller = None
-            else:
-                self._controller = ThreadpoolController()
-        if self._controller is None:
-            return contextlib.nullcontext()
-        limit: AbstractContextManager[object] = self._controller.limit(  # type: ignore[attr-defined]
-            limits=1, user_api="blas"
-        )
-        return limit
-
-
 class AccuracyTracker:
     """A worker's running estimate: the last ``window`` per-sample scores, cumulative sums that
     add over workers, and the drop test, fed from the capture thread.
@@ -566,7 +530,7 @@ class AccuracyTracker:
         #: Cumulative per predicted class ``[C]``: summed scores and samples.
         self.class_correct_sum = np.zeros(estimator.classes)
         self.class_count = np.zeros(estimator.classes, dtype=np.int64)
-        self._one_thread = _OneBlasThread()
+        self._one_thread = OneBlasThread()
 
     @property
     def reference_accuracy(self) -> float:

@@ -48,8 +48,10 @@ DRAIN_GAP_S = 0.05
 #: ... and drains once this many sampled forwards wait (or a publish is due). A drain has a
 #: fixed cost well above its cost per record (`make bench-drain`; the figures are in
 #: docs/bench/README.md, "Figures behind the code's constants"): at the default sampling a
-#: drain every gap would hold a handful of records and spend most of its time on the fixed part.
-DRAIN_BATCH = 64
+#: drain every gap would hold a handful of records and spend most of its time on the fixed part,
+#: and at 100 % a drain of 64 still spent a fifth of its time on it. Larger drains hold the GIL
+#: longer per step (a step's work grows with the records), which MAX_DRAIN bounds.
+DRAIN_BATCH = 128
 #: ... or, while requests keep coming, once the oldest has waited this long; an idle worker
 #: drains at its next publish. A publish used to drain whatever waited: at the default
 #: sampling's few records a second, each drain paid its fixed part (a numpy call per

@@ -19,6 +19,7 @@ from typing import Any, Final, cast
 import numpy as np
 import torch
 
+from hookwatch._blas import OneBlasThread
 from hookwatch._capture import RateLimitedLog
 from hookwatch._drift import AccuracyTracker, DriftResult, DriftTracker, IntArray
 from hookwatch._hooks import Held, PlainCapture, as_array
@@ -184,8 +185,15 @@ class CaptureProcessor:
         self._lock = threading.Lock()
         self._pending = Processed()
         self._faults: dict[str, int] = defaultdict(int)
+        self._one_blas_thread = OneBlasThread()
 
     def process(self, records: Sequence[Record]) -> None:
+        # The reductions' and the estimate's matrix products on one thread: a served worker's
+        # cores are the requests' (hookwatch._blas).
+        with self._one_blas_thread():
+            self._process(records)
+
+    def _process(self, records: Sequence[Record]) -> None:
         if self.drift is not None:
             self.drift.new_round()
             # The detectors' tests and windows advance together after the layers (one pass for
