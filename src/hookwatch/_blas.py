@@ -6,6 +6,8 @@ Pure: no Prometheus, TorchServe or torch imports.
 from __future__ import annotations
 
 import contextlib
+import threading
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -30,10 +32,30 @@ class OneBlasThread:
 
     def __call__(self) -> AbstractContextManager[object]:
         controller = _controller()
-        if controller is None:
+        if controller is None or _depth() > 0:
+            # Already held on this thread (the processor holds it for a whole drain, and the
+            # accuracy estimate inside it asks again): taking it again costs ~5 µs for nothing.
             return contextlib.nullcontext()
-        limit: AbstractContextManager[object] = controller.limit(limits=1, user_api="blas")
-        return limit
+        return _held(controller)
+
+
+#: How many blocks of this thread hold the limit.
+_HELD = threading.local()
+
+
+def _depth() -> int:
+    depth: int = getattr(_HELD, "depth", 0)
+    return depth
+
+
+@contextlib.contextmanager
+def _held(controller: Any) -> Iterator[None]:
+    _HELD.depth = _depth() + 1
+    try:
+        with controller.limit(limits=1, user_api="blas"):
+            yield
+    finally:
+        _HELD.depth -= 1
 
 
 #: The libraries threadpoolctl found, looked up once per process (~3 ms: it walks the loaded
