@@ -49,7 +49,7 @@ def markdown(
         "the durations of its last interval, never a request count. The other counters and "
         "summaries are published by the capture thread every `flush_interval_s` (1 s by "
         "default); under traffic, the "
-        "statistics of sampled requests are processed once 64 wait or within 5 s. A scrape "
+        "statistics of sampled requests are processed once 128 wait or within 5 s. A scrape "
         "lags by at most that, and a killed worker loses at most that much of them. The exporter "
         "compacts the files of dead workers into one archive file, keeping every total exact.",
         "- **Gauges** use a `live*` multiprocess mode: the exporter drops a dead worker's gauge "

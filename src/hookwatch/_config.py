@@ -567,7 +567,7 @@ class MonitoringConfig:
         "files: how far a scrape can lag "
         "behind, and what a worker killed with SIGKILL loses (request counts are written as "
         "they happen and are never lost); under traffic, sampled forwards are processed once "
-        "64 wait or within 5 s, so statistics and verdicts can lag by up to 5 s more",
+        "128 wait or within 5 s, so statistics and verdicts can lag by up to 5 s more",
         bounds=(0.05, 60.0),
     )
     max_features: int = _option(
