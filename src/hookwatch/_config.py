@@ -538,11 +538,12 @@ class MonitoringConfig:
     )
     max_overhead: float = _option(
         DEFAULT_MAX_OVERHEAD,
-        "with `sample_rate` unset, the share of a worker's wall time that sampled forwards "
-        "may add over unsampled ones: the share also drops so that (sampled forwards a "
-        "second) x (what a sampled forward takes more than an unsampled one) stays at this. "
-        "Measured on the served requests' durations (those of sampled forwards against the "
-        "others', smoothed over publishes; at least 3 sampled forwards per estimate), "
+        "with `sample_rate` unset, the share of a worker's time that sampled forwards may add "
+        "over unsampled ones: the share also drops so that (sampled forwards a second) x "
+        "(what a sampled forward takes more than an unsampled one, plus the capture thread's "
+        "CPU for its record) stays at this. Measured on the served requests' durations "
+        "(those of sampled forwards against the others', smoothed over publishes; at least 3 "
+        "sampled forwards per estimate) and on the capture thread's own CPU clock, "
         "re-decided on every publish with `max_sampled_per_s`, whichever gives the lower "
         "share; what a hooked forward costs differs by orders of magnitude between models "
         "and devices ([architecture](architecture.md#two-paths), *How many are sampled*). "

@@ -731,6 +731,48 @@ def test_the_cost_cap_follows_the_cost_down_to_the_configured_share_and_the_coun
         assert monitor._gate.sample_rate == pytest.approx(0.0005, rel=0.06)
 
 
+def test_the_cost_cap_counts_the_capture_threads_cpu_for_each_record(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A record that costs the capture thread as much as its forward's hooks cost the request
+    # thread (a large input projected for drift) halves the share the cap allows.
+    monitor, clock, _ = _capped_monitor(monkeypatch)
+
+    def burn(records: list[Any]) -> None:
+        until = time.thread_time() + 0.005 * len(records)
+        while time.thread_time() < until:
+            pass
+
+    monkeypatch.setattr(monitor._processor, "process", burn)
+    with monitor:
+        monitor._process([()] * 4)  # the capture thread's call: 5 ms of its CPU a record
+        _serve_one_second(monitor, clock, forwards=200)  # hooks: 10 ms more a forward
+        assert monitor._cost.capture == pytest.approx(0.005, rel=0.2)
+        assert monitor._cost.extra == pytest.approx(0.010)
+        # 1 % of a second is 10 ms: two thirds of a hooked forward's 15 ms, of 200 a second.
+        assert monitor._gate.sample_rate == pytest.approx(0.01 / 0.015 / 200, rel=0.2)
+        # Too few records wait for the next estimate, as sampled forwards do.
+        monitor._process([()])
+        _serve_one_second(monitor, clock, forwards=200)
+        assert monitor._cost._records == 1
+
+
+def test_a_cost_cap_with_hooks_below_the_noise_still_counts_the_records() -> None:
+    from hookwatch._monitor.cost import HookCost
+    from hookwatch._monitor.tally import RequestTally
+
+    tally = RequestTally("m", MetricSet())
+    cost = HookCost(tally)
+    for _ in range(5):
+        tally.answered(0.002, 1)
+        cost.answered(0.002, 1)  # sampled forwards as quick as the others
+    cost.processed(0.004, 5)  # 0.8 ms of the capture thread a record
+    cost.update()
+    assert cost.extra == pytest.approx(0.0) and cost.capture == pytest.approx(0.0008)
+    # 1 % of the time at 100 forwards a second: 12.5 records a second, an eighth of them.
+    assert cost.share(0.01, 100.0) == pytest.approx(0.125)
+
+
 def test_a_sample_rate_that_is_set_is_taken_whatever_the_cost(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

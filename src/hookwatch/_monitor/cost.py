@@ -1,4 +1,5 @@
-"""What sampled forwards cost the request thread, measured from the durations of the requests.
+"""What sampled forwards cost: the request thread's time, measured from the durations of the
+requests, and the capture thread's CPU for their records.
 
 A hooked forward costs more than a plain one, and by how much differs a hundredfold between
 models and devices: a few hook points on a small CPU model, against the kernel launches of a
@@ -10,7 +11,10 @@ The request path pays nothing more for it on an unsampled forward: the service r
 duration of a sampled forward's requests here (:meth:`HookCost.answered`, which also feeds the
 request-duration histogram), and every other request goes to the histogram only. At each
 publish the capture thread compares the sampled forwards' mean duration with the histogram's
-mean over the other requests (:meth:`HookCost.update`).
+mean over the other requests (:meth:`HookCost.update`), and adds what the capture thread spent
+on a record (:meth:`HookCost.processed`, its own CPU clock around each drain): on a machine
+whose cores serve requests, that CPU is taken from them too (a ResNet-18's record, its input
+projected, costs the capture thread about as much as its hooks cost the request thread).
 """
 
 from __future__ import annotations
@@ -31,11 +35,12 @@ SMOOTHING = 0.25
 
 
 class HookCost:
-    """The extra seconds a sampled forward adds to its requests, and the mean requests per
-    forward, both smoothed over publishes.
+    """The extra seconds a sampled forward adds to its requests, the capture thread's CPU
+    seconds for its record, and the mean requests per forward, each smoothed over publishes.
 
-    ``extra`` and ``batch`` are None until a first estimate. ``extra`` may be 0 or below
-    (hooks that cost less than the noise between intervals): then there is nothing to cap.
+    ``extra`` and ``batch`` are None until a first estimate, ``capture`` until the capture
+    thread has processed ``MIN_SAMPLED`` records. ``extra`` may be 0 or below (hooks that cost
+    less than the noise between intervals): then only ``capture`` is there to cap.
     """
 
     def __init__(self, tally: RequestTally) -> None:
@@ -50,6 +55,11 @@ class HookCost:
         self._seen = tally.durations()
         self.extra: float | None = None
         self.batch: float | None = None
+        #: The capture thread's CPU seconds and records since its last estimate (written and
+        #: read on the capture thread only), and the estimate per record.
+        self._capture_s = 0.0
+        self._records = 0
+        self.capture: float | None = None
 
     def answered(self, seconds: float, count: int) -> None:
         """The request path of a sampled forward: its ``count`` requests took ``seconds``.
@@ -63,9 +73,20 @@ class HookCost:
             self._requests += count
             self._seconds += seconds * count
 
+    def processed(self, cpu_s: float, records: int) -> None:
+        """The capture thread spent ``cpu_s`` seconds of its CPU on ``records`` records (one
+        per sampled forward): a drain's, measured by the capture thread."""
+        self._capture_s += cpu_s
+        self._records += records
+
     def update(self) -> None:
         """Take the sampled forwards since the last estimate into the smoothed one (capture
-        thread, at every publish); fewer than ``MIN_SAMPLED`` wait for the next."""
+        thread, at every publish); fewer than ``MIN_SAMPLED`` wait for the next, and so do
+        fewer processed records."""
+        if self._records >= MIN_SAMPLED:
+            capture = self._capture_s / self._records
+            self._capture_s, self._records = 0.0, 0
+            self.capture = _smoothed(self.capture, capture)
         with self._lock:
             forwards, requests, seconds = self._forwards, self._requests, self._seconds
             count, total = self._tally.durations()
@@ -78,23 +99,25 @@ class HookCost:
         # Means per request on both sides: sampling is per forward and blind to the batch, so
         # sampled and unsampled requests come in batches of the same sizes, and the difference
         # is what hooking adds to a forward.
-        extra = seconds / requests - plain_s / plain
-        batch = requests / forwards
-        if self.extra is None or self.batch is None:
-            self.extra, self.batch = extra, batch
-        else:
-            # Every interval counts, whatever the sign of its difference: dropping the
-            # negative ones would bias a cost near zero upwards, and cap hooks that cost
-            # nothing.
-            self.extra += SMOOTHING * (extra - self.extra)
-            self.batch += SMOOTHING * (batch - self.batch)
+        # Every interval counts, whatever the sign of its difference: dropping the negative
+        # ones would bias a cost near zero upwards, and cap hooks that cost nothing.
+        self.extra = _smoothed(self.extra, seconds / requests - plain_s / plain)
+        self.batch = _smoothed(self.batch, requests / forwards)
 
     def share(self, max_overhead: float, requests_per_s: float) -> float | None:
-        """The share of forwards whose hooks cost at most ``max_overhead`` of the worker's
-        time at ``requests_per_s``; None while nothing is known or there is nothing to cap."""
+        """The share of forwards whose hooks and records cost at most ``max_overhead`` of the
+        worker's time at ``requests_per_s``; None while nothing is known or there is nothing
+        to cap."""
         if self.extra is None or self.batch is None:
             return None
-        return cost_share(max_overhead, self.extra, self.batch, requests_per_s)
+        return cost_share(
+            max_overhead, self.extra + (self.capture or 0.0), self.batch, requests_per_s
+        )
+
+
+def _smoothed(estimate: float | None, value: float) -> float:
+    """``value`` folded into the running ``estimate`` (exponentially weighted)."""
+    return value if estimate is None else estimate + SMOOTHING * (value - estimate)
 
 
 def cost_share(

@@ -381,7 +381,14 @@ class Monitor:
         return moved
 
     def _process(self, records: list[Record]) -> None:
+        if self.config.sample_cap is None:
+            self._processor.process(records)
+            return
+        # The cost cap counts the capture thread's CPU too (its own clock: the drain's pauses
+        # are not in it).
+        started = time.thread_time()
         self._processor.process(records)
+        self._cost.processed(time.thread_time() - started, len(records))
 
     def _capture_off(self) -> None:
         """The capture thread gave up processing: stop sampling and switch every hook off,
