@@ -30,6 +30,11 @@ class OneBlasThread:
     without dependencies), the block runs with numpy's default threads.
     """
 
+    def __init__(self) -> None:
+        # Looked up now, where the owner is built (a worker loading its model), not inside the
+        # first drain, whose GIL hold it would lengthen by milliseconds.
+        _controller()
+
     def __call__(self) -> AbstractContextManager[object]:
         controller = _controller()
         if controller is None or _depth() > 0:

@@ -344,10 +344,14 @@ class DriftTracker:
         if self._deferred is None:
             self._deferred = []
 
-    def advance(self) -> tuple[list[DriftResult], dict[str, Exception]]:
+    def advance(
+        self, pause: Callable[[], None] | None = None
+    ) -> tuple[list[DriftResult], dict[str, Exception]]:
         """Feed the codes held since :meth:`defer` to the sequential tests and the windows,
         and stop holding: the verdicts they brought, detector by detector in the order they
         were fed, and the layers whose detectors failed, with the error (their codes are lost).
+        ``pause`` is called between the tests and the windows (the capture thread's GIL
+        pause: each is a step of its own).
 
         Detectors fed the same number of samples, each once, in step with each other (the
         usual drain: every layer of every record), advance together: one
@@ -359,6 +363,8 @@ class DriftTracker:
             return [], {}
         failed: dict[str, Exception] = {}
         self._advance_tests([e for e in deferred if e[1] in self.sequential], failed)
+        if pause is not None:
+            pause()
         results = self._advance_windows([e for e in deferred if e[0] not in failed], failed)
         return results, failed
 

@@ -225,7 +225,7 @@ class CaptureProcessor:
         if self.drift is not None:
             if self._pause is not None:
                 self._pause()
-            results, failed = self.drift.advance()
+            results, failed = self.drift.advance(self._pause)
             self._tally_verdicts(results)
             for layer, failure in failed.items():
                 self._drift_off.add(layer)
