@@ -64,7 +64,7 @@ def _held(controller: Any) -> Iterator[None]:
 
 
 #: The libraries threadpoolctl found, looked up once per process (~3 ms: it walks the loaded
-#: shared objects): (looked up, the controller or None without threadpoolctl).
+#: shared objects): empty until then, after it [the controller, or None without threadpoolctl].
 _FOUND: list[Any] = []
 
 

@@ -734,8 +734,8 @@ def test_the_cost_cap_follows_the_cost_down_to_the_configured_share_and_the_coun
 def test_the_cost_cap_counts_the_capture_threads_cpu_for_each_record(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # A record that costs the capture thread as much as its forward's hooks cost the request
-    # thread (a large input projected for drift) halves the share the cap allows.
+    # A record that costs the capture thread half what its forward's hooks cost the request
+    # thread (a large input projected for drift) lowers the share the cap allows by a third.
     monitor, clock, _ = _capped_monitor(monkeypatch)
 
     def burn(records: list[Any]) -> None:
