@@ -109,6 +109,17 @@ class SteadyResult:
     #: The cost cap's estimate of what a hooked forward adds (``HookCost.extra``) at the end
     #: of each default block, in µs; None where it had none yet.
     cost_extra_us: list[float | None] = field(default_factory=list)
+    #: Measured by the harness over the default blocks: a hooked forward's mean wall time less
+    #: an unhooked one's (each forward timed, hooked where the capture count moved), in µs,
+    #: and the hooked forwards it is the mean of. What the cost cap estimates.
+    measured_extra_us: float | None = None
+    measured_hooked: int = 0
+    #: The hooked forwards' wall times (10th, 50th, 90th percentile, longest) and the mean of
+    #: the others, in µs: whether a few slow hooked forwards make the mean.
+    hooked_us_quantiles: list[float] = field(default_factory=list)
+    other_us: float | None = None
+    #: Each of the cost cap's updates during the default blocks (:func:`_trace_cost`).
+    trace: list[dict[str, float | None]] = field(default_factory=list)
 
 
 @dataclass
@@ -277,19 +288,37 @@ def measure_group(
 
 
 def _block(
-    handler: Any, context: Any, batches: list[list[Any]], seconds: float
+    handler: Any,
+    context: Any,
+    batches: list[list[Any]],
+    seconds: float,
+    split: list[float],
+    hooked_times: list[float],
 ) -> tuple[float, int, int, int]:
     """Serve ``batches`` round and round for ``seconds``: of the second half, the wall time,
-    the forwards and the forwards hooked; and the whole block's forwards."""
+    the forwards and the forwards hooked; and the whole block's forwards. Each forward's wall
+    time is added to ``split``: [hooked seconds, hooked forwards, other seconds, others]
+    (hooked where the capture count moved; plain handlers count none), and each hooked
+    forward's to ``hooked_times``."""
     handle = handler.handle
+    monitor = handler.service.monitor
+    worker = None if monitor is None else monitor._worker
 
     def serve_until(deadline: float, i: int) -> tuple[int, float]:
         """Forwards from the ``i``-th on until ``deadline``: the count so far and the time."""
         now = time.perf_counter()
+        accepted = 0 if worker is None else worker.accepted
         while now < deadline:
             handle(batches[i % len(batches)], context)
             i += 1
-            now = time.perf_counter()
+            was, now = now, time.perf_counter()
+            seen = 0 if worker is None else worker.accepted
+            slot = 0 if seen != accepted else 2
+            split[slot] += now - was
+            split[slot + 1] += 1
+            if slot == 0:
+                hooked_times.append(now - was)
+            accepted = seen
         return i, now
 
     start = time.perf_counter()
@@ -297,6 +326,47 @@ def _block(
     hooked = _accepted(handler)
     served, end = serve_until(start + seconds, first)
     return end - mark, served - first, _accepted(handler) - hooked, served
+
+
+def _quantiles(times: list[float]) -> list[float]:
+    """10th, 50th and 90th percentile and the longest of ``times``, in µs ([] for none)."""
+    if not times:
+        return []
+    ordered = sorted(times)
+    picks = [ordered[min(len(ordered) - 1, int(q * len(ordered)))] for q in (0.1, 0.5, 0.9)]
+    return [round(t * 1e6, 1) for t in (*picks, ordered[-1])]
+
+
+def _trace_cost(monitor: Any, trace: list[dict[str, float | None]], started: float) -> None:
+    """Record each of the cost cap's updates (``HookCost.update``, at every publish): the
+    interval's sampled forwards and the per-request mean durations it compares, and the
+    estimates after it; ``rate`` is the gate's share when the update began (set by the
+    publish before)."""
+    cost = monitor._cost
+    update = cost.update
+
+    def traced() -> None:
+        with cost._lock:
+            forwards, requests, seconds = cost._forwards, cost._requests, cost._seconds
+            count, total = cost._tally.durations()
+            seen = cost._seen
+        plain = count - seen[0] - requests
+        row: dict[str, float | None] = {
+            "t_s": round(time.perf_counter() - started, 2),
+            "rate": round(float(monitor._gate.sample_rate), 5),
+            "forwards": forwards,
+            "sampled_us": round(seconds / requests * 1e6, 1) if requests else None,
+            "plain_us": round((total - seen[1] - seconds) / plain * 1e6, 1) if plain > 0 else None,
+            "records": cost._records,
+            "capture_cpu_s": round(cost._capture_s, 6),
+        }
+        update()
+        for name in ("extra", "capture", "batch"):
+            value = getattr(cost, name)
+            row[name] = None if value is None else round(value * (1e6 if name != "batch" else 1), 1)
+        trace.append(row)
+
+    cost.update = traced
 
 
 def measure_steady(
@@ -314,13 +384,19 @@ def measure_steady(
     forwards = hooked = requests = 0
     cpu = 0.0
     extras: list[float | None] = []
+    split = {"plain": [0.0, 0.0, 0.0, 0.0], "default": [0.0, 0.0, 0.0, 0.0]}
+    hooked_times: list[float] = []
+    trace: list[dict[str, float | None]] = []
+    _trace_cost(built["default"][0].service.monitor, trace, time.perf_counter())
     for b in range(blocks):
         # Plain first in even pairs and last in odd ones: a drift of the machine's speed
         # over the run falls on both variants alike.
         for variant in ("plain", "default") if b % 2 == 0 else ("default", "plain"):
             handler, context = built[variant]
             cpu_at = _capture_cpu(handler)
-            took, count, hooks, served = _block(handler, context, batches, seconds)
+            took, count, hooks, served = _block(
+                handler, context, batches, seconds, split[variant], hooked_times
+            )
             per_request[variant].append(took / (count * batch))
             if variant == "default":
                 # What the capture thread still holds is drained before the plain block and
@@ -336,6 +412,10 @@ def measure_steady(
         handler.service.close()
     ratios = [p / d for p, d in zip(per_request["plain"], per_request["default"], strict=True)]
     ratio, low, high = _median_interval(ratios)
+    hooked_s, hooked_n, other_s, other_n = split["default"]
+    measured = (
+        round((hooked_s / hooked_n - other_s / other_n) * 1e6, 1) if hooked_n and other_n else None
+    )
     result = SteadyResult(
         model=model,
         batch=batch,
@@ -349,10 +429,16 @@ def measure_steady(
         hooked_share=round(hooked / max(forwards, 1), 4),
         capture_cpu_us=round(cpu / max(requests, 1) * 1e6, 1),
         cost_extra_us=extras,
+        measured_extra_us=measured,
+        measured_hooked=int(hooked_n),
+        hooked_us_quantiles=_quantiles(hooked_times),
+        other_us=round(other_s / other_n * 1e6, 1) if other_n else None,
+        trace=trace,
     )
     print(
         f"{model} b{batch} steady default: ratio {ratio:.3f} [{low:.3f}, {high:.3f}], "
-        f"hooked {result.hooked_share:.3f}",
+        f"hooked {result.hooked_share:.3f}; a hooked forward adds {measured} µs measured "
+        f"({int(hooked_n)} hooked), the cap's estimates {extras}",
         file=sys.stderr,
     )
     return result
