@@ -596,21 +596,38 @@ def _steady_lines(steady: list[dict[str, Any]]) -> list[str]:
     if not steady:
         return []
     first = steady[0]
+    traced = any(row.get("measured_extra_us") is not None for row in steady)
     lines = [
         f"Served without pause ({first['blocks']} blocks of {first['seconds']:g} s per variant, "
         "plain and default alternating, each block's second half measured):",
         "",
         "| model | batch | plain µs/request | default µs/request "
-        "| default vs plain (95 % CI) | capture thread CPU µs/request | forwards hooked |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| default vs plain (95 % CI) | capture thread CPU µs/request | forwards hooked |"
+        + (
+            " a hooked forward adds, measured (hooked forwards) "
+            "| the cap's estimate at blocks' ends |"
+            if traced
+            else ""
+        ),
+        "|---|---:|---:|---:|---:|---:|---:|" + ("---:|---|" if traced else ""),
     ]
     for row in steady:
-        lines.append(
+        line = (
             f"| {row['model']} | {row['batch']} | {row['plain_us']:.1f} | "
             f"{row['default_us']:.1f} | {row['ratio']:.3f} ({row['ratio_low']:.3f} to "
             f"{row['ratio_high']:.3f}) | {row['capture_cpu_us']:.1f} | "
             f"{row['hooked_share']:.3f} |"
         )
+        if traced:
+            measured = row.get("measured_extra_us")
+            estimates = ", ".join(
+                "none" if e is None else f"{e:.0f}" for e in row.get("cost_extra_us", [])
+            )
+            line += (
+                f" {'n/a' if measured is None else f'{measured:.0f} µs'}"
+                f" ({row.get('measured_hooked', 0)}) | {estimates or 'n/a'} µs |"
+            )
+        lines.append(line)
     return [*lines, ""]
 
 

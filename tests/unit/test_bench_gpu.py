@@ -65,5 +65,9 @@ def test_the_steady_blocks_measure_the_default(tmp_path: Path) -> None:
     assert 0.0 < row.hooked_share < 1.0
     # The cost cap's estimate, read after each default block (None before its first).
     assert len(row.cost_extra_us) == 2
+    # Each hooked forward was timed against the others, and every publish's update traced.
+    assert row.measured_hooked > 0 and len(row.hooked_us_quantiles) == 4
+    assert row.trace and all("extra" in update for update in row.trace)
     lines = gpu._steady_lines([asdict(row)])
     assert lines[-2].startswith("| digits | 1 |")
+    assert lines[-2].count("|") == lines[2].count("|")  # a cell for every heading

@@ -745,6 +745,8 @@ def test_the_cost_cap_counts_the_capture_threads_cpu_for_each_record(
 
     monkeypatch.setattr(monitor._processor, "process", burn)
     with monitor:
+        monitor._process([()])  # the first drain: left out (WARMUP)
+        assert monitor._cost._records == 0
         monitor._process([()] * 4)  # the capture thread's call: 5 ms of its CPU a record
         _serve_one_second(monitor, clock, forwards=200)  # hooks: 10 ms more a forward
         assert monitor._cost.capture == pytest.approx(0.005, rel=0.2)
@@ -757,12 +759,46 @@ def test_the_cost_cap_counts_the_capture_threads_cpu_for_each_record(
         assert monitor._cost._records == 1
 
 
+def _warm_up(cost: Any) -> None:
+    """The first sampled forwards and drain, 50 ms each: what the estimates leave out."""
+    from hookwatch._monitor.cost import WARMUP
+
+    for _ in range(WARMUP):
+        cost.answered(0.050, 1)
+    cost.processed(0.050, 1)
+
+
+def test_the_first_sampled_forwards_and_drain_are_left_out_of_the_cost() -> None:
+    # The first hooked forwards and the first drain pay one-time costs (first kernel launches,
+    # allocations, lazy imports): as the first estimate they would cap sampling for minutes.
+    from hookwatch._monitor.cost import MIN_SAMPLED, WARMUP, HookCost
+    from hookwatch._monitor.tally import RequestTally
+
+    tally = RequestTally("m", MetricSet())
+    cost = HookCost(tally)
+    tally.answered(0.002, 10)
+    for _ in range(WARMUP):
+        cost.answered(0.050, 1)
+    cost.processed(0.200, 2)
+    cost.update()
+    assert cost.extra is None and cost.capture is None
+    assert cost._records == 0 and tally.durations()[0] == 10 + WARMUP  # still in the histogram
+    tally.answered(0.002, 20)
+    for _ in range(MIN_SAMPLED):
+        cost.answered(0.005, 1)
+    cost.processed(0.003, MIN_SAMPLED)
+    cost.update()
+    # 3 ms more than the plain requests after the warm-up; 1 ms of the capture thread a record.
+    assert cost.extra == pytest.approx(0.003) and cost.capture == pytest.approx(0.001)
+
+
 def test_a_cost_cap_with_hooks_below_the_noise_still_counts_the_records() -> None:
     from hookwatch._monitor.cost import HookCost
     from hookwatch._monitor.tally import RequestTally
 
     tally = RequestTally("m", MetricSet())
     cost = HookCost(tally)
+    _warm_up(cost)
     for _ in range(5):
         tally.answered(0.002, 1)
         cost.answered(0.002, 1)  # sampled forwards as quick as the others
@@ -793,6 +829,7 @@ def test_too_few_sampled_forwards_wait_for_the_next_publish(
 
     monitor, clock, config = _capped_monitor(monkeypatch)
     with monitor:
+        _warm_up(monitor._cost)
         _serve_one_second(monitor, clock, forwards=200, sampled=MIN_SAMPLED - 1)
         assert monitor._cost.extra is None
         assert monitor._gate.sample_rate == config.share
@@ -813,6 +850,7 @@ def test_the_cost_is_measured_against_the_histogram_in_worker_files(tmp_path: An
 
     tally = RequestTally("m", MetricSet())
     cost = HookCost(tally)
+    _warm_up(cost)  # before the file too, and on neither side of the estimate
     tally.answered(0.002, 3)
     from hookwatch._names import REJECT_REASONS
 
@@ -827,11 +865,11 @@ def test_the_cost_is_measured_against_the_histogram_in_worker_files(tmp_path: An
     tally._cells = slots.values  # the request path's lock-free writes, as under a GIL
     for _ in range(4):
         tally.answered(0.001, 2)
-    assert tally.durations() == (11, pytest.approx(0.014))
+    assert tally.durations() == (14, pytest.approx(0.164))
     for _ in range(3):
         cost.answered(0.004, 2)
     cost.update()
-    assert tally.durations() == (17, pytest.approx(0.038))
+    assert tally.durations() == (20, pytest.approx(0.188))
     # 11 unsampled requests, 14 ms; 6 sampled ones, 4 ms each.
     assert cost.extra == pytest.approx(0.004 - 0.014 / 11)
     assert cost.batch == 2

@@ -23,7 +23,7 @@ import threading
 
 from hookwatch._monitor.tally import RequestTally
 
-__all__ = ["MIN_SAMPLED", "SMOOTHING", "HookCost", "cost_share"]
+__all__ = ["MIN_SAMPLED", "SMOOTHING", "WARMUP", "HookCost", "cost_share"]
 
 #: An estimate needs this many sampled forwards: fewer wait for the next publish, where they
 #: count with the ones that came since (one or two forwards' durations are mostly noise).
@@ -32,6 +32,14 @@ MIN_SAMPLED = 3
 #: one slow or quick interval moves the estimate by a quarter of its difference, so the share
 #: follows a lasting change within a few publishes, not every interval's noise.
 SMOOTHING = 0.25
+#: The first sampled forwards, and the capture thread's first drain, pay what later ones do
+#: not: the reductions' first kernel launches and allocations, lazy imports and lookups. Taken
+#: as the cost, they start the estimate high, and a high estimate samples few forwards, so it
+#: comes down slowly (one update per ``MIN_SAMPLED`` of them). On an H200 the first two hooked
+#: forwards of a ResNet-18 took 49.5 ms each against ~4 ms later, and the first drain 4.3 ms a
+#: record against ~0.6 ms (docs/bench/gpu.md). These many forwards, and that drain, are left
+#: out.
+WARMUP = 3
 
 
 class HookCost:
@@ -53,6 +61,9 @@ class HookCost:
         self._seconds = 0.0
         #: The histogram's (count, sum) at the last estimate.
         self._seen = tally.durations()
+        #: Sampled forwards still to leave out (``WARMUP``), and whether the first drain was.
+        self._warming = WARMUP
+        self._drained = False
         self.extra: float | None = None
         self.batch: float | None = None
         #: The capture thread's CPU seconds and records since its last estimate (written and
@@ -69,13 +80,22 @@ class HookCost:
         unsampled requests, which take no lock, are all in the histogram)."""
         with self._lock:
             self._tally.answered(seconds, count)
+            if self._warming:
+                # On neither side of the first estimate: it starts after the last of them.
+                self._warming -= 1
+                self._seen = self._tally.durations()
+                return
             self._forwards += 1
             self._requests += count
             self._seconds += seconds * count
 
     def processed(self, cpu_s: float, records: int) -> None:
         """The capture thread spent ``cpu_s`` seconds of its CPU on ``records`` records (one
-        per sampled forward): a drain's, measured by the capture thread."""
+        per sampled forward): a drain's, measured by the capture thread. The first drain is
+        left out (``WARMUP``)."""
+        if not self._drained:
+            self._drained = True
+            return
         self._capture_s += cpu_s
         self._records += records
 
