@@ -543,7 +543,7 @@ class MonitoringConfig:
         "(what a sampled forward takes more than an unsampled one, plus the capture thread's "
         "CPU for its record) stays at this. Measured on the served requests' durations "
         "(those of sampled forwards against the others', smoothed over publishes; at least 3 "
-        "sampled forwards per estimate; the first 3 and the first drain, which pay one-time "
+        "sampled forwards per estimate; the first 10 and the first drain, which pay one-time "
         "costs, left out) and on the capture thread's own CPU clock, "
         "re-decided on every publish with `max_sampled_per_s`, whichever gives the lower "
         "share; what a hooked forward costs differs by orders of magnitude between models "

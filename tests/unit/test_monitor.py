@@ -666,6 +666,7 @@ def _capped_monitor(
     config = MonitoringConfig.from_mapping({"layers": [], "flush_interval_s": 60, **raw})
     monitor = Monitor(net, plan_watch(net, config, "m"), metrics=MetricSet())
     monitor._cap_sampling()  # the first look: no rate yet
+    _warm_up(monitor._cost)
     return monitor, clock, config
 
 
@@ -745,8 +746,6 @@ def test_the_cost_cap_counts_the_capture_threads_cpu_for_each_record(
 
     monkeypatch.setattr(monitor._processor, "process", burn)
     with monitor:
-        monitor._process([()])  # the first drain: left out (WARMUP)
-        assert monitor._cost._records == 0
         monitor._process([()] * 4)  # the capture thread's call: 5 ms of its CPU a record
         _serve_one_second(monitor, clock, forwards=200)  # hooks: 10 ms more a forward
         assert monitor._cost.capture == pytest.approx(0.005, rel=0.2)
@@ -829,7 +828,6 @@ def test_too_few_sampled_forwards_wait_for_the_next_publish(
 
     monitor, clock, config = _capped_monitor(monkeypatch)
     with monitor:
-        _warm_up(monitor._cost)
         _serve_one_second(monitor, clock, forwards=200, sampled=MIN_SAMPLED - 1)
         assert monitor._cost.extra is None
         assert monitor._gate.sample_rate == config.share
@@ -865,11 +863,11 @@ def test_the_cost_is_measured_against_the_histogram_in_worker_files(tmp_path: An
     tally._cells = slots.values  # the request path's lock-free writes, as under a GIL
     for _ in range(4):
         tally.answered(0.001, 2)
-    assert tally.durations() == (14, pytest.approx(0.164))
+    assert tally.durations() == (21, pytest.approx(0.514))
     for _ in range(3):
         cost.answered(0.004, 2)
     cost.update()
-    assert tally.durations() == (20, pytest.approx(0.188))
+    assert tally.durations() == (27, pytest.approx(0.538))
     # 11 unsampled requests, 14 ms; 6 sampled ones, 4 ms each.
     assert cost.extra == pytest.approx(0.004 - 0.014 / 11)
     assert cost.batch == 2

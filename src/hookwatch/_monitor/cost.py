@@ -37,9 +37,10 @@ SMOOTHING = 0.25
 #: as the cost, they start the estimate high, and a high estimate samples few forwards, so it
 #: comes down slowly (one update per ``MIN_SAMPLED`` of them). On an H200 the first two hooked
 #: forwards of a ResNet-18 took 49.5 ms each against ~4 ms later, and the first drain 4.3 ms a
-#: record against ~0.6 ms (docs/bench/gpu.md). These many forwards, and that drain, are left
-#: out.
-WARMUP = 3
+#: record against ~0.6 ms; at batch 8, with the first 3 left out, the next 5 still averaged
+#: 29 ms against ~12 ms later (docs/bench/gpu.md). These many forwards, and that drain, are
+#: left out: at the default share before any estimate (10 %), the first ~100 forwards.
+WARMUP = 10
 
 
 class HookCost:
