@@ -791,6 +791,23 @@ def test_the_first_sampled_forwards_and_drain_are_left_out_of_the_cost() -> None
     assert cost.extra == pytest.approx(0.003) and cost.capture == pytest.approx(0.001)
 
 
+def test_a_publish_without_requests_keeps_the_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Hooked forwards that cost 10 ms more, 200 forwards a second: a share of 1 / 200. A quiet
+    # second decides nothing: the next burst is sampled at the capped share from its start.
+    monitor, clock, config = _capped_monitor(monkeypatch)
+    with monitor:
+        _serve_one_second(monitor, clock, forwards=200)
+        assert monitor._gate.sample_rate == pytest.approx(0.005)
+        for _ in range(3):
+            clock.now += 1.0
+            monitor._cap_sampling()
+            assert monitor._gate.sample_rate == pytest.approx(0.005)
+        # Traffic that comes back slower is decided on as it comes: 5 forwards a second, where
+        # 1 % of the time allows 1 hooked forward a second, take the configured share.
+        _serve_one_second(monitor, clock, forwards=5, sampled=0)
+        assert monitor._gate.sample_rate == config.share
+
+
 def test_a_cost_cap_with_hooks_below_the_noise_still_counts_the_records() -> None:
     from hookwatch._monitor.cost import HookCost
     from hookwatch._monitor.tally import RequestTally

@@ -418,7 +418,11 @@ class Monitor:
             now, seen = time.monotonic(), self._tally.requests_seen
             last, self._rate_from = self._rate_from, (seen, now)
             self._cost.update()
-        if last is None or now <= last[1]:
+        if last is None or now <= last[1] or seen == last[0]:
+            # No request since the last look: nothing to decide from, and the share stays. Set
+            # back to the configured share, a burst after each quiet spell would be sampled at
+            # it until the next publish, past the cost cap (the gate's bucket holds the count
+            # cap only).
             return
         per_s = (seen - last[0]) / (now - last[1])
         share = self.config.share
