@@ -314,15 +314,17 @@ def test_component_count_is_sized_from_the_reference_unless_asked() -> None:
 def test_the_default_projection_is_sized_from_the_reference_without_a_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # The case: a 784-pixel input and 2,000 reference samples at the default budget.
+    # The case: a 784-pixel input and 2,000 reference samples at the default budget,
+    # half of them to fit the projection on.
     profile, records = _pixel_profile(2000, caplog)
     projection = profile.projections["input"]
-    assert projection.components.shape[1] == 80 and projection.residual
-    assert profile.references["input"].n_features == 81
+    assert projection.components.shape[1] == 40 and projection.residual
+    assert profile.references["input"].n_features == 41
     assert not [r for r in records if r.levelno >= logging.WARNING]
     said = [r.getMessage() for r in records if "principal components" in r.getMessage()]
-    assert len(said) == 1 and "drift tests 80 principal components" in said[0]
-    assert "sized from the reference: one per 25 of its 2000 samples" in said[0]
+    assert len(said) == 1 and "drift tests 40 principal components" in said[0]
+    assert "sized from the samples it is fitted on: one per 25 of 1000" in said[0]
+    assert "fitted on 1000 reference samples and binned on the other 1000" in said[0]
 
 
 def test_an_explicit_component_count_above_what_the_reference_supports_warns(
@@ -332,12 +334,46 @@ def test_an_explicit_component_count_above_what_the_reference_supports_warns(
     assert profile.projections["input"].components.shape[1] == 200
     warned = [r.getMessage() for r in records if r.levelno == logging.WARNING]
     assert len(warned) == 1
-    assert "projected to 200 components (drift.components) from 2000" in warned[0]
+    assert "projected to 200 components (drift.components) from 1000" in warned[0]
     # An explicit count the reference supports is kept as asked, silently.
     caplog.clear()
     profile, records = _pixel_profile(2000, caplog, components=40)
     assert profile.projections["input"].components.shape[1] == 40
     assert not [r for r in records if r.levelno >= logging.WARNING]
+
+
+class _Echo(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, :4]
+
+
+def test_clean_traffic_through_a_projection_alarms_as_rarely_as_promised() -> None:
+    # An outside user's case: 800 features of noise, 400 reference samples. A projection
+    # fitted on the rows it was binned on alarmed on every clean window (the traffic spread
+    # less along its components and lay farther from their subspace); binned on rows it was
+    # not fitted on, the clean windows alarm about as often as calibrated (1 %).
+    config = MonitoringConfig.from_mapping(
+        {"layers": [], "capture_output": False, "sample_rate": 1.0, "seed": 0}
+    )
+    noise = torch.Generator().manual_seed(3)
+    profile = build_profile(_Echo(), config, [torch.randn(400, 800, generator=noise)], "echo")
+    assert profile.projections["input"].components.shape[1] == 8  # 200 samples to fit on
+    tracker = profile.tracker(100, 25, 0.01, windows=2000)
+    verdicts = [
+        result.is_drift
+        for batch in capture_features(_Echo(), config, [torch.randn(4000, 800, generator=noise)])
+        for result in tracker.update("input", batch["input"])
+    ]
+    assert len(verdicts) == 157 and np.mean(verdicts) <= 0.05
+    # ... and a shift still shows within a window.
+    shifted = [
+        result.is_drift
+        for batch in capture_features(
+            _Echo(), config, [torch.randn(200, 800, generator=noise) * 1.3]
+        )
+        for result in tracker.update("input", batch["input"])
+    ]
+    assert any(shifted)
 
 
 def test_a_layer_within_the_budget_is_not_projected_whatever_the_reference_size(
