@@ -315,3 +315,17 @@ def test_units_says_when_the_exporter_url_is_another_program_s_metrics() -> None
     refused = pytest.raises(ConfigError, match=r"expected a hookwatch exporter at .*hookwatch_")
     with text_server(other) as port, refused:
         from_exporter(f"http://127.0.0.1:{port}")
+
+
+def test_a_select_that_picks_nothing_is_told_what_it_can_pick() -> None:
+    # An outside user's `select: nope` on a dict output, and `select: 5` on a pair, were told
+    # neither the keys nor the length.
+    import torch
+
+    from hookwatch.tools.own_model import _select_choices
+
+    pair = (torch.zeros(1, 8), torch.zeros(1, 5))
+    assert _select_choices(pair) == " (of 2 items, tensors at indices 0, 1)"
+    named = {"logits": torch.zeros(1, 5), "embedding": torch.zeros(1, 8), "n": 3}
+    assert _select_choices(named) == " (its tensors' keys: 'logits', 'embedding')"
+    assert _select_choices(torch.zeros(1, 5)) == ""

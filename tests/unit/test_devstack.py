@@ -59,3 +59,21 @@ def test_ephemeral_low_falls_back_when_unreadable(tmp_path: Path) -> None:
     assert devstack._ephemeral_low(tmp_path / "missing") == 32768
     (tmp_path / "range").write_text("40000\t60999\n")
     assert devstack._ephemeral_low(tmp_path / "range") == 40000
+
+
+def test_a_relative_run_dir_is_made_absolute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # TorchServe runs with the run directory as its working directory: a config file that
+    # names a relative path inside it (``--run-dir .run-x``) was never found, and the stack
+    # never started.
+    from hookwatch.tools.devstack import Stack
+
+    monkeypatch.chdir(tmp_path)
+    stack = Stack(root=Path("."), run_dir=Path(".run-x"), mar_files=[Path("m.mar")])
+    assert stack.run_dir == tmp_path / ".run-x" and stack.root == tmp_path
+    assert list(stack.mar_files) == [tmp_path / "m.mar"]
+    stack.run_dir.mkdir()
+    rendered = stack._render_ts_config().read_text()
+    assert f"model_store={tmp_path / '.run-x' / 'model-store'}" in rendered
+    assert f"-Djava.io.tmpdir={tmp_path / '.run-x' / 'tmp'}" in rendered

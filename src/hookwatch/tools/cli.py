@@ -24,7 +24,9 @@ from hookwatch._errors import ConfigError, HookwatchError
 if TYPE_CHECKING:
     from hookwatch._catalogue import FleetBins
 
-REPO_ROOT_HINT = "run from the repository root, or pass --root"
+REPO_ROOT_HINT = (
+    "the folder whose model_store/ and .run/ are meant (default: the current directory)"
+)
 
 #: What ``hookwatch --help`` says first (the module's docstring is for its readers).
 DESCRIPTION = """\
@@ -1066,8 +1068,15 @@ def build_parser() -> argparse.ArgumentParser:
                 help="where digits.mar goes (default: model_store under --root)",
             )
         if name in ("run", "stop"):
+            # A stop signals the pids its run recorded, whatever their count: it takes
+            # --workers only so that a run's command line can be reused for it.
             cmd.add_argument(
-                "--workers", type=_positive_int, default=2, help="TorchServe workers (default 2)"
+                "--workers",
+                type=_positive_int,
+                default=2,
+                help="TorchServe workers (default 2)"
+                if name == "run"
+                else "ignored: a stop ends the processes its run recorded, however many",
             )
         if name == "run":
             cmd.add_argument(

@@ -316,6 +316,17 @@ class Stack:
     stop_requested: threading.Event = field(default_factory=threading.Event)
     _procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # The config files written into the run directory name these paths, and TorchServe
+        # and Prometheus run with the run directory as their working directory: a relative
+        # one (``--run-dir .run-x``) named a config file inside itself that it never found.
+        self.root, self.run_dir = self.root.absolute(), self.run_dir.absolute()
+        if self.model_store is not None:
+            self.model_store = self.model_store.absolute()
+        if self.metrics_dir is not None:
+            self.metrics_dir = self.metrics_dir.absolute()
+        self.mar_files = [Path(mar).absolute() for mar in self.mar_files]
+
     def api_key(self, api: str) -> dict[str, str]:
         """The ``Authorization`` header for TorchServe's ``inference`` or ``management`` API
         (none without token authorisation)."""

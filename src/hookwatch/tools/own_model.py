@@ -247,6 +247,18 @@ def forward_batches(
             yield {argument: batch}
 
 
+def _select_choices(output: Any) -> str:
+    """What ``output.select`` can name in ``output``: a mapping's keys, a sequence's
+    indices."""
+    if isinstance(output, Mapping):
+        keys = [repr(k) for k, v in output.items() if isinstance(v, torch.Tensor)]
+        return f" (its tensors' keys: {', '.join(keys) or 'none'})"
+    if isinstance(output, (tuple, list)):
+        indices = [str(i) for i, v in enumerate(output) if isinstance(v, torch.Tensor)]
+        return f" (of {len(output)} items, tensors at indices {', '.join(indices) or 'none'})"
+    return ""
+
+
 def _first_rows(batch: ModelInputs, rows: int) -> ModelInputs:
     if isinstance(batch, dict):
         return {name: value[:rows] for name, value in batch.items()}
@@ -769,6 +781,7 @@ def archive_model(
         raise ConfigError(
             f"monitoring.output.select: expected it to pick a tensor of the output, got "
             f"{type(output).__name__} with select={config.output.select!r}"
+            f"{_select_choices(output)}"
         )
     from hookwatch._profile.builder import profile_for
 
