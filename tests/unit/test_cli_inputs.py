@@ -329,3 +329,22 @@ def test_a_select_that_picks_nothing_is_told_what_it_can_pick() -> None:
     named = {"logits": torch.zeros(1, 5), "embedding": torch.zeros(1, 8), "n": 3}
     assert _select_choices(named) == " (its tensors' keys: 'logits', 'embedding')"
     assert _select_choices(torch.zeros(1, 5)) == ""
+
+
+def test_layers_counts_a_wide_input_as_the_projection_will_test_it() -> None:
+    # An outside user's [2, 400] input: `layers` said 2 features, archive tested 800 projected;
+    # a layer past projection_width says that only its first units are projected.
+    import torch
+    from torch import nn
+
+    from hookwatch.tools.own_model import discover_layers, format_layers
+
+    model = nn.Sequential(nn.Flatten(), nn.Linear(800, 8192))
+    rows = discover_layers(model, torch.zeros(2, 2, 400))
+    by_name = {row.name: row for row in rows}
+    assert by_name["input"].features == 800
+    table = format_layers(rows, 256)
+    line = next(line for line in table.splitlines() if line.startswith("input "))
+    assert "projected to at most 255 components" in line
+    wide = next(line for line in table.splitlines() if line.startswith("1 "))
+    assert "its first 4096 projected" in wide

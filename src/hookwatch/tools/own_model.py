@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hookwatch._config import HandlerConfig, ModelConfig, read_model_config
+from hookwatch._config import HandlerConfig, ModelConfig, MonitoringConfig, read_model_config
 from hookwatch._drift.projection import SAMPLES_PER_COMPONENT
 from hookwatch._errors import BadInputError, ConfigError, HookwatchError, error_line
 from hookwatch._hooks import (
@@ -367,7 +367,7 @@ def discover_layers(
             "(input)",
             (tuple(first.shape),),
             0,
-            1 if tokens else _input_features(first),
+            1 if tokens else _input_features(first, _projection_width()),
             0,
         ),
     ]
@@ -418,10 +418,16 @@ def _layer_features(
     return _read(shape, reading)
 
 
-def _input_features(x: torch.Tensor, max_features: int = 256) -> int:
+def _input_features(x: torch.Tensor, width: int) -> int:
     per_sample = math.prod(x.shape[1:])
-    # The input's map is flattened when it fits the budget (see feature_summary).
-    return per_sample if x.dim() > 2 and per_sample <= max_features else _features(tuple(x.shape))
+    # The input's map is flattened when it fits what the hook keeps of it: with the default
+    # projection, the projection's input width (see feature_summary and build_widths).
+    return per_sample if x.dim() > 2 and per_sample <= width else _features(tuple(x.shape))
+
+
+def _projection_width() -> int:
+    """The default config's ``drift.projection_width`` (what ``layers`` assumes)."""
+    return MonitoringConfig.from_mapping({}).drift.projection_width
 
 
 def filter_layers(
@@ -459,9 +465,11 @@ def format_layers(rows: Sequence[LayerInfo], max_features: int) -> str:
     for r in rows:
         notes = [f"features: {r.reading}"] if r.reading else []
         if r.features > max_features and r.name != OUTPUT_LAYER:
+            width = _projection_width()
             notes.append(
-                f"projected to at most {max_features - 1} components + residual (one per "
-                f"{SAMPLES_PER_COMPONENT} reference samples)"
+                (f"its first {width} " if r.features > width else "")
+                + f"projected to at most {max_features - 1} components + residual (one per "
+                f"{2 * SAMPLES_PER_COMPONENT} reference samples: half of them fit it)"
             )
         if r.calls > 1:
             notes.append(f"runs {r.calls}x per forward: the last call is watched")
