@@ -348,3 +348,29 @@ def test_layers_counts_a_wide_input_as_the_projection_will_test_it() -> None:
     assert "projected to at most 255 components" in line
     wide = next(line for line in table.splitlines() if line.startswith("1 "))
     assert "its first 4096 projected" in wide
+
+
+def test_init_says_which_tensor_of_a_tuple_output_the_head_reads() -> None:
+    # An outside user's (embedding [B, 8], logits [B, 5]): init proposed `head: logits` with no
+    # word that the head reads the first tensor, the 8-wide embedding.
+    import torch
+    from torch import nn
+
+    from hookwatch.tools.own_model import discover_layers, init_config
+
+    class Pair(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body, self.cls = nn.Linear(16, 8), nn.Linear(8, 5)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            embedding = self.body(x)
+            return embedding, self.cls(embedding)
+
+    rows = discover_layers(Pair().eval(), torch.zeros(2, 16))
+    written = init_config(rows, [16], "float32", None, "pair.py:Pair")
+    assert "The output holds 2 tensors (8; 5): the head reads the first" in written
+    assert "select: 1" in written
+    import yaml
+
+    assert yaml.safe_load(written)["handler"]["monitoring"]["output"] == {"head": "logits"}

@@ -579,6 +579,17 @@ def init_config(
         if len(out) == 3
         else []
     )
+    parts = rows[-1].shapes if rows else ()
+    select_note = (
+        [
+            f"    # The output holds {len(parts)} tensors ("
+            + "; ".join("x".join(map(str, p[1:])) or "scalar" for p in parts)
+            + "): the head reads the first,",
+            "    # unless output.select names another (an index, or a dict's key): select: 1",
+        ]
+        if len(parts) > 1
+        else []
+    )
     return "\n".join(
         [
             f"# Written by `hookwatch init` for {source}: a start, review every line.",
@@ -596,6 +607,7 @@ def init_config(
             "    # class names; see `hookwatch layers` for the candidates.",
             f"    layers: [{', '.join(layers)}]",
             *sequence_note,
+            *select_note,
             f"    output: {{head: {head}}}   # {heads}",
             "    # sample_rate unset: 10 % of requests, at most max_sampled_per_s (20) a second",
             "    # and their hooks at most max_overhead (0.01) of the worker's time",
