@@ -612,6 +612,15 @@ def _timeline(results: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _components(text: Mapping[str, Any]) -> str:
+    """The text section's component count: what the profiles held, or, for a run that did
+    not record it, the budget's most."""
+    counts = text.get("components")
+    if not counts:
+        return str(text["max_features"] - 1)
+    return " or ".join(map(str, counts))
+
+
 def _wide(results: Mapping[str, Any]) -> list[str]:
     wide = results["wide"]
     if wide is None:
@@ -625,7 +634,13 @@ def _wide(results: Mapping[str, Any]) -> list[str]:
         "calibrated on all its detectors and run through the tracker; a window counts as "
         "detected when an input or hidden-layer detector fires. Kept: "
         + "; ".join(wide["kept"])
-        + ".",
+        + "."
+        + (
+            f" This section was rerun alone (`--only-wide`) on {wide['rerun']['when']}, in "
+            f"{wide['rerun']['seconds']:.0f} s, after the rest."
+            if "rerun" in wide
+            else ""
+        ),
         "",
         "| scenario | " + " | ".join(f"W={w} first features | W={w} PCA" for w in sizes) + " |",
         "|---|" + "---|---|" * len(sizes),
@@ -690,8 +705,9 @@ def _text(results: Mapping[str, Any]) -> list[str]:
         "## Text: a sentence encoder on fortunes",
         "",
         f"{text['model']}, served as the text demo is (`models/minilm/`): watched {layers}, "
-        f"each layer's 384 token-averaged units tested on {text['max_features'] - 1} principal "
-        "components and the residual distance, the input on its token count. Per draw "
+        f"each layer's 384 token-averaged units tested on {_components(text)} principal "
+        "components (fitted on half the reference, binned on the other half) and the residual "
+        "distance, the input on its token count. Per draw "
         f"({args['seeds']}), the `computers` fortunes ({text['texts']['computers']} texts) split "
         f"anew into a reference of {text['reference'][0]} (the profile, built through the serving "
         "hooks and read back from its file) and held-out clean traffic; windows of W distinct "

@@ -246,6 +246,9 @@ def _draw(
         "seed": seed,
         "reference": len(reference),
         "held_out": len(clean),
+        # The projected layers' components, as the profile holds them (one count: every
+        # layer is 384 wide and sized from the same reference rows).
+        "components": sorted({int(p.components.shape[1]) for p in profile.projections.values()}),
         "cells": [],
     }
     variants = {
@@ -309,6 +312,7 @@ def _summarise(
         "texts": {name: len(texts) for name, texts in categories.items()},
         "reference": [d["reference"] for d in draws],
         "held_out": [d["held_out"] for d in draws],
+        "components": sorted({c for d in draws for c in d["components"]}),
         "scenarios": [{"name": n, "description": d} for n, _, _, d in SCENARIOS],
         "equal_rate": EQUAL_RATE,
         "args": {

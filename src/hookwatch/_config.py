@@ -331,11 +331,11 @@ class DriftConfig:
     components: int | None = _option(
         None,
         "principal components a projected layer keeps (`pca`); they are fitted on a random "
-        "half of the reference and the layer is binned on the other; null sizes them from that "
-        "half: one per 25 of its samples, at most `max_features - 1` (components fitted on "
-        "fewer samples each follow the reference's noise and keep less of the data's "
+        "half of the reference and the layer is binned on the other; null sizes them from the "
+        "reference: one per 25 reference samples, at most `max_features - 1` (components "
+        "fitted on fewer samples each follow the reference's noise and keep less of the data's "
         "variance), and the profile build logs the count chosen; a number asks for that many, "
-        "and the build warns when the half has fewer than 25 samples per component",
+        "and the build warns when the reference has fewer than 25 samples per component",
         check=lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1),
         expected="an integer >= 1 or null",
         type_doc="int or null",

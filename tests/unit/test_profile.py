@@ -315,15 +315,15 @@ def test_the_default_projection_is_sized_from_the_reference_without_a_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # The case: a 784-pixel input and 2,000 reference samples at the default budget,
-    # half of them to fit the projection on.
+    # half of them to fit the projection on and the other half to bin it.
     profile, records = _pixel_profile(2000, caplog)
     projection = profile.projections["input"]
-    assert projection.components.shape[1] == 40 and projection.residual
-    assert profile.references["input"].n_features == 41
+    assert projection.components.shape[1] == 80 and projection.residual
+    assert profile.references["input"].n_features == 81
     assert not [r for r in records if r.levelno >= logging.WARNING]
     said = [r.getMessage() for r in records if "principal components" in r.getMessage()]
-    assert len(said) == 1 and "drift tests 40 principal components" in said[0]
-    assert "sized from the samples it is fitted on: one per 25 of 1000" in said[0]
+    assert len(said) == 1 and "drift tests 80 principal components" in said[0]
+    assert "sized from the reference: one per 25 of its 2000 samples" in said[0]
     assert "fitted on 1000 reference samples and binned on the other 1000" in said[0]
 
 
@@ -334,7 +334,7 @@ def test_an_explicit_component_count_above_what_the_reference_supports_warns(
     assert profile.projections["input"].components.shape[1] == 200
     warned = [r.getMessage() for r in records if r.levelno == logging.WARNING]
     assert len(warned) == 1
-    assert "projected to 200 components (drift.components) from 1000" in warned[0]
+    assert "projected to 200 components (drift.components) from 2000" in warned[0]
     # An explicit count the reference supports is kept as asked, silently.
     caplog.clear()
     profile, records = _pixel_profile(2000, caplog, components=40)
@@ -357,7 +357,8 @@ def test_clean_traffic_through_a_projection_alarms_as_rarely_as_promised() -> No
     )
     noise = torch.Generator().manual_seed(3)
     profile = build_profile(_Echo(), config, [torch.randn(400, 800, generator=noise)], "echo")
-    assert profile.projections["input"].components.shape[1] == 8  # 200 samples to fit on
+    # 16 components (one per 25 of the 400 samples), fitted on 200 of them.
+    assert profile.projections["input"].components.shape[1] == 16
     tracker = profile.tracker(100, 25, 0.01, windows=2000)
     verdicts = [
         result.is_drift

@@ -563,7 +563,10 @@ def _project(
     if not _projected(plan, layer, values.shape[1]):
         return values
     fit = np.arange(values.shape[0]) if split is None else split[0]
-    n = len(fit)
+    # Sized from the whole reference, as before the split: held-out bins keep the calibration
+    # whatever the count, and on the evaluation's wide layers the count the half would give
+    # (7 of 64 pixels, from 189 images) saw less than this one (docs/drift.md).
+    n = values.shape[0]
     requested = config.drift.components
     components = component_count(n, config.max_features, requested)
     projection = projections[layer] = Projection.fit(layer, values[fit], components + 1)
@@ -576,11 +579,11 @@ def _project(
         kept,
         f"drift.components: {requested}"
         if requested is not None
-        else f"sized from the samples it is fitted on: one per {SAMPLES_PER_COMPONENT} of "
-        f"{n}, at most max_features - 1 = {config.max_features - 1}",
+        else f"sized from the reference: one per {SAMPLES_PER_COMPONENT} of its {n} samples, "
+        f"at most max_features - 1 = {config.max_features - 1}",
         100 * projection.explained,
         " and the residual distance" if projection.residual else "",
-        f"fitted on {n} reference samples and binned on the other {len(split[1])}"
+        f"fitted on {len(fit)} reference samples and binned on the other {len(split[1])}"
         if split is not None
         else f"fitted and binned on all {n} reference samples (too few to hold half out)",
     )
@@ -590,10 +593,9 @@ def _project(
         # reference too small for any).
         log.warning(
             "hookwatch: layer %r is projected to %d components (drift.components) from %d "
-            "reference samples (half the reference; the other half bins it); components "
-            "fitted on fewer than %d samples each follow the reference's noise and see less of "
-            "a shift: lower drift.components (null sizes it from the reference) or add "
-            "reference data",
+            "reference samples; components fitted on fewer than %d samples each follow the "
+            "reference's noise and see less of a shift: lower drift.components (null sizes "
+            "it from the reference) or add reference data",
             layer,
             kept,
             n,
