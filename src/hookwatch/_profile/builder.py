@@ -558,7 +558,8 @@ def _project(
     """A layer's features as its detector tests them: a layer wider than ``max_features``
     (not the logits: their softmax and the predictions need every logit) is projected on its
     principal components, fitted on the first half of ``split`` (:func:`_projection_split`;
-    every row of a reference too small to split) and their count sized from it."""
+    every row of a reference too small to split), their count sized from the whole
+    reference."""
     config = plan.config
     if not _projected(plan, layer, values.shape[1]):
         return values
