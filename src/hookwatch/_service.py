@@ -736,7 +736,11 @@ class ModelService:
                     for p, i in zip(top.values.tolist(), top.indices.tolist(), strict=True)
                 ]
             return answer
-        values = row.float().reshape(-1).tolist()
+        flat = row.reshape(-1)
+        # An integer output (class or token ids) is answered as integers: as floats an id read
+        # "1.0", and one past 2**24 lost its last digits.
+        exact = not (flat.is_floating_point() or flat.is_complex())
+        values = flat.tolist() if exact else flat.float().tolist()
         if head == "values":
             return {"values": values}
         if head == "embedding":

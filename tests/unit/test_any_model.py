@@ -726,3 +726,19 @@ def test_a_statically_quantized_model_is_watched_on_its_real_values(metrics: Met
         metrics, "hookwatch_activation_statistic_sum", model="q", layer="act", statistic="mean"
     )
     assert mean == pytest.approx(float(out.mean(dim=1).sum()), rel=1e-5)
+
+
+def test_an_integer_output_is_answered_as_integers() -> None:
+    # An outside user's argmax model was answered {"values": [1.0]}; ids past 2**24 lost digits.
+    from hookwatch._config import InputSpec, OutputSpec
+    from hookwatch._service import ModelService
+
+    class Ids(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.argmax(dim=1, keepdim=True) + 16_777_216
+
+    spec = InputSpec.from_mapping({"shape": [3]})
+    service = ModelService(Ids(), spec, None, output=OutputSpec.from_mapping({"head": "values"}))
+    answers = service.handle([{"data": [0.1, 0.9, 0.2]}, {"data": [0.5, 0.1, 0.9]}])
+    assert answers == [{"values": [16_777_217]}, {"values": [16_777_218]}]
+    assert all(isinstance(a["values"][0], int) for a in answers)

@@ -77,3 +77,24 @@ def test_a_relative_run_dir_is_made_absolute(
     rendered = stack._render_ts_config().read_text()
     assert f"model_store={tmp_path / '.run-x' / 'model-store'}" in rendered
     assert f"-Djava.io.tmpdir={tmp_path / '.run-x' / 'tmp'}" in rendered
+
+
+def test_a_process_counts_as_exited_once_it_is_a_zombie_or_gone() -> None:
+    # `hookwatch stop` says "stopped" once the run's process has exited: a zombie its parent
+    # has not reaped yet (a test's Popen) has.
+    import signal
+    import subprocess
+    import time
+
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        assert not devstack._exited(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while not devstack._exited(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert devstack._exited(proc.pid)  # a zombie until the wait below
+    finally:
+        proc.kill()
+        proc.wait()
+    assert devstack._exited(proc.pid)

@@ -631,3 +631,23 @@ def test_a_model_of_another_float_dtype_is_profiled(dtype: torch.dtype) -> None:
     tolerance = 1e-5 if dtype == torch.float64 else 5e-2
     for layer, stats in twin.statistics.items():
         assert profile.statistics[layer] == pytest.approx(stats, rel=tolerance, abs=tolerance)
+
+
+def test_the_build_says_when_a_layer_is_cut_to_projection_width(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # An outside user's 8192-unit layer was logged as having 4096 features.
+    config = MonitoringConfig.from_mapping(
+        {
+            "layers": [],
+            "capture_output": False,
+            "max_features": 16,
+            "drift": {"projection_width": 300},
+        }
+    )
+    noise = torch.Generator().manual_seed(1)
+    with caplog.at_level(logging.INFO, logger="hookwatch"):
+        profile = build_profile(_Echo(), config, [torch.randn(200, 800, generator=noise)], "e")
+    assert profile.projections["input"].input_width == 300
+    said = [r.getMessage() for r in caplog.records if "principal components" in r.getMessage()]
+    assert "has 300 features (drift.projection_width: a wider layer's first ones)" in said[0]

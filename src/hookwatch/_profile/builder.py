@@ -573,10 +573,15 @@ def _project(
     projection = projections[layer] = Projection.fit(layer, values[fit], components + 1)
     kept = projection.components.shape[1]
     log.info(
-        "hookwatch: layer %r has %d features; drift tests %d principal components "
+        "hookwatch: layer %r has %d features%s; drift tests %d principal components "
         "(%s; %.1f %% of the reference variance)%s, %s",
         layer,
         projection.input_width,
+        # The hooks capture at most this many (a wider layer's first ones): the layer's own
+        # width is not known here.
+        " (drift.projection_width: a wider layer's first ones)"
+        if projection.input_width == config.drift.projection_width
+        else "",
         kept,
         f"drift.components: {requested}"
         if requested is not None

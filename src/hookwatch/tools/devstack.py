@@ -281,6 +281,11 @@ def missing_parts() -> list[str]:
     return lines
 
 
+#: The most ``hookwatch stop`` waits, after the run let go of its directory, for the run's
+#: process to exit.
+EXIT_SETTLE_S = 10.0
+
+
 @dataclass
 class Stack:
     """One native stack rooted at ``run_dir``; several can run side by side on other ports."""
@@ -698,6 +703,11 @@ class Stack:
             raise TimeoutError(
                 f"hookwatch {command} (pid {pid}) did not stop within {timeout:.0f} s"
             )
+        # The lock goes a moment before the process does (its interpreter still shutting
+        # down): "stopped" is said once it has exited, or after a few seconds at most.
+        settle = min(deadline, time.monotonic() + EXIT_SETTLE_S)
+        while pid is not None and not _exited(int(pid)) and time.monotonic() < settle:
+            time.sleep(0.05)
         return pid, command
 
     def _reap(self, name: str, wait: bool = False) -> None:
@@ -785,6 +795,23 @@ def _ours(pid: int, start: int | None) -> bool:
 def _signal_group(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+def _exited(pid: int) -> bool:
+    """Whether ``pid`` has exited: gone, or a zombie waiting for its parent to reap it."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+    return fields[0] == "Z"
 
 
 def _group_alive(pgid: int) -> bool:
