@@ -292,14 +292,13 @@ def _block(
     context: Any,
     batches: list[list[Any]],
     seconds: float,
-    split: list[float],
     hooked_times: list[float],
+    others: list[float],
 ) -> tuple[float, int, int, int]:
     """Serve ``batches`` round and round for ``seconds``: of the second half, the wall time,
     the forwards and the forwards hooked; and the whole block's forwards. Each forward's wall
-    time is added to ``split``: [hooked seconds, hooked forwards, other seconds, others]
-    (hooked where the capture count moved; plain handlers count none), and each hooked
-    forward's to ``hooked_times``."""
+    time goes to ``hooked_times`` where the capture count moved (a plain handler's never
+    does), else into ``others``: [seconds, forwards]."""
     handle = handler.handle
     monitor = handler.service.monitor
     worker = None if monitor is None else monitor._worker
@@ -313,11 +312,11 @@ def _block(
             i += 1
             was, now = now, time.perf_counter()
             seen = 0 if worker is None else worker.accepted
-            slot = 0 if seen != accepted else 2
-            split[slot] += now - was
-            split[slot + 1] += 1
-            if slot == 0:
+            if seen != accepted:
                 hooked_times.append(now - was)
+            else:
+                others[0] += now - was
+                others[1] += 1
             accepted = seen
         return i, now
 
@@ -384,8 +383,8 @@ def measure_steady(
     forwards = hooked = requests = 0
     cpu = 0.0
     extras: list[float | None] = []
-    split = {"plain": [0.0, 0.0, 0.0, 0.0], "default": [0.0, 0.0, 0.0, 0.0]}
     hooked_times: list[float] = []
+    others = {"plain": [0.0, 0.0], "default": [0.0, 0.0]}
     trace: list[dict[str, float | None]] = []
     _trace_cost(built["default"][0].service.monitor, trace, time.perf_counter())
     for b in range(blocks):
@@ -395,7 +394,7 @@ def measure_steady(
             handler, context = built[variant]
             cpu_at = _capture_cpu(handler)
             took, count, hooks, served = _block(
-                handler, context, batches, seconds, split[variant], hooked_times
+                handler, context, batches, seconds, hooked_times, others[variant]
             )
             per_request[variant].append(took / (count * batch))
             if variant == "default":
@@ -412,7 +411,8 @@ def measure_steady(
         handler.service.close()
     ratios = [p / d for p, d in zip(per_request["plain"], per_request["default"], strict=True)]
     ratio, low, high = _median_interval(ratios)
-    hooked_s, hooked_n, other_s, other_n = split["default"]
+    hooked_s, hooked_n = sum(hooked_times), len(hooked_times)
+    other_s, other_n = others["default"]
     measured = (
         round((hooked_s / hooked_n - other_s / other_n) * 1e6, 1) if hooked_n and other_n else None
     )
@@ -430,7 +430,7 @@ def measure_steady(
         capture_cpu_us=round(cpu / max(requests, 1) * 1e6, 1),
         cost_extra_us=extras,
         measured_extra_us=measured,
-        measured_hooked=int(hooked_n),
+        measured_hooked=hooked_n,
         hooked_us_quantiles=_quantiles(hooked_times),
         other_us=round(other_s / other_n * 1e6, 1) if other_n else None,
         trace=trace,
@@ -438,7 +438,7 @@ def measure_steady(
     print(
         f"{model} b{batch} steady default: ratio {ratio:.3f} [{low:.3f}, {high:.3f}], "
         f"hooked {result.hooked_share:.3f}; a hooked forward adds {measured} µs measured "
-        f"({int(hooked_n)} hooked), the cap's estimates {extras}",
+        f"({hooked_n} hooked), the cap's estimates {extras}",
         file=sys.stderr,
     )
     return result

@@ -97,16 +97,20 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _draw_windows(draw: Draw, args: argparse.Namespace) -> dict[int, Windows]:
+    """The judged windows of a draw at every W, drawn from its seed (the full run and
+    ``--only-wide`` alike)."""
+    rng = np.random.default_rng(draw.seed)
+    return {w: make_windows(draw, w, args.streams, args.clean_windows, rng) for w in args.windows}
+
+
 def _only_wide(args: argparse.Namespace, config: MonitoringConfig) -> int:
     """The wide-layer section alone, on the draw and windows the full run makes for draw 0,
     put into the committed results in place of its own (the rest of them unchanged)."""
     started = time.perf_counter()
     results = json.loads(args.only_wide.read_text())
     draw = make_draw(0, config)
-    rng = np.random.default_rng(0)
-    windows = {
-        w: make_windows(draw, w, args.streams, args.clean_windows, rng) for w in args.windows
-    }
+    windows = _draw_windows(draw, args)
     wide = report.wide_summary(_wide(draw, windows, args), draw, windows, args.windows)
     wide["rerun"] = {
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -600,13 +604,7 @@ def main(argv: list[str] | None = None) -> int:
         for seed in range(args.seeds):
             draw = make_draw(seed, config)
             draws.append(draw)
-            rng = np.random.default_rng(seed)
-            windows.append(
-                {
-                    w: make_windows(draw, w, args.streams, args.clean_windows, rng)
-                    for w in args.windows
-                }
-            )
+            windows.append(_draw_windows(draw, args))
             jobs += _jobs(draw, windows[-1], args, Path(tmp))
             print(
                 f"draw {seed}: held-out accuracy {draw.accuracy['clean']:.1%} "

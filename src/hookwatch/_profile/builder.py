@@ -142,7 +142,7 @@ def build_widths(config: MonitoringConfig) -> dict[str, int]:
     widths = {
         layer: config.drift.projection_width
         for layer in config.watched
-        if pca and (layer != OUTPUT_LAYER or config.output.head in ("values", "embedding"))
+        if pca and _projectable(config, layer)
     }
     if config.output.head == "logits":
         widths[OUTPUT_LAYER] = config.drift.projection_width
@@ -496,11 +496,15 @@ def _fit_detectors(
     return fitted
 
 
+def _projectable(config: MonitoringConfig, layer: str) -> bool:
+    """Whether ``layer`` is projected when wide: not the logits (their softmax and the
+    predictions need every logit)."""
+    return layer != OUTPUT_LAYER or config.output.head in ("values", "embedding")
+
+
 def _projected(plan: WatchPlan, layer: str, width: int) -> bool:
     """Whether a layer of ``width`` features is projected (:func:`_project`)."""
-    config = plan.config
-    projectable = layer != OUTPUT_LAYER or config.output.head in ("values", "embedding")
-    return projectable and width > config.max_features
+    return _projectable(plan.config, layer) and width > plan.config.max_features
 
 
 def _projection_split(

@@ -769,14 +769,21 @@ class Stack:
             return status, reply.decode(errors="replace")
 
 
-def process_start(pid: int) -> int | None:
-    """When ``pid`` started (clock ticks after boot, /proc/<pid>/stat field 22), or None."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (field 3 on), or None where it
+    cannot be read."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     # The command name (field 2) may hold spaces and parentheses: count from its end.
-    return int(stat.rsplit(")", 1)[1].split()[19])
+    return stat.rsplit(")", 1)[1].split()
+
+
+def process_start(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks after boot, /proc/<pid>/stat field 22), or None."""
+    fields = _stat_fields(pid)
+    return None if fields is None else int(fields[19])
 
 
 def _ours(pid: int, start: int | None) -> bool:
@@ -799,19 +806,16 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 def _exited(pid: int) -> bool:
     """Whether ``pid`` has exited: gone, or a zombie waiting for its parent to reap it."""
+    fields = _stat_fields(pid)
+    if fields is not None:
+        return fields[0] == "Z"
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except FileNotFoundError:
+        os.kill(pid, 0)
+    except ProcessLookupError:
         return True
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
+    except PermissionError:
         return False
-    return fields[0] == "Z"
+    return False
 
 
 def _group_alive(pgid: int) -> bool:

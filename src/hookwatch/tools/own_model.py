@@ -462,14 +462,14 @@ def format_layers(rows: Sequence[LayerInfo], max_features: int) -> str:
         f"{'layer':<{name_w}}  {'type':<{type_w}}  {'output (per sample)':<28}  "
         f"{'params':>10}  {'features':>8}  drift"
     ]
+    width = _projection_width()
     for r in rows:
         notes = [f"features: {r.reading}"] if r.reading else []
         if r.features > max_features and r.name != OUTPUT_LAYER:
-            width = _projection_width()
             notes.append(
                 (f"its first {width} " if r.features > width else "")
                 + f"projected to at most {max_features - 1} components + residual (one per "
-                f"{2 * SAMPLES_PER_COMPONENT} reference samples: half of them fit it)"
+                f"{SAMPLES_PER_COMPONENT} reference samples, fitted on half of them)"
             )
         if r.calls > 1:
             notes.append(f"runs {r.calls}x per forward: the last call is watched")
