@@ -20,7 +20,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from importlib import metadata
 from pathlib import Path
@@ -66,6 +66,12 @@ class Settings:
     #: Longest measured segment; a model slower than that gets fewer latencies (the table
     #: shows how many).
     max_seconds: float = 30.0
+    #: Worker starts per model and batch size (1 where a model is not named): the rounds are
+    #: split between them, each start registering every variant afresh. A worker's speed
+    #: depends on where its process landed, and that placement holds for as long as the
+    #: process does: with one start, a variant's worker could be 10 % quicker or slower than
+    #: plain's in every round of a run (docs/bench/README.md, *Worker starts*).
+    starts: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def full(cls) -> Settings:
@@ -81,6 +87,7 @@ class Settings:
             rounds={"digits": 24, "resnet18": 5, "minilm": 8},
             seconds={"digits": 0.75, "resnet18": 3.0, "minilm": 3.0},
             warmup_s=0.25,
+            starts={"digits": 8, "resnet18": 5, "minilm": 4},
             clients_per_batch=2,
             min_clients=4,
             open_load=0.6,
@@ -99,6 +106,7 @@ class Settings:
             rounds={"digits": 2, "resnet18": 2, "minilm": 2},
             seconds={"digits": 1.5, "resnet18": 3.0, "minilm": 3.0},
             warmup_s=0.5,
+            starts={"digits": 2, "resnet18": 2, "minilm": 2},
             clients_per_batch=2,
             min_clients=4,
             open_load=0.6,
@@ -110,6 +118,13 @@ class Settings:
 
     def clients(self, batch: int) -> int:
         return max(self.min_clients, self.clients_per_batch * batch)
+
+    def start_of(self, model: str) -> list[int]:
+        """The worker start each of ``model``'s rounds runs on: consecutive rounds share one,
+        as evenly as the counts allow."""
+        rounds = self.rounds[model]
+        starts = max(1, min(self.starts.get(model, 1), rounds))
+        return [index * starts // rounds for index in range(rounds)]
 
 
 @dataclass
@@ -130,6 +145,10 @@ class GroupResult:
     #: Whether each monitored variant's worker reported its drift profile loaded (the bench
     #: stops before measuring when one did not); empty in results from before the check.
     drift_loaded: dict[str, bool] = field(default_factory=dict)
+    #: The worker start each closed and open round ran on (Settings.starts); empty in results
+    #: from before starts, which ran every round on one.
+    closed_starts: list[int] = field(default_factory=list)
+    opened_starts: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -310,19 +329,51 @@ def check_drift_loaded(server: BenchServer, group: Group, timeout: float = 60.0)
 
 
 def run_group(server: BenchServer, group: Group, settings: Settings) -> GroupResult:
+    """Every variant of ``group`` registered, measured and unregistered once per worker start
+    (:meth:`Settings.start_of`): each start's closed rounds, then its open ones. Segment
+    lengths and the open loop's rate come from the first start's plain handler."""
     bodies, content_type = MODELS[group.model].payloads()
-    seconds = settings.seconds[group.model]
     clients = settings.clients(group.batch)
     result = GroupResult(group.model, group.batch, clients)
-    result.drift_loaded = check_drift_loaded(server, group)
-    _progress(
-        f"{group.model} b{group.batch}: drift profile loaded in {sorted(result.drift_loaded)}"
-    )
+    start_of = settings.start_of(group.model)
 
     def target(variant: str) -> Target:
         path = f"/predictions/{group.names[variant]}"
         return Target("127.0.0.1", server.ports.inference, path, bodies, content_type)
 
+    for start in sorted(set(start_of)):
+        rounds = [i for i, s in enumerate(start_of) if s == start]
+        # Registered in a rotated order: which variant's worker starts first is not the same
+        # variant every time.
+        names = [group.names[v] for v in VARIANTS]
+        names = names[start % len(names) :] + names[: start % len(names)]
+        server.register(names)
+        try:
+            _measure_start(server, group, settings, result, start, rounds, target, clients)
+        finally:
+            server.unregister(names)
+        _progress(f"{group.model} b{group.batch}: worker start {start + 1} of {start_of[-1] + 1}")
+    for variant in VARIANTS:
+        result.served[variant] = sum(s[variant].requests for s in (*result.closed, *result.opened))
+    return result
+
+
+def _measure_start(
+    server: BenchServer,
+    group: Group,
+    settings: Settings,
+    result: GroupResult,
+    start: int,
+    rounds: Sequence[int],
+    target: Callable[[str], Target],
+    clients: int,
+) -> None:
+    """One worker start's warm-up and rounds, appended to ``result``."""
+    seconds = settings.seconds[group.model]
+    loaded = check_drift_loaded(server, group)
+    if start == 0:
+        result.drift_loaded = loaded
+        _progress(f"{group.model} b{group.batch}: drift profile loaded in {sorted(loaded)}")
     clocks = {v: _cpu_clock(server.worker_pids(group.names[v])) for v in VARIANTS}
     warm: dict[str, Segment] = {}
     for variant in VARIANTS:
@@ -331,16 +382,18 @@ def run_group(server: BenchServer, group: Group, settings: Settings) -> GroupRes
         warm[variant] = closed_loop(
             target(variant), clients, max(1.0, seconds), warmup_s=settings.warmup_s
         )
+        # RSS from the warm-up to the end of the last start (a fresh process each start).
         result.rss_start_mb[variant] = _rss_mb(server.worker_pids(group.names[variant]))
-    # The cycle rate where every client completed one, else the count.
-    warm_rps = warm[PLAIN].throughput_rps
-    result.closed_s = segment_seconds(settings, seconds, warm_rps, clients)
-    result.open_s = segment_seconds(settings, seconds, settings.open_load * warm_rps, 0)
-    _progress(
-        f"{group.model} b{group.batch}: plain warm-up {warm_rps:.1f}/s; segments "
-        f"{result.closed_s:.1f} s closed, {result.open_s:.1f} s open"
-    )
-    for index in range(settings.rounds[group.model]):
+    if start == 0:
+        # The cycle rate where every client completed one, else the count.
+        warm_rps = warm[PLAIN].throughput_rps
+        result.closed_s = segment_seconds(settings, seconds, warm_rps, clients)
+        result.open_s = segment_seconds(settings, seconds, settings.open_load * warm_rps, 0)
+        _progress(
+            f"{group.model} b{group.batch}: plain warm-up {warm_rps:.1f}/s; segments "
+            f"{result.closed_s:.1f} s closed, {result.open_s:.1f} s open"
+        )
+    for index in rounds:
         segments = {}
         for variant in round_order(index):
             segments[variant] = closed_loop(
@@ -351,6 +404,7 @@ def run_group(server: BenchServer, group: Group, settings: Settings) -> GroupRes
                 cpu_clock=clocks[variant],
             )
         result.closed.append(segments)
+        result.closed_starts.append(start)
         _progress(
             f"{group.model} b{group.batch} closed round {index + 1}: "
             + ", ".join(
@@ -358,9 +412,10 @@ def run_group(server: BenchServer, group: Group, settings: Settings) -> GroupRes
                 for v, s in segments.items()
             )
         )
-    plain = statistics.median(r[PLAIN].throughput_rps for r in result.closed)
-    result.open_rate_rps = settings.open_load * plain
-    for index in range(settings.rounds[group.model]):
+    if start == 0:
+        plain = statistics.median(r[PLAIN].throughput_rps for r in result.closed)
+        result.open_rate_rps = settings.open_load * plain
+    for index in rounds:
         segments = {}
         for variant in round_order(index):
             segments[variant] = open_loop(
@@ -371,6 +426,7 @@ def run_group(server: BenchServer, group: Group, settings: Settings) -> GroupRes
                 cpu_clock=clocks[variant],
             )
         result.opened.append(segments)
+        result.opened_starts.append(start)
         _progress(
             f"{group.model} b{group.batch} open round {index + 1} at "
             f"{result.open_rate_rps:.1f}/s: "
@@ -378,8 +434,6 @@ def run_group(server: BenchServer, group: Group, settings: Settings) -> GroupRes
         )
     for variant in VARIANTS:
         result.rss_end_mb[variant] = _rss_mb(server.worker_pids(group.names[variant]))
-        result.served[variant] = sum(s[variant].requests for s in (*result.closed, *result.opened))
-    return result
 
 
 def run(root: Path, settings: Settings, work: Path, ports: Ports) -> BenchResult:
@@ -406,12 +460,7 @@ def run(root: Path, settings: Settings, work: Path, ports: Ports) -> BenchResult
         server.start_exporter()
         _progress("TorchServe and the exporter are up")
         for group in groups:
-            names = [group.names[v] for v in VARIANTS]
-            server.register(names)
-            try:
-                result.groups.append(run_group(server, group, settings))
-            finally:
-                server.unregister(names)
+            result.groups.append(run_group(server, group, settings))
         result.scrape = micro.scrape_time(
             server.ports.exporter, server.multiproc_dir, settings.scrapes
         )

@@ -5,6 +5,7 @@ timing."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import shutil
@@ -42,7 +43,7 @@ def test_bench_prints_plain_against_hookwatch_for_an_archived_model(tmp_path: Pa
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
 
     done = hookwatch(
-        *("bench", str(mar), "--seconds", "2", "--rounds", "2", "--clients", "2"),
+        *("bench", str(mar), "--seconds", "2", "--rounds", "2", "--clients", "2", "--starts", "2"),
         *("--out", "bench.json"),
         cwd=tmp_path,
         timeout=240,
@@ -62,6 +63,14 @@ def test_bench_prints_plain_against_hookwatch_for_an_archived_model(tmp_path: Pa
         assert float(plain) > 0 and float(monitored) > 0, row
         median = float(re.match(r"\*\*([0-9.]+)\*\*", ratio).group(1))  # type: ignore[union-attr]
         assert math.isfinite(median) and median > 0, row
+    assert "on 2 start(s) of the workers" in done.stdout
+    # Each start ran one round on worker processes of its own.
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    assert saved["round_starts"] == [0, 1]
+    first, second = saved["start_pids"]
+    for variant in ("plain", "hookwatch"):
+        assert first[variant] and second[variant], saved["start_pids"]
+        assert not set(first[variant]) & set(second[variant]), saved["start_pids"]
     assert "plain: " in table and "hookwatch: " in table
     assert re.search(r"plain: \d+ requests, 0 errors, hookwatch: \d+ requests, 0 errors", table)
     # Only what --out named was written: the user's folder is otherwise as it was.

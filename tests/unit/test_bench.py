@@ -25,7 +25,14 @@ from hookwatch.tools.bench.loadgen import (
     Segment,
     cycle_rate,
 )
-from hookwatch.tools.bench.stats import VARIANTS, Spread, ratios, round_order, verdicts
+from hookwatch.tools.bench.stats import (
+    VARIANTS,
+    Spread,
+    median_interval,
+    ratios,
+    round_order,
+    verdicts,
+)
 from hookwatch.tools.demo.digits_cnn import DigitsCNN
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -183,6 +190,40 @@ def test_variant_configs_differ_only_where_the_variant_does() -> None:
     assert base["handler"]["monitoring"]["sample_rate"] == 0.1
     MonitoringConfig.from_mapping(full["handler"]["monitoring"])
     InputSpec.from_mapping(full["handler"]["input"])
+
+
+def test_worker_starts_widen_the_interval_where_they_differ() -> None:
+    # Four starts whose rounds agree within each start but whose starts read 0.94, 0.97, 1.00
+    # and 1.03: resampling the 24 rounds alone would treat them as 24 placements.
+    values = [base + d for base in (0.94, 0.97, 1.00, 1.03) for d in (-0.002, 0, 0.002) * 2]
+    starts = [s for s in range(4) for _ in range(6)]
+    rounds_only = median_interval(values)
+    by_start = median_interval(values, starts=starts)
+    assert by_start[0] < rounds_only[0] and by_start[1] > rounds_only[1]
+    assert by_start[0] <= 0.95 and by_start[1] >= 1.02
+    # One start, or starts that agree: the same interval as the rounds alone give.
+    assert median_interval(values, starts=[0] * 24) == rounds_only
+    same = [1.0 + d for _ in range(4) for d in (-0.002, 0, 0.002) * 2]
+    low, high = median_interval(same, starts=starts)
+    assert 0.997 <= low <= high <= 1.003
+    with pytest.raises(ValueError, match="expected one start per value"):
+        median_interval(values, starts=[0, 1])
+    # verdicts pass the starts on: the loss that the rounds alone resolve is not resolved.
+    closed = [{"plain": seg(100), "default": seg(100 * v)} for v in values]
+    (alone, *_) = verdicts("default", closed, [])
+    (started, *_) = verdicts("default", closed, [], closed_starts=starts)
+    assert alone.measured == started.measured
+    assert started.high - started.low > alone.high - alone.low
+
+
+def test_rounds_are_split_between_worker_starts() -> None:
+    full = Settings.full()
+    assert full.start_of("digits") == [r // 3 for r in range(24)]  # 8 starts of 3 rounds
+    assert full.start_of("resnet18") == [0, 1, 2, 3, 4]
+    assert full.start_of("minilm") == [0, 0, 1, 1, 2, 2, 3, 3]
+    # More starts than rounds: a start per round; a model not named: one start.
+    assert dataclasses.replace(full, starts={"digits": 99}).start_of("digits") == list(range(24))
+    assert dataclasses.replace(full, starts={}).start_of("digits") == [0] * 24
 
 
 def test_table_lists_every_variant_target_and_micro_figure() -> None:

@@ -805,7 +805,11 @@ def _bench(args: argparse.Namespace) -> int:
     from hookwatch.tools.devstack import Ports
 
     settings = ab.Settings(
-        seconds=args.seconds, rounds=args.rounds, clients=args.clients, workers=args.workers
+        seconds=args.seconds,
+        rounds=args.rounds,
+        clients=args.clients,
+        workers=args.workers,
+        starts=args.starts,
     )
     previous = signal.signal(signal.SIGTERM, _stopped_bench)
     try:
@@ -1319,6 +1323,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--clients", type=_positive_int, default=4, help="closed-loop clients")
     bench.add_argument(
         "--workers", type=_positive_int, default=1, help="TorchServe workers per variant"
+    )
+    bench.add_argument(
+        "--starts",
+        type=_positive_int,
+        default=3,
+        help="times the workers are started afresh, the rounds split between them (default 3): "
+        "a worker's speed follows where its process landed",
     )
     bench.add_argument(
         "--out", type=Path, default=None, help="also write the table (.md) or everything (.json)"

@@ -170,6 +170,10 @@ class Settings:
     #: TorchServe workers per variant.
     workers: int = 1
     warmup_s: float = 1.0
+    #: Times both variants' workers are started (registered afresh), the rounds split between
+    #: them: a worker's speed depends on where its process landed, for as long as it lives, so
+    #: one start per variant can read several per cent either way in every round.
+    starts: int = 3
 
     def check(self) -> None:
         for name, value, least in (
@@ -177,6 +181,7 @@ class Settings:
             ("--rounds", self.rounds, 1),
             ("--clients", self.clients, 1),
             ("--workers", self.workers, 1),
+            ("--starts", self.starts, 1),
         ):
             if not value >= least:
                 raise ConfigError(f"{name}: expected at least {least:g}, got {value:g}")
@@ -190,6 +195,9 @@ class Result:
     #: Where the bodies came from: the --request file, or "synthesized from handler.input".
     requests: str
     rounds: list[dict[str, Segment]] = field(default_factory=list)
+    #: The worker start (0, 1, ...) each round ran on, and each start's worker processes.
+    round_starts: list[int] = field(default_factory=list)
+    start_pids: list[dict[str, list[int]]] = field(default_factory=list)
     started: str = ""
     duration_s: float = 0.0
 
@@ -225,6 +233,8 @@ class Result:
                 "duration_s": self.duration_s,
                 "summary": self.summary(),
                 "rounds": [{v: dataclasses.asdict(s) for v, s in r.items()} for r in self.rounds],
+                "round_starts": self.round_starts,
+                "start_pids": self.start_pids,
             },
             indent=1,
         )
@@ -244,7 +254,8 @@ def render(result: Result) -> str:
     lines = [
         f"hookwatch bench: {result.model} ({result.mar}), plain handler against hookwatch as "
         f"archived",
-        f"{s.rounds} rounds of {s.seconds:g} s per variant, interleaved; closed loop, "
+        f"{s.rounds} rounds of {s.seconds:g} s per variant, interleaved, on "
+        f"{len(set(result.round_starts)) or 1} start(s) of the workers; closed loop, "
         f"{s.clients} clients; {s.workers} worker(s) per variant; requests: {result.requests}",
         "",
         "| metric | plain | hookwatch | hookwatch / plain (median over rounds, min-max) |",
@@ -333,33 +344,46 @@ def run(
         model_store=store,
         models="",
     )
+    starts = min(settings.starts, settings.rounds)
     try:
         say(f"starting TorchServe (inference port {ports.inference}) in {work}")
         server.start_torchserve()
-        server.register(list(names.values()), workers=settings.workers, suffix=".mar")
-        _probe(server, names, bodies)
 
         def target(variant: str) -> Target:
             path = f"/predictions/{names[variant]}"
             return Target("127.0.0.1", ports.inference, path, bodies, "application/json")
 
-        for variant in VARIANTS:
-            closed_loop(target(variant), settings.clients, max(1.0, settings.seconds / 2))
-        for index in range(settings.rounds):
-            segments = {
-                variant: closed_loop(
-                    target(variant), settings.clients, settings.seconds, settings.warmup_s
-                )
-                for variant in round_order(index)
-            }
-            result.rounds.append(segments)
-            say(
-                f"round {index + 1}/{settings.rounds}: "
-                + ", ".join(
-                    f"{v} {segments[v].throughput_rps:.1f} req/s p99 {segments[v].p99_ms:.1f} ms"
-                    for v in VARIANTS
-                )
-            )
+        for start in range(starts):
+            # Consecutive rounds share a start; the variants register in turn first.
+            rounds = [i for i in range(settings.rounds) if i * starts // settings.rounds == start]
+            order = [names[v] for v in (VARIANTS if start % 2 == 0 else VARIANTS[::-1])]
+            server.register(order, workers=settings.workers, suffix=".mar")
+            try:
+                result.start_pids.append({v: server.worker_pids(names[v]) for v in VARIANTS})
+                if start == 0:
+                    _probe(server, names, bodies)
+                for variant in VARIANTS:
+                    closed_loop(target(variant), settings.clients, max(1.0, settings.seconds / 2))
+                for index in rounds:
+                    segments = {
+                        variant: closed_loop(
+                            target(variant), settings.clients, settings.seconds, settings.warmup_s
+                        )
+                        for variant in round_order(index)
+                    }
+                    result.rounds.append(segments)
+                    result.round_starts.append(start)
+                    say(
+                        f"round {index + 1}/{settings.rounds} (workers' start {start + 1}): "
+                        + ", ".join(
+                            f"{v} {segments[v].throughput_rps:.1f} req/s "
+                            f"p99 {segments[v].p99_ms:.1f} ms"
+                            for v in VARIANTS
+                        )
+                    )
+            finally:
+                if start < starts - 1:
+                    server.unregister(order)
     finally:
         server.stop()
     result.duration_s = time.monotonic() - started

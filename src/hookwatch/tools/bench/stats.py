@@ -101,14 +101,39 @@ CONFIDENCE = 0.95
 
 
 def median_interval(
-    values: Sequence[float], confidence: float = CONFIDENCE, resamples: int = 4000, seed: int = 0
+    values: Sequence[float],
+    confidence: float = CONFIDENCE,
+    resamples: int = 4000,
+    seed: int = 0,
+    starts: Sequence[int] | None = None,
 ) -> tuple[float, float]:
-    """Bootstrap percentile interval of the median of ``values`` (rounds resampled)."""
+    """Bootstrap percentile interval of the median of ``values`` (rounds resampled).
+
+    With ``starts`` (the worker start each value was measured on, one label per value) and
+    more than one start, the resampling has two stages: the starts with replacement, then the
+    rounds of each drawn start. A worker's speed depends on where its process landed (cores,
+    the frontend's threads): its rounds share that placement, so resampling them alone would
+    give an interval as if the run had measured many placements when it measured a few.
+    """
     if not values:
         raise ValueError("expected at least one value, got none")
     x = np.asarray(values, dtype=np.float64)
     rng = np.random.default_rng(seed)
-    medians = np.median(x[rng.integers(0, len(x), size=(resamples, len(x)))], axis=1)
+    if starts is not None and len(starts) != len(x):
+        raise ValueError(f"expected one start per value ({len(x)}), got {len(starts)}")
+    groups = (
+        [np.flatnonzero(np.asarray(starts) == s) for s in sorted(set(starts))]
+        if starts is not None
+        else []
+    )
+    if len(groups) > 1:
+        medians = np.empty(resamples)
+        for i in range(resamples):
+            drawn = [groups[g] for g in rng.integers(0, len(groups), size=len(groups))]
+            picks = np.concatenate([g[rng.integers(0, len(g), size=len(g))] for g in drawn])
+            medians[i] = np.median(x[picks])
+    else:
+        medians = np.median(x[rng.integers(0, len(x), size=(resamples, len(x)))], axis=1)
     tail = (1.0 - confidence) / 2 * 100
     low, high = np.percentile(medians, [tail, 100 - tail])
     return float(low), float(high)
@@ -149,9 +174,11 @@ class Verdict:
         return f"not resolved (median {median})"
 
 
-def _judge(what: str, values: Sequence[float], limit: float, sign: float) -> Verdict:
+def _judge(
+    what: str, values: Sequence[float], limit: float, sign: float, starts: Sequence[int] | None
+) -> Verdict:
     """``sign * (value - 1)`` is the judged quantity: +1 for an increase, -1 for a loss."""
-    low, high = median_interval(values)
+    low, high = median_interval(values, starts=starts)
     a, b = sign * (low - 1.0), sign * (high - 1.0)
     return Verdict(what, sign * (statistics.median(values) - 1.0), limit, min(a, b), max(a, b))
 
@@ -161,9 +188,12 @@ def verdicts(
     closed: Sequence[Mapping[str, Segment]],
     opened: Sequence[Mapping[str, Segment]],
     model: str | None = None,
+    closed_starts: Sequence[int] | None = None,
+    opened_starts: Sequence[int] | None = None,
 ) -> list[Verdict]:
     """Judge the median over rounds, with its interval (min and max are in the table too),
-    against ``model``'s targets (:func:`target_for`)."""
+    against ``model``'s targets (:func:`target_for`); ``closed_starts`` and ``opened_starts``
+    name each round's worker start (:func:`median_interval`), None where the run had one."""
     target = target_for(model, variant)
     out = [
         _judge(
@@ -171,15 +201,24 @@ def verdicts(
             ratios(closed, variant, "throughput"),
             target.throughput_loss,
             -1.0,
+            closed_starts,
         ),
         _judge(
-            "p99 increase (closed loop)", ratios(closed, variant, "p99"), target.p99_increase, 1.0
+            "p99 increase (closed loop)",
+            ratios(closed, variant, "p99"),
+            target.p99_increase,
+            1.0,
+            closed_starts,
         ),
     ]
     if opened:
         out.append(
             _judge(
-                "p99 increase (open loop)", ratios(opened, variant, "p99"), target.p99_increase, 1.0
+                "p99 increase (open loop)",
+                ratios(opened, variant, "p99"),
+                target.p99_increase,
+                1.0,
+                opened_starts,
             )
         )
     return out
