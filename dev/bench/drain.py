@@ -266,6 +266,52 @@ def served(
     return result
 
 
+def record(monitor: Any, serve: Callable[[], object]) -> list[Any]:
+    """The records the capture thread would process while ``serve()`` runs, kept instead."""
+    recorded: list[Any] = []
+    worker = _part(monitor, "worker")
+    original = worker._process
+    worker._process = recorded.extend
+    try:
+        serve()
+        monitor.flush()
+    finally:
+        worker._process = original
+    return recorded
+
+
+def replay(
+    monitor: Any, source: Path, recorded: Sequence[Any], size: int, repeats: int
+) -> tuple[float, float]:
+    """Median wall and thread-CPU seconds of the monitor's processor, built afresh (its drift
+    tracker loaded again from ``source``, so every repeat starts from the same windows and
+    tests), on ``recorded`` in drains of ``size``, with no pauses (the work alone)."""
+    from hookwatch._profile import load_tracker
+
+    config, name = monitor.config, monitor.model_name
+    original = _part(monitor, "processor")
+    walls: list[float] = []
+    cpus: list[float] = []
+    for _ in range(repeats):
+        tracker = load_tracker(config, source, name) if original.drift is not None else None
+        processor = CaptureProcessor(
+            name,
+            config.max_features,
+            tracker,
+            original.widths,
+            units=original.units,
+            classes=original.classes,
+        )
+        if hasattr(processor, "_pause"):
+            processor._pause = None  # CPU and wall of the work alone
+        wall, cpu = time.perf_counter(), time.thread_time()
+        for start in range(0, len(recorded), size):
+            processor.process(list(recorded[start : start + size]))
+        walls.append(time.perf_counter() - wall)
+        cpus.append(time.thread_time() - cpu)
+    return statistics.median(walls), statistics.median(cpus)
+
+
 def processor_scaling(
     mar: Path, samples: int, sizes: Sequence[int], repeats: int
 ) -> dict[str, dict[str, float]]:
@@ -280,44 +326,20 @@ def processor_scaling(
         service = demo_service(mar, Path(tmp), True, "digits-scaling")
         monitor = service.monitor
         assert monitor is not None and _part(monitor, "drift") is not None
-        recorded: list[Any] = []
-        worker = _part(monitor, "worker")
-        original = worker._process
-        worker._process = recorded.extend
-        for body in bodies:
-            service.handle([body])
-        monitor.flush()
-        worker._process = original
-        config, drift_source = monitor.config, Path(tmp)
-        out: dict[str, dict[str, float]] = {}
-        for size in sizes:
-            walls: list[float] = []
-            cpus: list[float] = []
-            for _ in range(repeats):
-                # A fresh tracker per run: the same windows and tests from the same start.
-                from hookwatch._profile import load_tracker
 
-                tracker = load_tracker(config, drift_source, "digits-scaling")
-                processor = CaptureProcessor(
-                    "digits-scaling",
-                    config.max_features,
-                    tracker,
-                    _part(monitor, "processor").widths,
-                    units=_part(monitor, "processor").units,
-                    classes=_part(monitor, "processor").classes,
-                )
-                if hasattr(processor, "_pause"):
-                    processor._pause = None  # CPU and wall of the work alone
-                wall, cpu = time.perf_counter(), time.thread_time()
-                for start in range(0, len(recorded), size):
-                    processor.process(recorded[start : start + size])
-                walls.append(time.perf_counter() - wall)
-                cpus.append(time.thread_time() - cpu)
-            n = len(recorded)
+        def serve() -> None:
+            for body in bodies:
+                service.handle([body])
+
+        recorded = record(monitor, serve)
+        out: dict[str, dict[str, float]] = {}
+        n = len(recorded)
+        for size in sizes:
+            wall, cpu = replay(monitor, Path(tmp), recorded, size, repeats)
             out[str(size)] = {
-                "wall_us_per_sample": statistics.median(walls) / n * 1e6,
-                "cpu_us_per_sample": statistics.median(cpus) / n * 1e6,
-                "drain_ms": statistics.median(walls) / n * size * 1e3,
+                "wall_us_per_sample": wall / n * 1e6,
+                "cpu_us_per_sample": cpu / n * 1e6,
+                "drain_ms": wall / n * size * 1e3,
             }
         service.close()
     return out

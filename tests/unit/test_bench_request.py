@@ -41,3 +41,41 @@ def test_median_interval_brackets_the_median() -> None:
     median, low, high = request._median_interval([float(v) for v in range(101)])
     assert (median, low <= 50 <= high) == (50.0, True)
     assert low > 35 and high < 65
+
+
+def _case(name: str, diff: tuple[float, float, float], drain: float = 0.0) -> dict[str, object]:
+    low, mid, high = diff
+    return {
+        "case": name,
+        "diff_us": mid,
+        "diff_low_us": low,
+        "diff_high_us": high,
+        "drain_cpu_us": drain,
+        "drain_records": 1024,
+        "drain_batch": 128,
+    }
+
+
+def test_budget_lines_judge_each_row_by_its_interval() -> None:
+    lines = request.budget_lines(
+        [
+            _case("b1-unsampled-one-handler", (1.0, 1.4, 2.02)),
+            _case("b1-unsampled", (3.0, 3.5, 4.0)),
+            _case("b8-unsampled", (1.0, 1.2, 1.5)),
+            # The capture thread's figure is added to the request thread's whole interval.
+            _case("b1-sampled", (29.0, 30.0, 31.0), drain=25.0),
+            _case("b8-sampled", (6.0, 7.0, 8.0), drain=60.0),
+        ]
+    )
+    text = "\n".join(lines)
+    assert (
+        "- b1-unsampled-one-handler: +1.40 µs (+1.00 to +2.02) against 2 µs: "
+        "not resolved (median holds)" in text
+    )
+    assert "- b1-unsampled: +3.50 µs (+3.00 to +4.00) against 2 µs: **misses**" in text
+    assert "- b8-unsampled: +1.20 µs (+1.00 to +1.50) against 2 µs: holds" in text
+    assert "= 55.0 µs (54.0 to 56.0) against 60 µs: holds" in text
+    assert "= 67.0 µs (66.0 to 68.0) against 60 µs: **misses**" in text
+    # A run from before the drain pass says nothing of its sampled rows.
+    old = request.budget_lines([_case("b1-sampled", (29.0, 30.0, 31.0))])
+    assert old == []
