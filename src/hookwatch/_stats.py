@@ -59,31 +59,64 @@ def reduce_activation(activation: torch.Tensor) -> torch.Tensor:
         return torch.zeros((x.shape[0], len(STATISTICS)), dtype=torch.float32, device=x.device)
     if x.device.type != "cpu":
         return _reduce_launches(x, width)
-    # Plain sums, norms and amin/amax only: torch's std_mean, aminmax and ``x == 0`` reductions
-    # over a wide row are many times slower on CPU (docs/bench/README.md, "Figures behind the
-    # code's constants"), and this runs in the request thread. Two passes keep the variance
-    # exact enough. A float64 activation is reduced in float64, as the numpy form does:
-    # vector_norm refuses a dtype= narrower than its input, and copying it to float32 first
-    # would cost a pass. Half precision widens to float32 (a float16 sum overflows).
+    return _reduce_host(x, width)
+
+
+def _reduce_host(x: torch.Tensor, width: int) -> torch.Tensor:
+    """:func:`reduce_activation` on the host: five passes over the rows, the rest on ``[B]``.
+
+    Plain sums, norms and amin/amax only: torch's std_mean, aminmax and ``x == 0`` reductions
+    over a wide row are many times slower on CPU (docs/bench/README.md, "Figures behind the
+    code's constants"), and this runs in the request thread. The sums and norms give the
+    variance as ``E[x^2] - mean^2`` in float64, as :func:`reduce_rows` does, and a row where
+    that cancels or is not finite takes the centred two-pass form; the per-row arithmetic is
+    numpy's on a handful of values, where each torch call would cost a few µs of dispatch.
+    A float64 activation is reduced in float64 (vector_norm refuses a dtype= narrower than its
+    input); half precision widens to float32 (a float16 sum overflows).
+    """
     wide = torch.float64 if x.dtype == torch.float64 else torch.float32
-    mean = x.sum(dim=1, dtype=wide) / width
-    std = torch.linalg.vector_norm(x - mean[:, None], dim=1, dtype=wide) / math.sqrt(width)
-    mean, std = mean.float(), std.float()  # no-ops for float32
-    lo, hi = x.amin(dim=1), x.amax(dim=1)
+    rows = x.shape[0]
     # sign() is 0 exactly at 0; its absolute sum counts the non-zeros (exact below 2**24 units).
-    zero_fraction = 1.0 - x.sign().abs_().sum(dim=1, dtype=torch.float32) / width
-    # On the float32 results, as the numpy form checks them: a float64 mean past float32's
-    # range is Inf there, and then the counts (of none) are taken too.
-    if not math.isfinite(float((mean + std).sum())):
-        # A NaN or Inf anywhere makes the row's sum non-finite, so the exact counts are only
-        # needed then (a branch the device form cannot take: it would synchronise).
-        nan_count = torch.isnan(x).sum(dim=1, dtype=torch.float32)
-        inf_count = torch.isinf(x).sum(dim=1, dtype=torch.float32)
-    else:
-        nan_count = inf_count = torch.zeros_like(mean)
-    return torch.stack(
-        (mean, std, lo.float(), hi.float(), zero_fraction, nan_count, inf_count), dim=1
+    parts = torch.stack(
+        (
+            x.sum(dim=1, dtype=wide),
+            torch.linalg.vector_norm(x, dim=1, dtype=wide),
+            x.amin(dim=1).to(wide),
+            x.amax(dim=1).to(wide),
+            x.sign().abs_().sum(dim=1, dtype=wide),
+        ),
+        dim=1,
     )
+    total, norm, lo, hi, nonzero = parts.numpy().astype(np.float64).T
+    out = np.zeros((rows, len(STATISTICS)), dtype=np.float32)
+    # Inf - Inf is NaN here on purpose (it sends the row to the centred form).
+    with np.errstate(invalid="ignore", over="ignore"):
+        mean = total / width
+        mean_square = np.square(norm) / width
+        variance = mean_square - np.square(mean)
+        out[:, 0] = mean
+        out[:, 1] = np.sqrt(np.maximum(variance, 0.0))
+        out[:, 2] = lo
+        out[:, 3] = hi
+        out[:, 4] = 1.0 - nonzero / width
+        # Not finite also where the squares overflowed and the values did not.
+        exact = ~((variance * CANCELLATION >= mean_square) & np.isfinite(mean_square))
+    if exact.any():
+        picked = x[torch.from_numpy(exact)]
+        centred_mean = picked.sum(dim=1, dtype=wide) / width
+        spread = torch.linalg.vector_norm(
+            picked - centred_mean[:, None], dim=1, dtype=wide
+        ) / math.sqrt(width)
+        with np.errstate(over="ignore"):  # a float64 row past float32's range: Inf
+            out[exact, 0] = centred_mean.numpy()
+            out[exact, 1] = spread.numpy()
+    # On the float32 results, as the numpy form checks them: a float64 mean past float32's
+    # range is Inf here. A NaN or Inf anywhere makes a row's mean or std non-finite, so the
+    # exact counts are only needed then.
+    if not np.isfinite(out[:, :2]).all():
+        out[:, 5] = torch.isnan(x).sum(dim=1).numpy()
+        out[:, 6] = torch.isinf(x).sum(dim=1).numpy()
+    return torch.from_numpy(out)
 
 
 def _reduce_launches(x: torch.Tensor, width: int) -> torch.Tensor:

@@ -161,6 +161,16 @@ def test_the_table_shows_both_variants_and_the_ratios() -> None:
     assert "| 100.00 | 95.00 | **0.950** (0.900-0.980) |" in rows["throughput (req/s)"]
     assert "| 2.00 | 2.20 | **1.100** (1.100-1.100) |" in rows["p50 latency (ms)"]
     assert "**1.200** (1.100-1.250)" in rows["p99 latency (ms)"]
+    # The interval of the median, beside it: within the rounds' min-max.
+    low, high = (float(v) for v in rows["throughput (req/s)"].split("|")[5].split("-"))
+    assert 0.900 <= low <= 0.950 <= high <= 0.980
+    # With the rounds' starts, the starts are resampled first: two rounds that agree on one
+    # start and a third on another widen the interval to the rounds' min-max.
+    result.round_starts = [0, 0, 1]
+    started = ab.render(result)
+    assert "on 2 start(s) of the workers" in started
+    row = next(line for line in started.splitlines() if line.startswith("| throughput"))
+    assert row.split("|")[5].strip() == "0.900-0.980"
     summary = json.loads(result.to_json())["summary"]
     assert [row["metric"] for row in summary] == ["throughput", "p50 latency", "p99 latency"]
 

@@ -29,7 +29,7 @@ import numpy as np
 from hookwatch._config import HandlerConfig, InputSpec
 from hookwatch._errors import ConfigError
 from hookwatch.tools.bench.loadgen import Segment, Target, closed_loop
-from hookwatch.tools.bench.stats import PLAIN, Spread, ratios
+from hookwatch.tools.bench.stats import CONFIDENCE, PLAIN, Spread, median_interval, ratios
 from hookwatch.tools.mar import read_hookwatch_mar
 
 MONITORED = "hookwatch"
@@ -204,8 +204,11 @@ class Result:
     def summary(self) -> list[dict[str, Any]]:
         """Per row: each variant's median over rounds and the ratio's min / median / max."""
         rows = []
+        starts = self.round_starts if len(self.round_starts) == len(self.rounds) else None
         for label, metric, unit in ROWS:
-            spread = Spread.of(ratios(self.rounds, MONITORED, metric))
+            values = ratios(self.rounds, MONITORED, metric)
+            spread = Spread.of(values)
+            low, high = median_interval(values, starts=starts)
             medians = {
                 v: statistics.median(_value(s[v], metric) for s in self.rounds) for v in VARIANTS
             }
@@ -218,6 +221,8 @@ class Result:
                     "ratio": spread.median,
                     "ratio_min": spread.low,
                     "ratio_max": spread.high,
+                    "ratio_low": low,
+                    "ratio_high": high,
                 }
             )
         return rows
@@ -258,20 +263,24 @@ def render(result: Result) -> str:
         f"{len(set(result.round_starts)) or 1} start(s) of the workers; closed loop, "
         f"{s.clients} clients; {s.workers} worker(s) per variant; requests: {result.requests}",
         "",
-        "| metric | plain | hookwatch | hookwatch / plain (median over rounds, min-max) |",
-        "|---|---:|---:|---:|",
+        "| metric | plain | hookwatch | hookwatch / plain (median over rounds, min-max) "
+        f"| {CONFIDENCE:.0%} interval of the median |",
+        "|---|---:|---:|---:|---:|",
     ]
     for row in result.summary():
         lines.append(
             f"| {row['metric']} ({row['unit']}) | {row[PLAIN]:.2f} | {row[MONITORED]:.2f} | "
-            f"**{row['ratio']:.3f}** ({row['ratio_min']:.3f}-{row['ratio_max']:.3f}) |"
+            f"**{row['ratio']:.3f}** ({row['ratio_min']:.3f}-{row['ratio_max']:.3f}) | "
+            f"{row['ratio_low']:.3f}-{row['ratio_high']:.3f} |"
         )
     errors = {v: sum(r[v].errors for r in result.rounds) for v in VARIANTS}
     served = {v: sum(r[v].requests for r in result.rounds) for v in VARIANTS}
     lines += [
         "",
         "Throughput ratio below 1 and latency ratios above 1 are what monitoring costs; each "
-        "round's hookwatch numbers are divided by the plain numbers of the same round. "
+        "round's hookwatch numbers are divided by the plain numbers of the same round. The "
+        "interval is a bootstrap one (the workers' starts resampled, then their rounds): where "
+        "it holds 1.000, this run cannot tell what hookwatch costs from the machine's noise. "
         + ", ".join(f"{v}: {served[v]} requests, {errors[v]} errors" for v in VARIANTS)
         + ".",
     ]
