@@ -66,11 +66,11 @@ class Settings:
     #: Longest measured segment; a model slower than that gets fewer latencies (the table
     #: shows how many).
     max_seconds: float = 30.0
-    #: Worker starts per model and batch size (1 where a model is not named): the rounds are
-    #: split between them, each start registering every variant afresh. A worker's speed
-    #: depends on where its process landed, and that placement holds for as long as the
-    #: process does: with one start, a variant's worker could be 10 % quicker or slower than
-    #: plain's in every round of a run (docs/bench/README.md, *Worker starts*).
+    #: Worker starts per model, for each of its batch sizes (1 where a model is not named):
+    #: the rounds are split between them, each start registering every variant afresh. A
+    #: worker's speed depends on where its process landed, and that placement holds for as
+    #: long as the process does: with one start, a variant's worker could be 10 % quicker or
+    #: slower than plain's in every round of a run (docs/bench/README.md, *Worker starts*).
     starts: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
@@ -135,7 +135,7 @@ class GroupResult:
     open_rate_rps: float = 0.0
     closed: list[dict[str, Segment]] = field(default_factory=list)
     opened: list[dict[str, Segment]] = field(default_factory=list)
-    #: Worker RSS (MB) after warm-up and at the end, per variant.
+    #: Worker RSS (MB) after warm-up and at the end, per variant (of the last worker start).
     rss_start_mb: dict[str, float] = field(default_factory=dict)
     rss_end_mb: dict[str, float] = field(default_factory=dict)
     served: dict[str, int] = field(default_factory=dict)
