@@ -92,12 +92,13 @@ def _starts(result: BenchResult) -> int:
 
 
 def _interval_text(result: BenchResult) -> str:
-    if _starts(result) > 1:
-        return (
-            f"its {CONFIDENCE:.0%} bootstrap interval (worker starts resampled, then each "
-            "start's rounds)"
-        )
-    return f"its {CONFIDENCE:.0%} bootstrap interval (rounds resampled)"
+    """What the run's intervals are, after "its" or "a"."""
+    resampled = (
+        "worker starts resampled, then each start's rounds"
+        if _starts(result) > 1
+        else "rounds resampled"
+    )
+    return f"{CONFIDENCE:.0%} bootstrap interval ({resampled})"
 
 
 def target_rows(result: BenchResult) -> list[TargetRow]:
@@ -246,7 +247,7 @@ def render(result: BenchResult) -> str:
     add("")
     add(
         "Judged on the median over rounds. Throughput loss = 1 - throughput ratio; p99 increase "
-        f"= p99 ratio - 1. The interval is {_interval_text(result).replace('its ', 'a ', 1)} "
+        f"= p99 ratio - 1. The interval is a {_interval_text(result)} "
         "of the median: a target *holds* when the whole interval is within the limit, "
         "*misses* when the whole interval is beyond it, and is *not resolved* when the "
         "interval straddles the limit, i.e. the run could not tell on this machine."
@@ -469,7 +470,7 @@ def render_summary(result: BenchResult, source: str = README_RESULTS[0]) -> str:
         "load average before / after "
         f"{result.load_before[0]:.2f} / {result.load_after[0]:.2f}. Ratios are each variant's "
         "against the plain handler in the same round; verdicts on the median over rounds with "
-        f"{_interval_text(result)}. {drift_state(result)}",
+        f"its {_interval_text(result)}. {drift_state(result)}",
         "",
         "| model | variant | criterion | measured | limit | verdict |",
         "|---|---|---|---|---|---|",

@@ -121,11 +121,8 @@ def median_interval(
     rng = np.random.default_rng(seed)
     if starts is not None and len(starts) != len(x):
         raise ValueError(f"expected one start per value ({len(x)}), got {len(starts)}")
-    groups = (
-        [np.flatnonzero(np.asarray(starts) == s) for s in sorted(set(starts))]
-        if starts is not None
-        else []
-    )
+    labels = np.asarray(starts if starts is not None else [])
+    groups = [np.flatnonzero(labels == s) for s in np.unique(labels)]
     if len(groups) > 1:
         medians = np.empty(resamples)
         for i in range(resamples):
