@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # Extra options for `make run`, e.g. RUN_ARGS="--workers 4 --no-report" (see `hookwatch run -h`).
 RUN_ARGS ?=
 
-.PHONY: help deps venv mar run run-text stop test check lint format unit integration clean eval-drift eval-drift-text eval-accuracy rules monitoring docs bench-scrape bench-drain bench-profile bench-request bench-instructions bench-gpu-prepare bench bench-quick dashboards-check soak kubernetes scale fleet-sim
+.PHONY: help deps venv mar run run-text stop test check lint format unit integration clean eval-drift eval-drift-text eval-accuracy rules monitoring docs bench-scrape bench-drain bench-profile bench-request bench-inworker bench-instructions bench-gpu-prepare bench bench-quick dashboards-check soak kubernetes scale fleet-sim
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -148,6 +148,9 @@ fleet-sim: $(BIN)/.installed ## the fleet's false-page budget by simulation (~1 
 
 bench-drain: $(MAR) ## in-process cost of 100 % sampling with drift on: request thread, capture thread, drain wall time
 	$(BIN)/python -m dev.bench.drain --mar $(MAR)
+
+bench-inworker: $(MAR) ## served, monitoring's cost in one worker: its request path bound and unbound segment by segment (~15 min): rewrites docs/bench/inworker.md and inworker.json
+	$(BIN)/python -m dev.bench.inworker
 
 REQUEST_ARGS ?=
 bench-request: $(MAR) ## per-request cost in process, plain vs monitored handle() interleaved, split by phase (~5 min): rewrites docs/bench/request.md and request.json, keeping the "before" and "base" runs (REQUEST_ARGS)

@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dev.bench.runner import Settings, _cpu_clock, check_drift_loaded
+from dev.bench.runner import Settings, check_drift_loaded, worker_cpu_clock
 from dev.bench.variants import MODELS, build_group
 from hookwatch.tools.bench.loadgen import Segment, Target, closed_loop
 from hookwatch.tools.bench.server import BenchServer
@@ -174,7 +174,7 @@ def profile_variant(
     workdir: Path,
 ) -> Profile:
     out = workdir / f"{variant}.txt"
-    clock = _cpu_clock([pid])
+    clock = worker_cpu_clock([pid])
     result: dict[str, Segment] = {}
 
     def drive() -> None:

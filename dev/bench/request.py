@@ -944,7 +944,7 @@ def generated_block(text: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rounds", type=int, default=300, help="interleaved timing rounds")
+    parser.add_argument("--rounds", type=int, default=600, help="interleaved timing rounds")
     parser.add_argument("--requests", type=int, default=40, help="requests per handler per round")
     parser.add_argument("--attribution-rounds", type=int, default=60)
     parser.add_argument("--label", default="after", help="the run's name in the table")

@@ -260,11 +260,11 @@ def _rss_mb(pids: Sequence[int]) -> float:
     return total / 2**20
 
 
-def _progress(message: str) -> None:
+def progress(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def _cpu_clock(pids: Sequence[int]) -> CpuClock:
+def worker_cpu_clock(pids: Sequence[int]) -> CpuClock:
     processes = [psutil.Process(pid) for pid in pids]
 
     def clock() -> float:
@@ -301,7 +301,7 @@ def check_drift_loaded(server: BenchServer, group: Group, timeout: float = 60.0)
     """
     from hookwatch._metrics import parse_samples
 
-    monitored = [v for v in VARIANTS if v in MONITORED]
+    monitored = [v for v in VARIANTS if v in MONITORED and v in group.names]
     deadline = time.monotonic() + timeout
     while True:
         status, body = http_get(f"http://127.0.0.1:{server.ports.exporter}/metrics", timeout=30.0)
@@ -352,7 +352,7 @@ def run_group(server: BenchServer, group: Group, settings: Settings) -> GroupRes
             _measure_start(server, group, settings, result, start, rounds, target, clients)
         finally:
             server.unregister(names)
-        _progress(f"{group.model} b{group.batch}: worker start {start + 1} of {start_of[-1] + 1}")
+        progress(f"{group.model} b{group.batch}: worker start {start + 1} of {start_of[-1] + 1}")
     for variant in VARIANTS:
         result.served[variant] = sum(s[variant].requests for s in (*result.closed, *result.opened))
     return result
@@ -373,8 +373,8 @@ def _measure_start(
     loaded = check_drift_loaded(server, group)
     if start == 0:
         result.drift_loaded = loaded
-        _progress(f"{group.model} b{group.batch}: drift profile loaded in {sorted(loaded)}")
-    clocks = {v: _cpu_clock(server.worker_pids(group.names[v])) for v in VARIANTS}
+        progress(f"{group.model} b{group.batch}: drift profile loaded in {sorted(loaded)}")
+    clocks = {v: worker_cpu_clock(server.worker_pids(group.names[v])) for v in VARIANTS}
     warm: dict[str, Segment] = {}
     for variant in VARIANTS:
         # As long as a segment's least: a ResNet-18 batch of 8 takes ~2 s, and a shorter
@@ -389,7 +389,7 @@ def _measure_start(
         warm_rps = warm[PLAIN].throughput_rps
         result.closed_s = segment_seconds(settings, seconds, warm_rps, clients)
         result.open_s = segment_seconds(settings, seconds, settings.open_load * warm_rps, 0)
-        _progress(
+        progress(
             f"{group.model} b{group.batch}: plain warm-up {warm_rps:.1f}/s; segments "
             f"{result.closed_s:.1f} s closed, {result.open_s:.1f} s open"
         )
@@ -405,7 +405,7 @@ def _measure_start(
             )
         result.closed.append(segments)
         result.closed_starts.append(start)
-        _progress(
+        progress(
             f"{group.model} b{group.batch} closed round {index + 1}: "
             + ", ".join(
                 f"{v} {s.throughput_rps:.1f}/s ({s.cpu_ms or 0:.2f} ms CPU)"
@@ -427,7 +427,7 @@ def _measure_start(
             )
         result.opened.append(segments)
         result.opened_starts.append(start)
-        _progress(
+        progress(
             f"{group.model} b{group.batch} open round {index + 1} at "
             f"{result.open_rate_rps:.1f}/s: "
             + ", ".join(f"{v} p99 {s.p99_ms:.1f} ms" for v, s in segments.items())
@@ -451,14 +451,14 @@ def run(root: Path, settings: Settings, work: Path, ports: Ports) -> BenchResult
         for model in settings.models
         for batch in settings.batches
     ]
-    _progress(f"built {sum(len(g.names) for g in groups)} variant model directories in {store}")
+    progress(f"built {sum(len(g.names) for g in groups)} variant model directories in {store}")
     server = BenchServer(
         root=root, run_dir=work / "run", ports=ports, workers=1, model_store=store, models=""
     )
     try:
         server.start_torchserve()
         server.start_exporter()
-        _progress("TorchServe and the exporter are up")
+        progress("TorchServe and the exporter are up")
         for group in groups:
             result.groups.append(run_group(server, group, settings))
         result.scrape = micro.scrape_time(
@@ -466,7 +466,7 @@ def run(root: Path, settings: Settings, work: Path, ports: Ports) -> BenchResult
         )
     finally:
         server.stop()
-    _progress("TorchServe stopped; in-process micro-figures")
+    progress("TorchServe stopped; in-process micro-figures")
     for model in settings.models:
         # The in-process figures feed tensors of a declared shape: not the text model.
         if settings.hook_forwards[model]:

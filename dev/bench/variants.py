@@ -244,7 +244,8 @@ MODELS: Mapping[str, ModelKind] = {
 
 @dataclass(frozen=True)
 class Group:
-    """The four variants of one model at one batch size: measured together, round by round."""
+    """Variants of one model at one batch size (the bench's four): measured together, round by
+    round."""
 
     model: str
     batch: int
@@ -264,7 +265,19 @@ def variant_config(base: Mapping[str, Any], variant: str, batch: int) -> dict[st
     return config
 
 
-def build_group(root: Path, store: Path, build: Path, model: str, batch: int) -> Group:
+def build_group(
+    root: Path,
+    store: Path,
+    build: Path,
+    model: str,
+    batch: int,
+    variants: tuple[str, ...] = VARIANTS,
+    handlers: Mapping[str, str] = HANDLERS,
+    suffix: str = "",
+) -> Group:
+    """Each of ``variants`` of ``model`` at ``batch`` as a model directory in ``store``, named
+    ``<model>-b<batch>-<variant><suffix>``, its handler file (a path in the repository) from
+    ``handlers``."""
     kind = MODELS[model]
     archiver = shutil.which("torch-model-archiver", path=str(Path(sys.executable).parent))
     if archiver is None:
@@ -277,8 +290,8 @@ def build_group(root: Path, store: Path, build: Path, model: str, batch: int) ->
         raise FileNotFoundError(f"expected a drift profile {extra / PROFILE_FILE}, found none")
     base = yaml.safe_load((root / kind.config).read_text())
     names: dict[str, str] = {}
-    for variant in VARIANTS:
-        name = f"{model}-b{batch}-{variant}"
+    for variant in variants:
+        name = f"{model}-b{batch}-{variant}{suffix}"
         config_path = build / f"{name}.yaml"
         config_path.write_text(yaml.safe_dump(variant_config(base, variant, batch)))
         shutil.rmtree(store / name, ignore_errors=True)
@@ -294,7 +307,7 @@ def build_group(root: Path, store: Path, build: Path, model: str, batch: int) ->
                 "--serialized-file",
                 str(weights),
                 "--handler",
-                str(root / HANDLERS[variant]),
+                str(root / handlers[variant]),
                 "--config-file",
                 str(config_path),
                 "--export-path",

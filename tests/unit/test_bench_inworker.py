@@ -1,0 +1,131 @@
+"""The in-worker bench: its switched handler binds and unbinds the monitored path as the
+byte says, and its report judges what its pairs hold."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from dev.bench import inworker
+from dev.bench.switch_handler import SWITCH_FILE
+from hookwatch.tools.bench.loadgen import Segment
+from hookwatch.tools.demo import digits_cnn
+from hookwatch.tools.demo.data import load_split
+from tests.fakes import FakeContext
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _switched_class() -> Any:
+    spec = importlib.util.spec_from_file_location("switched", ROOT / inworker.SWITCHED)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    (cls,) = [
+        c for c in vars(module).values() if isinstance(c, type) and c.__module__ == module.__name__
+    ]
+    return cls
+
+
+def test_the_byte_binds_and_unbinds_the_monitored_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(tmp_path))
+    shutil.copy(digits_cnn.__file__, tmp_path / "digits_cnn.py")
+    torch.save(digits_cnn.DigitsCNN().state_dict(), tmp_path / "digits_cnn.pt")
+    switch = tmp_path / SWITCH_FILE
+    switch.write_bytes(b"\x00")
+    config = yaml.safe_load((ROOT / "models/digits/model-config.yaml").read_text())
+    config["handler"]["monitoring"]["sample_rate"] = 1.0
+    context = FakeContext(tmp_path, config)
+    handler = _switched_class()()
+    handler.initialize(context)
+    tally = handler.service.monitor._tally
+    rows = [{"body": {"data": x.tolist()}} for x in load_split().x_test[:3]]
+    try:
+        handler.handle(rows, context)
+        assert tally.counts().requests == 0 and handler.service._path is None
+        inworker._set(switch, True)
+        answers = handler.handle(rows, context)
+        assert len(answers) == 3 and all("class" in a for a in answers)
+        assert tally.counts().requests == 3 and tally.counts().sampled == 3
+        inworker._set(switch, False)
+        handler.handle(rows, context)
+        assert tally.counts().requests == 3
+    finally:
+        handler.service.close()
+
+
+def _segment(rps: float, p99: float = 10.0, cpu: float = 1.0) -> Segment:
+    return Segment(100, 0, 1.0, 5.0, p99, 5.0, cpu_ms=cpu, rate_rps=rps)
+
+
+def test_rows_take_each_round_bound_over_unbound_and_judge_the_target() -> None:
+    pairs = [
+        inworker.Pair("digits", 1, "default", start, _segment(100.0), _segment(r))
+        for start, r in [(0, 99.5), (0, 99.8), (1, 99.6), (1, 99.9), (2, 99.7), (2, 99.6)]
+    ] + [
+        inworker.Pair("digits", 1, "full", start, _segment(100.0), _segment(r, cpu=1.2))
+        for start, r in [(0, 90.0), (0, 91.0), (1, 89.0), (1, 90.5), (2, 90.0), (2, 91.0)]
+    ]
+    result = inworker.Result("now", {}, [], "", pairs)
+    (default, full) = inworker.rows(result)
+    assert (default.variant, default.rounds, default.starts) == ("default", 6, 3)
+    assert default.throughput == pytest.approx(0.9965)
+    assert default.throughput_low <= default.throughput <= default.throughput_high
+    assert default.verdicts[0].text() == "holds"  # every round within the 1 % target
+    assert full.verdicts[0].text().startswith("**misses")  # every round 9-11 % down, target 5 %
+    assert full.cpu_on_ms == pytest.approx(1.2) and full.cpu_off_ms == pytest.approx(1.0)
+
+
+def test_the_committed_table_is_its_json() -> None:
+    result = inworker.read(inworker.JSON_OUT)
+    text = inworker.MD_OUT.read_text()
+    assert inworker.rewrite(text, inworker.render(result)) == text, (
+        "docs/bench/inworker.md is stale: `python -m dev.bench.inworker --render` rewrites it"
+    )
+
+
+def test_sliced_counts_each_answer_in_the_phase_it_was_served_in(tmp_path: Path) -> None:
+    """A server that takes 4 ms a request while the byte is 1 and 1 ms while it is 0: the
+    bound phase must read the slower, whichever phase leads."""
+    import http.server
+    import threading
+    import time
+
+    from hookwatch.tools.bench.loadgen import Target
+
+    switch = tmp_path / SWITCH_FILE
+    switch.write_bytes(b"\x00")
+
+    class Slow(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            time.sleep(0.004 if switch.read_bytes()[:1] == b"\x01" else 0.001)
+            # One write: headers and body apart would wait on delayed ACKs.
+            self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    target = Target("127.0.0.1", server.server_address[1], "/", [b"{}"], "application/json")
+    plan = inworker.Plan("digits", (1,), 1, 1, slices=8, slice_s=0.15, guard_s=0.03)
+    try:
+        for first in (False, True):
+            got = inworker.sliced(target, 1, switch, plan, first, lambda: 0.0)
+            ratio = got[True].throughput_rps / got[False].throughput_rps
+            assert 0.15 < ratio < 0.7, (first, ratio)
+            assert got[True].p50_ms > got[False].p50_ms
+    finally:
+        server.shutdown()
+        server.server_close()
