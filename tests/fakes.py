@@ -14,9 +14,9 @@ from typing import Any
 HANDLERS = Path(__file__).resolve().parents[1] / "handlers"
 
 
-def load_handler(name: str) -> Any:
-    """The handler class TorchServe would load from ``handlers/<name>.py``."""
-    spec = importlib.util.spec_from_file_location(name, HANDLERS / f"{name}.py")
+def load_handler(name: str, path: Path | None = None) -> Any:
+    """The handler class TorchServe would load from ``handlers/<name>.py`` (or ``path``)."""
+    spec = importlib.util.spec_from_file_location(name, path or HANDLERS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -28,7 +28,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,7 @@ from dev.bench.switch_handler import SWITCH_FILE
 from dev.bench.variants import HANDLERS, MODELS, Group, build_group
 from hookwatch.tools.bench.loadgen import Client, CpuClock, Segment, Target, closed_loop
 from hookwatch.tools.bench.server import BenchServer
-from hookwatch.tools.bench.stats import Verdict, median_interval, target_for
+from hookwatch.tools.bench.stats import Metric, Verdict, judge, median_interval, target_for
 from hookwatch.tools.devstack import Ports
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -299,19 +299,9 @@ def run(plans: Sequence[Plan], work: Path, ports: Ports) -> Result:
 
 # -- the report ------------------------------------------------------------------------------
 
-Metric = Callable[[Segment], float]
-
 
 def _ratios(pairs: Sequence[Pair], metric: Metric) -> list[float]:
     return [metric(p.on) / metric(p.off) for p in pairs]
-
-
-def _judge(
-    what: str, values: Sequence[float], starts: Sequence[int], limit: float, sign: float
-) -> Verdict:
-    low, high = median_interval(values, starts=starts)
-    a, b = sign * (low - 1.0), sign * (high - 1.0)
-    return Verdict(what, sign * (statistics.median(values) - 1.0), limit, min(a, b), max(a, b))
 
 
 @dataclass(frozen=True)
@@ -350,13 +340,13 @@ def rows(result: Result) -> list[Row]:
         ]
         target = target_for(model, variant)
         judged = (
-            _judge("throughput loss (closed loop)", thr, starts, target.throughput_loss, -1.0),
-            _judge(
+            judge("throughput loss (closed loop)", thr, target.throughput_loss, -1.0, starts),
+            judge(
                 "p99 increase (closed loop)",
                 _ratios(mine, lambda s: s.p99_ms),
-                starts,
                 target.p99_increase,
                 1.0,
+                starts,
             ),
         )
         out.append(

@@ -3,7 +3,6 @@ byte says, and its report judges what its pairs hold."""
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from pathlib import Path
 from typing import Any
@@ -17,20 +16,9 @@ from dev.bench.switch_handler import SWITCH_FILE
 from hookwatch.tools.bench.loadgen import Segment
 from hookwatch.tools.demo import digits_cnn
 from hookwatch.tools.demo.data import load_split
-from tests.fakes import FakeContext
+from tests.fakes import FakeContext, load_handler
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _switched_class() -> Any:
-    spec = importlib.util.spec_from_file_location("switched", ROOT / inworker.SWITCHED)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    (cls,) = [
-        c for c in vars(module).values() if isinstance(c, type) and c.__module__ == module.__name__
-    ]
-    return cls
 
 
 def test_the_byte_binds_and_unbinds_the_monitored_path(
@@ -44,7 +32,7 @@ def test_the_byte_binds_and_unbinds_the_monitored_path(
     config = yaml.safe_load((ROOT / "models/digits/model-config.yaml").read_text())
     config["handler"]["monitoring"]["sample_rate"] = 1.0
     context = FakeContext(tmp_path, config)
-    handler = _switched_class()()
+    handler = load_handler("switched", ROOT / inworker.SWITCHED)()
     handler.initialize(context)
     tally = handler.service.monitor._tally
     rows = [{"body": {"data": x.tolist()}} for x in load_split().x_test[:3]]

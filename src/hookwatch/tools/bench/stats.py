@@ -171,10 +171,11 @@ class Verdict:
         return f"not resolved (median {median})"
 
 
-def _judge(
+def judge(
     what: str, values: Sequence[float], limit: float, sign: float, starts: Sequence[int] | None
 ) -> Verdict:
-    """``sign * (value - 1)`` is the judged quantity: +1 for an increase, -1 for a loss."""
+    """The median of ``values`` (ratios to plain) and its interval against ``limit``:
+    ``sign * (value - 1)`` is the judged quantity, +1 for an increase, -1 for a loss."""
     low, high = median_interval(values, starts=starts)
     a, b = sign * (low - 1.0), sign * (high - 1.0)
     return Verdict(what, sign * (statistics.median(values) - 1.0), limit, min(a, b), max(a, b))
@@ -193,14 +194,14 @@ def verdicts(
     name each round's worker start (:func:`median_interval`), None where the run had one."""
     target = target_for(model, variant)
     out = [
-        _judge(
+        judge(
             "throughput loss (closed loop)",
             ratios(closed, variant, "throughput"),
             target.throughput_loss,
             -1.0,
             closed_starts,
         ),
-        _judge(
+        judge(
             "p99 increase (closed loop)",
             ratios(closed, variant, "p99"),
             target.p99_increase,
@@ -210,7 +211,7 @@ def verdicts(
     ]
     if opened:
         out.append(
-            _judge(
+            judge(
                 "p99 increase (open loop)",
                 ratios(opened, variant, "p99"),
                 target.p99_increase,
