@@ -81,8 +81,9 @@ def test_the_committed_table_is_its_json() -> None:
 
 
 def test_sliced_counts_each_answer_in_the_phase_it_was_served_in(tmp_path: Path) -> None:
-    """A server that takes 4 ms a request while the byte is 1 and 1 ms while it is 0: the
-    bound phase must read the slower, whichever phase leads."""
+    """A server that takes 20 ms a request while the byte is 1 and 1 ms while it is 0: the
+    bound phase must read the slower, whichever phase leads (swapped phases would read
+    ~20 times faster, answers counted in either at random about as fast)."""
     import http.server
     import threading
     import time
@@ -97,7 +98,7 @@ def test_sliced_counts_each_answer_in_the_phase_it_was_served_in(tmp_path: Path)
 
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers["Content-Length"]))
-            time.sleep(0.004 if switch.read_bytes()[:1] == b"\x01" else 0.001)
+            time.sleep(0.02 if switch.read_bytes()[:1] == b"\x01" else 0.001)
             # One write: headers and body apart would wait on delayed ACKs.
             self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
 
@@ -107,12 +108,12 @@ def test_sliced_counts_each_answer_in_the_phase_it_was_served_in(tmp_path: Path)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     target = Target("127.0.0.1", server.server_address[1], "/", [b"{}"], "application/json")
-    plan = inworker.Plan("digits", (1,), 1, 1, slices=8, slice_s=0.15, guard_s=0.03)
+    plan = inworker.Plan("digits", (1,), 1, 1, slices=8, slice_s=0.2, guard_s=0.05)
     try:
         for first in (False, True):
             got = inworker.sliced(target, 1, switch, plan, first, lambda: 0.0)
             ratio = got[True].throughput_rps / got[False].throughput_rps
-            assert 0.15 < ratio < 0.7, (first, ratio)
+            assert ratio < 0.5, (first, ratio)
             assert got[True].p50_ms > got[False].p50_ms
     finally:
         server.shutdown()
