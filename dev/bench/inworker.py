@@ -44,9 +44,10 @@ from dev.bench.runner import (
 )
 from dev.bench.switch_handler import SWITCH_FILE
 from dev.bench.variants import HANDLERS, MODELS, Group, build_group
+from dev.cli import _stopped_bench
 from hookwatch.tools.bench.loadgen import Client, CpuClock, Segment, Target, closed_loop
 from hookwatch.tools.bench.server import BenchServer
-from hookwatch.tools.bench.stats import Metric, Verdict, judge, median_interval, target_for
+from hookwatch.tools.bench.stats import Metric, Verdict, judge, target_for
 from hookwatch.tools.devstack import Ports
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -333,14 +334,14 @@ def rows(result: Result) -> list[Row]:
         mine = [p for p in result.pairs if (p.model, p.batch, p.variant) == (model, batch, variant)]
         thr = _ratios(mine, lambda s: s.throughput_rps)
         starts = [p.start for p in mine]
-        low, high = median_interval(thr, starts=starts)
         per_start = [
             statistics.median(r for r, s in zip(thr, starts, strict=True) if s == start)
             for start in sorted(set(starts))
         ]
         target = target_for(model, variant)
+        loss = judge("throughput loss (closed loop)", thr, target.throughput_loss, -1.0, starts)
         judged = (
-            judge("throughput loss (closed loop)", thr, target.throughput_loss, -1.0, starts),
+            loss,
             judge(
                 "p99 increase (closed loop)",
                 _ratios(mine, lambda s: s.p99_ms),
@@ -357,8 +358,9 @@ def rows(result: Result) -> list[Row]:
                 len(mine),
                 len(per_start),
                 statistics.median(thr),
-                low,
-                high,
+                # The loss's interval, as a ratio: one bootstrap, not two.
+                1.0 - loss.high,
+                1.0 - loss.low,
                 min(per_start),
                 max(per_start),
                 statistics.median(p.off.cpu_ms or 0.0 for p in mine),
@@ -426,10 +428,6 @@ def read(path: Path) -> Result:
     )
 
 
-def _stopped(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dev.bench.inworker", description=__doc__)
     parser.add_argument(
@@ -452,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
-        previous = signal.signal(signal.SIGTERM, _stopped)
+        previous = signal.signal(signal.SIGTERM, _stopped_bench)
         try:
             result = run(
                 [PLANS[m] for m in args.models.split(",")], args.work.resolve(), Ports.free()
