@@ -253,13 +253,22 @@ class Group:
     names: Mapping[str, str]
 
 
-def variant_config(base: Mapping[str, Any], variant: str, batch: int) -> dict[str, Any]:
+def variant_config(
+    base: Mapping[str, Any],
+    variant: str,
+    batch: int,
+    default_caps: Mapping[str, float] | None = None,
+) -> dict[str, Any]:
+    """``base`` as ``variant`` at ``batch``; ``default_caps`` (``max_sampled_per_s``,
+    ``max_overhead``) set in the ``default`` variant's monitoring, where a harness needs other
+    caps than hookwatch's own."""
     config: dict[str, Any] = copy.deepcopy(dict(base))
     config["batchSize"] = batch
     monitoring = config.setdefault("handler", {}).setdefault("monitoring", {})
     if variant == "default":
         # hookwatch's own default, whatever the committed config tunes for its demo traffic.
         monitoring.pop("sample_rate", None)
+        monitoring.update(default_caps or {})
     elif variant == "full":
         monitoring["sample_rate"] = 1.0
     return config
@@ -274,10 +283,11 @@ def build_group(
     variants: tuple[str, ...] = VARIANTS,
     handlers: Mapping[str, str] = HANDLERS,
     suffix: str = "",
+    default_caps: Mapping[str, float] | None = None,
 ) -> Group:
     """Each of ``variants`` of ``model`` at ``batch`` as a model directory in ``store``, named
     ``<model>-b<batch>-<variant><suffix>``, its handler file (a path in the repository) from
-    ``handlers``."""
+    ``handlers``, its config from :func:`variant_config`."""
     kind = MODELS[model]
     archiver = shutil.which("torch-model-archiver", path=str(Path(sys.executable).parent))
     if archiver is None:
@@ -293,7 +303,7 @@ def build_group(
     for variant in variants:
         name = f"{model}-b{batch}-{variant}{suffix}"
         config_path = build / f"{name}.yaml"
-        config_path.write_text(yaml.safe_dump(variant_config(base, variant, batch)))
+        config_path.write_text(yaml.safe_dump(variant_config(base, variant, batch, default_caps)))
         shutil.rmtree(store / name, ignore_errors=True)
         subprocess.run(
             [

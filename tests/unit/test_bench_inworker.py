@@ -4,6 +4,7 @@ byte says, and its report judges what its pairs hold."""
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +87,6 @@ def test_sliced_counts_each_answer_in_the_phase_it_was_served_in(tmp_path: Path)
     ~20 times faster, answers counted in either at random about as fast)."""
     import http.server
     import threading
-    import time
 
     from hookwatch.tools.bench.loadgen import Target
 
@@ -109,12 +109,71 @@ def test_sliced_counts_each_answer_in_the_phase_it_was_served_in(tmp_path: Path)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     target = Target("127.0.0.1", server.server_address[1], "/", [b"{}"], "application/json")
     plan = inworker.Plan("digits", (1,), 1, 1, slices=8, slice_s=0.2, guard_s=0.05)
+    clock = inworker.BoundClock(switch)
     try:
         for first in (False, True):
-            got = inworker.sliced(target, 1, switch, plan, first, lambda: 0.0)
+            got = inworker.sliced(target, 1, clock, plan, first, lambda: 0.0)
+            clock.set(False)
             ratio = got[True].throughput_rps / got[False].throughput_rps
             assert ratio < 0.5, (first, ratio)
             assert got[True].p50_ms > got[False].p50_ms
+            # Bound for half the slices (and the warm-up, where the bound phase leads).
+            assert 0.8 - 0.05 < clock.take() < 0.8 + plan.warmup_s + 0.1
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_the_bound_clock_counts_the_seconds_the_switch_read_bound(tmp_path: Path) -> None:
+    switch = tmp_path / SWITCH_FILE
+    switch.write_bytes(b"\x00")
+    clock = inworker.BoundClock(switch)
+    clock.set(True)
+    assert switch.read_bytes() == b"\x01"
+    time.sleep(0.05)
+    clock.set(False)
+    time.sleep(0.05)  # unbound: not counted
+    clock.set(True)
+    time.sleep(0.05)
+    first = clock.take()  # the running stretch counts up to now
+    assert 0.1 <= first < 0.15
+    clock.set(False)
+    assert clock.take() < 0.01 and switch.read_bytes() == b"\x00"
+
+
+def test_the_switched_default_runs_at_half_of_each_cap() -> None:
+    from hookwatch._config import MonitoringConfig
+
+    defaults = MonitoringConfig(layers=())
+    caps = inworker.switched_caps()
+    assert caps == {
+        "max_sampled_per_s": defaults.max_sampled_per_s / 2,
+        "max_overhead": defaults.max_overhead / 2,
+    }
+    from dev.bench.variants import variant_config
+
+    base = yaml.safe_load((ROOT / "models/digits/model-config.yaml").read_text())
+    monitoring = variant_config(base, "default", 1, caps)["handler"]["monitoring"]
+    assert "sample_rate" not in monitoring
+    assert {k: monitoring[k] for k in caps} == caps
+    assert "max_overhead" not in variant_config(base, "full", 1, caps)["handler"]["monitoring"]
+
+
+def test_rows_give_what_the_bound_slices_sampled_a_second() -> None:
+    pairs = [
+        inworker.Pair("digits", 1, "default", start, _segment(100.0), _segment(99.5))
+        for start in (0, 1)
+    ]
+    sampling = [
+        inworker.Sampling("digits", 1, "default", 0, 190.0, 8_000.0, 10.0),
+        inworker.Sampling("digits", 1, "default", 1, 210.0, 8_000.0, 10.0),
+    ]
+    machine = {"cpu": "x", "cores": "2", "python": "3", "torch": "2", "torchserve": "0"}
+    result = inworker.Result("now", machine, [], "", pairs, sampling=sampling, caps={"x": 1.0})
+    (row,) = inworker.rows(result)
+    assert row.sampled_per_s == pytest.approx(20.0)
+    assert row.sampled_share == pytest.approx(400 / 16_000)
+    assert "| 20.0 (2.5 %) |" in inworker.render(result)
+    # A run from before the column: a dash, not a zero.
+    (old,) = inworker.rows(inworker.Result("now", {}, [], "", pairs))
+    assert old.sampled_per_s is None

@@ -610,7 +610,7 @@ def init_config(
             *select_note,
             f"    output: {{head: {head}}}   # {heads}",
             "    # sample_rate unset: 10 % of requests, at most max_sampled_per_s (20) a second",
-            "    # and their hooks at most max_overhead (0.01) of the worker's time",
+            "    # and their hooks at most max_overhead (0.005) of the worker's time",
             "    drift: {window: 200}",
             "",
         ]
