@@ -98,9 +98,10 @@ PLANS: Mapping[str, Plan] = {
     # slices hold ~150 answers each.
     "digits": Plan("digits", (1, 8), starts=6, rounds=50, slices=16, slice_s=0.25, guard_s=0.05),
     # 8-23 requests/s, ~0.2 s a request with queueing: one-second slices.
-    "resnet18": Plan("resnet18", (1,), starts=4, rounds=6, slices=8, slice_s=1.0, guard_s=0.3),
+    # 6 rounds a start (2026-11-27 09:24 UTC) left one start's median 3 % from the others.
+    "resnet18": Plan("resnet18", (1,), starts=4, rounds=18, slices=8, slice_s=1.0, guard_s=0.3),
     # ~60 requests/s at batch 1, ~15 ms a forward: one-second slices, as ResNet-18's.
-    "minilm": Plan("minilm", (1,), starts=4, rounds=6, slices=8, slice_s=1.0, guard_s=0.3),
+    "minilm": Plan("minilm", (1,), starts=4, rounds=18, slices=8, slice_s=1.0, guard_s=0.3),
 }
 
 
@@ -160,6 +161,23 @@ class Result:
     sampling: list[Sampling] = field(default_factory=list)
     #: The switched default's caps (:func:`switched_caps`); empty in runs before them.
     caps: dict[str, float] = field(default_factory=dict)
+    #: model -> the run its rows were kept from (``--keep``): "commit X, started Y".
+    kept: dict[str, str] = field(default_factory=dict)
+
+
+def keep(result: Result, earlier: Result) -> None:
+    """``earlier``'s rows of the models ``result`` did not run, into ``result``, each model
+    named with the run it came from."""
+    ran = {p.model for p in result.plans}
+    for plan in earlier.plans:
+        if plan.model in ran:
+            continue
+        result.plans.append(plan)
+        result.pairs += [p for p in earlier.pairs if p.model == plan.model]
+        result.sampling += [s for s in earlier.sampling if s.model == plan.model]
+        result.kept[plan.model] = earlier.kept.get(
+            plan.model, f"commit {earlier.commit or 'unknown'}, started {earlier.started}"
+        )
 
 
 def _set(switch: Path, bound: bool) -> None:
@@ -514,7 +532,11 @@ def render(result: Result) -> str:
             if result.caps
             else ""
         )
-        + ".",
+        + "."
+        + "".join(
+            f" The {model} rows are kept from an earlier run ({run})."
+            for model, run in result.kept.items()
+        ),
         "",
         "| model | batch | variant | rounds (starts) | throughput, bound / unbound (95 % CI) "
         "| starts' medians | worker CPU ms/req unbound → bound "
@@ -569,6 +591,7 @@ def read(path: Path) -> Result:
         data.get("commit", ""),
         [Sampling(**x) for x in data.get("sampling", [])],
         dict(data.get("caps", {})),
+        dict(data.get("kept", {})),
     )
 
 
@@ -580,6 +603,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=ROOT / "build" / "bench-inworker")
     parser.add_argument("--json", type=Path, default=JSON_OUT, help="where the run is written")
     parser.add_argument("--render", action="store_true", help="no run: re-render from --json")
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the rows of the models not run from --json's earlier run (named as such)",
+    )
     parser.add_argument(
         "--no-doc", action="store_true", help=f"print the table, leave {MD_OUT.name} as it is"
     )
@@ -604,6 +632,8 @@ def main(argv: list[str] | None = None) -> int:
             return 130
         finally:
             signal.signal(signal.SIGTERM, previous)
+        if args.keep:
+            keep(result, read(args.json))
         args.json.write_text(json.dumps(asdict(result), indent=1) + "\n")
     block = render(result)
     print(block)
