@@ -177,3 +177,30 @@ def test_rows_give_what_the_bound_slices_sampled_a_second() -> None:
     # A run from before the column: a dash, not a zero.
     (old,) = inworker.rows(inworker.Result("now", {}, [], "", pairs))
     assert old.sampled_per_s is None
+
+
+def test_keep_carries_the_models_not_run_and_names_their_run() -> None:
+    digits = inworker.Plan("digits", (1,), 1, 1, slices=2, slice_s=0.25, guard_s=0.05)
+    resnet = inworker.Plan("resnet18", (1,), 1, 1, slices=2, slice_s=1.0, guard_s=0.3)
+
+    def pair(model: str, rps: float) -> inworker.Pair:
+        return inworker.Pair(model, 1, "default", 0, _segment(100.0), _segment(rps))
+
+    earlier = inworker.Result(
+        "09:24", {}, [digits, resnet], "", [pair("digits", 99.0), pair("resnet18", 90.0)]
+    )
+    earlier.commit = "abc"
+    earlier.sampling = [inworker.Sampling("digits", 1, "default", 0, 1.0, 2.0, 3.0)]
+    now = inworker.Result("10:23", {}, [resnet], "", [pair("resnet18", 99.5)])
+    inworker.keep(now, earlier)
+    assert [p.model for p in now.plans] == ["resnet18", "digits"]
+    assert sorted((p.model, p.on.throughput_rps) for p in now.pairs) == [
+        ("digits", 99.0),
+        ("resnet18", 99.5),  # the new run's, not the earlier one's
+    ]
+    assert [s.model for s in now.sampling] == ["digits"]
+    assert now.kept == {"digits": "commit abc, started 09:24"}
+    # Kept again from this run: still named with the run that measured it.
+    later = inworker.Result("11:00", {}, [resnet], "", [pair("resnet18", 99.0)])
+    inworker.keep(later, now)
+    assert later.kept == {"digits": "commit abc, started 09:24"}
