@@ -51,8 +51,8 @@ DEFAULT_MAX_SAMPLED_PER_S = 20.0
 #: ``sample_rate`` unset: sampled forwards add at most this share of a worker's wall time
 #: (what they cost over unsampled ones, measured on the served requests). Half of the 1 %
 #: the default may cost in all: the cap does not see the unsampled requests' own few µs, the
-#: publishes, or a worker's threads taking a core the frontend needs, and at 1 % a ResNet-18
-#: served at 10 % sampling cost 1.0-1.1 % of its worker (docs/bench/inworker.md).
+#: publishes, or a worker's threads taking a core the frontend needs (the figures that chose
+#: it: docs/bench/README.md, *Figures behind the code's constants*).
 DEFAULT_MAX_OVERHEAD = 0.005
 #: How wide layers are reduced for drift (``monitoring.drift.projection``).
 PROJECTIONS = ("pca", "none")
