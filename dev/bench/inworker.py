@@ -47,17 +47,24 @@ from dev.bench.runner import (
     default_sampling,
     describe_machine,
     progress,
+    scraped,
     worker_cpu_clock,
 )
 from dev.bench.switch_handler import SWITCH_FILE
 from dev.bench.variants import HANDLERS, MODELS, Group, build_group
 from dev.cli import _stopped_bench
 from hookwatch._config import MonitoringConfig
-from hookwatch._metrics import parse_samples
-from hookwatch.tools.bench.loadgen import Client, CpuClock, Segment, Target, closed_loop
+from hookwatch.tools.bench.loadgen import (
+    Client,
+    CpuClock,
+    Segment,
+    Target,
+    closed_loop,
+    cycle_rate,
+)
 from hookwatch.tools.bench.server import BenchServer
 from hookwatch.tools.bench.stats import Metric, Verdict, judge, target_for
-from hookwatch.tools.devstack import Ports, http_get
+from hookwatch.tools.devstack import Ports
 
 ROOT = Path(__file__).resolve().parents[2]
 JSON_OUT = ROOT / "docs" / "bench" / "inworker.json"
@@ -87,21 +94,33 @@ class Plan:
     guard_s: float
     warmup_s: float = 0.25
     variants: tuple[str, ...] = ("default",)
+    #: 0: the model's payloads, cycled over the clients. N: its first N payloads, one client
+    #: each, so that a batch of N holds the same requests every time (see PLANS).
+    bodies: int = 0
 
     def clients(self, batch: int) -> int:
+        if self.bodies:
+            return self.bodies
         # As make bench: batching at 8 needs >= 8 requests in flight.
         return max(4, 2 * batch)
 
 
-PLANS: Mapping[str, Plan] = {
+PLANS: Mapping[str, tuple[Plan, ...]] = {
     # ~900 requests/s at batch 1, a few ms a request with queueing at batch 8: quarter-second
     # slices hold ~150 answers each.
-    "digits": Plan("digits", (1, 8), starts=6, rounds=50, slices=16, slice_s=0.25, guard_s=0.05),
+    "digits": (Plan("digits", (1, 8), starts=6, rounds=50, slices=16, slice_s=0.25, guard_s=0.05),),
     # 8-23 requests/s, ~0.2 s a request with queueing: one-second slices.
     # 6 rounds a start (2026-11-27 09:24 UTC) left one start's median 3 % from the others.
-    "resnet18": Plan("resnet18", (1,), starts=4, rounds=18, slices=8, slice_s=1.0, guard_s=0.3),
-    # ~60 requests/s at batch 1, ~15 ms a forward: one-second slices, as ResNet-18's.
-    "minilm": Plan("minilm", (1,), starts=4, rounds=18, slices=8, slice_s=1.0, guard_s=0.3),
+    "resnet18": (Plan("resnet18", (1,), starts=4, rounds=18, slices=8, slice_s=1.0, guard_s=0.3),),
+    "minilm": (
+        # ~60 requests/s at batch 1, ~15 ms a forward: one-second slices, as ResNet-18's.
+        Plan("minilm", (1,), starts=4, rounds=18, slices=8, slice_s=1.0, guard_s=0.3),
+        # At batch 8 a forward pads its texts to the longest: its cost per request follows
+        # which texts share it, ±6 % a round with ~10 forwards a phase when the clients cycled
+        # through the payloads (2026-11-27 11:57 UTC, not committed). Eight texts, one a
+        # client, make every forward the same eight.
+        Plan("minilm", (8,), starts=3, rounds=12, slices=8, slice_s=2.0, guard_s=1.0, bodies=8),
+    ),
 }
 
 
@@ -173,6 +192,8 @@ def keep(result: Result, earlier: Result) -> None:
         if plan.model in ran:
             continue
         result.plans.append(plan)
+        if plan.model in result.kept:  # a model of several plans: its rows are in already
+            continue
         result.pairs += [p for p in earlier.pairs if p.model == plan.model]
         result.sampling += [s for s in earlier.sampling if s.model == plan.model]
         result.kept[plan.model] = earlier.kept.get(
@@ -221,8 +242,8 @@ def sliced(
     cpu_clock: CpuClock,
 ) -> dict[bool, Segment]:
     """One closed loop of ``plan.slices`` slices of ``plan.slice_s``, the byte flipped at
-    each (the first slice bound when ``first``): per phase, the requests answered in its
-    slices after each slice's ``plan.guard_s``, over those windows' time.
+    each (the first slice bound when ``first``): per phase, the requests served in its slices
+    after each slice's ``plan.guard_s`` (:func:`_window_requests`), over those windows' time.
 
     The machine's speed wanders over seconds; slices a fraction of a second long, the two
     phases alternating, see the same wander. The guard keeps out the batches that began
@@ -276,12 +297,12 @@ def sliced(
     for bound in (False, True):
         mine = [w for w in windows if w[0] is bound]
         seconds = sum(end - start for _, start, end, _ in mine)
-        count = errors = 0
+        served = sum(_window_requests(done, start, end) for _, start, end, _ in mine)
+        errors = 0
         latencies = []
         for t0, t1, ok in answered:
             for _, start, end, _ in mine:
                 if start <= t1 < end:
-                    count += ok
                     errors += not ok
                     if ok and t0 >= start:
                         latencies.append(t1 - t0)
@@ -291,9 +312,25 @@ def sliced(
             errors,
             seconds,
             cpu_s=sum(w[3] for w in mine),
-            rate_rps=count / seconds,
+            rate_rps=served / seconds,
         )
     return out
+
+
+def _window_requests(
+    clients: Sequence[Sequence[tuple[float, float, bool]]], start: float, end: float
+) -> float:
+    """Requests the clients completed in ``[start, end)``, from their cycle rates there
+    (:func:`~hookwatch.tools.bench.loadgen.cycle_rate`, each client's request starts).
+
+    Counting the answers instead steps by a batch: at batch 8 a MiniLM window holds ~28
+    forwards, and one more or less moved a round's ratio by 3.6 % (2026-11-27 12:38 UTC).
+    A window where some client started fewer than two requests falls back to the count."""
+    starts = [[t0 for t0, _, _ in client if start <= t0 < end] for client in clients]
+    rate = cycle_rate(starts)
+    if rate is not None:
+        return rate * (end - start)
+    return float(sum(ok for client in clients for _, t1, ok in client if start <= t1 < end))
 
 
 def _sleep_until(moment: float) -> None:
@@ -306,10 +343,9 @@ def _counted(server: BenchServer, names: Mapping[str, str]) -> dict[str, tuple[f
     """Each variant's (sampled, requests) counters on the exporter, once a publish has taken
     what its worker counted (they are exported at each ``flush_interval_s``)."""
     time.sleep(2 * MonitoringConfig(layers=()).flush_interval_s + 0.5)
-    status, body = http_get(f"http://127.0.0.1:{server.ports.exporter}/metrics", timeout=30.0)
+    status, samples = scraped(server.ports.exporter)
     if status != 200:
         raise RuntimeError(f"bench: expected the exporter's metrics, got status {status}")
-    samples = parse_samples(body.decode())
     out = {}
     for variant, name in names.items():
         label = (("model", name),)
@@ -323,6 +359,8 @@ def _counted(server: BenchServer, names: Mapping[str, str]) -> dict[str, tuple[f
 def measure(server: BenchServer, group: Group, plan: Plan, store: Path, result: Result) -> None:
     """``plan.starts`` starts of ``group``'s switched workers, ``plan.rounds`` rounds each."""
     bodies, content_type = MODELS[group.model].payloads()
+    if plan.bodies:
+        bodies = bodies[: plan.bodies]
     clients = plan.clients(group.batch)
     variants = tuple(group.names)
     switches = {v: BoundClock(store / group.names[v] / SWITCH_FILE) for v in variants}
@@ -536,6 +574,13 @@ def render(result: Result) -> str:
         + "".join(
             f" The {model} rows are kept from an earlier run ({run})."
             for model, run in result.kept.items()
+        )
+        + "".join(
+            f" {plan.model} at batch {', '.join(map(str, plan.batches))}: {plan.bodies} clients,"
+            f" each sending one of the model's first {plan.bodies} payloads, so every forward"
+            " holds the same requests."
+            for plan in result.plans
+            if plan.bodies
         ),
         "",
         "| model | batch | variant | rounds (starts) | throughput, bound / unbound (95 % CI) "
@@ -625,7 +670,9 @@ def main(argv: list[str] | None = None) -> int:
         previous = signal.signal(signal.SIGTERM, _stopped_bench)
         try:
             result = run(
-                [PLANS[m] for m in args.models.split(",")], args.work.resolve(), Ports.free()
+                [plan for m in args.models.split(",") for plan in PLANS[m]],
+                args.work.resolve(),
+                Ports.free(),
             )
         except KeyboardInterrupt:
             print("python -m dev.bench.inworker: stopped; nothing written", file=sys.stderr)

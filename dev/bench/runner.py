@@ -292,6 +292,15 @@ def segment_seconds(settings: Settings, least: float, rate_rps: float, clients: 
     return round(min(settings.max_seconds, max(least, needed)), 2)
 
 
+def scraped(port: int, timeout: float = 30.0) -> tuple[int, dict[Any, float]]:
+    """``/metrics`` on 127.0.0.1:``port`` (the exporter, or TorchServe's metrics API) as
+    (status, samples keyed by name and labels); no samples unless the status is 200."""
+    from hookwatch._metrics import parse_samples
+
+    status, body = http_get(f"http://127.0.0.1:{port}/metrics", timeout=timeout)
+    return status, parse_samples(body.decode()) if status == 200 else {}
+
+
 def check_drift_loaded(server: BenchServer, group: Group, timeout: float = 60.0) -> dict[str, bool]:
     """Each monitored variant's ``hookwatch_drift_profile_loaded`` from the exporter, which
     must read 1: a bench without drift detection measures less than users run.
@@ -299,13 +308,10 @@ def check_drift_loaded(server: BenchServer, group: Group, timeout: float = 60.0)
     Polled until every series is there (the worker declares it when it builds its monitor;
     the exporter reads it from the worker's metric files); a 0 fails at once.
     """
-    from hookwatch._metrics import parse_samples
-
     monitored = [v for v in VARIANTS if v in MONITORED and v in group.names]
     deadline = time.monotonic() + timeout
     while True:
-        status, body = http_get(f"http://127.0.0.1:{server.ports.exporter}/metrics", timeout=30.0)
-        samples = parse_samples(body.decode()) if status == 200 else {}
+        status, samples = scraped(server.ports.exporter)
         found = {
             v: samples.get(("hookwatch_drift_profile_loaded", (("model", group.names[v]),)))
             for v in monitored

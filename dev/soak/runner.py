@@ -27,11 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from dev.bench.runner import describe_machine
-from hookwatch._metrics import parse_samples
+from dev.bench.runner import describe_machine, scraped
 from hookwatch.tools.bench.loadgen import Client, Schedule, Target, closed_loop
 from hookwatch.tools.demo.data import load_split
-from hookwatch.tools.devstack import Ports, Stack, http_get
+from hookwatch.tools.devstack import Ports, Stack
 
 MODEL = "digits"
 #: A send that goes out this much after its schedule counts as late (the senders fell behind).
@@ -140,15 +139,14 @@ class Sampler:
             if held is not None:
                 workers[str(pid)] = [round(held[0], 3), held[1]]
         exporter = _proc_status(stack.recorded_pids().get("exporter", -1))
-        status, body = http_get(f"http://127.0.0.1:{stack.ports.exporter}/metrics", timeout=10)
-        scraped = parse_samples(body.decode()) if status == 200 else {}
+        scrape = scraped(stack.ports.exporter, timeout=10)[1]
         return {
             "t": round(t, 2),
             "workers": workers,
             "ready": stack.ready_workers(),
             "exporter": [round(exporter[0], 3), exporter[1]] if exporter else None,
             "files": len(list(stack.multiproc_dir.glob("*.db"))),
-            "series": sum(1 for _, labels in scraped if ("model", MODEL) in labels),
+            "series": sum(1 for _, labels in scrape if ("model", MODEL) in labels),
         }
 
 
@@ -258,12 +256,8 @@ def _counts(stack: Stack) -> dict[str, float]:
     """hookwatch's request counters (exporter) and TorchServe's, once two reads agree."""
 
     def read() -> dict[str, float]:
-        ours = parse_samples(
-            http_get(f"http://127.0.0.1:{stack.ports.exporter}/metrics")[1].decode()
-        )
-        theirs = parse_samples(
-            http_get(f"http://127.0.0.1:{stack.ports.metrics}/metrics")[1].decode()
-        )
+        ours = scraped(stack.ports.exporter, timeout=5)[1]
+        theirs = scraped(stack.ports.metrics, timeout=5)[1]
 
         def total(samples: dict[Any, float], name: str, label: str) -> float:
             return sum(v for (n, lab), v in samples.items() if n == name and (label, MODEL) in lab)

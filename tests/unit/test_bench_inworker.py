@@ -204,3 +204,41 @@ def test_keep_carries_the_models_not_run_and_names_their_run() -> None:
     later = inworker.Result("11:00", {}, [resnet], "", [pair("resnet18", 99.0)])
     inworker.keep(later, now)
     assert later.kept == {"digits": "commit abc, started 09:24"}
+
+
+def test_keep_carries_a_model_of_two_plans_once() -> None:
+    b1 = inworker.Plan("minilm", (1,), 1, 1, slices=2, slice_s=1.0, guard_s=0.3)
+    b8 = inworker.Plan("minilm", (8,), 1, 1, slices=2, slice_s=2.0, guard_s=1.0, bodies=8)
+    digits = inworker.Plan("digits", (1,), 1, 1, slices=2, slice_s=0.25, guard_s=0.05)
+    pairs = [
+        inworker.Pair("minilm", batch, "default", 0, _segment(100.0), _segment(99.0))
+        for batch in (1, 8)
+    ]
+    earlier = inworker.Result("09:24", {}, [b1, b8], "", pairs)
+    earlier.sampling = [inworker.Sampling("minilm", b, "default", 0, 1.0, 2.0, 3.0) for b in (1, 8)]
+    now = inworker.Result("10:23", {}, [digits], "", [])
+    inworker.keep(now, earlier)
+    assert now.plans == [digits, b1, b8]
+    assert [p.batch for p in now.pairs] == [1, 8]
+    assert [s.batch for s in now.sampling] == [1, 8]
+
+
+def test_a_plan_of_fixed_bodies_runs_a_client_each_and_says_so() -> None:
+    plan = inworker.Plan("minilm", (8,), 1, 1, slices=2, slice_s=2.0, guard_s=1.0, bodies=8)
+    assert plan.clients(8) == 8
+    assert inworker.Plan("minilm", (8,), 1, 1, slices=2, slice_s=2.0, guard_s=1.0).clients(8) == 16
+    machine = {"cpu": "cpu", "cores": 2, "python": "3.11", "torch": "2", "torchserve": "0.12"}
+    result = inworker.Result("10:23", machine, [plan], "", [])
+    assert "8 clients, each sending one of the model's first 8 payloads" in inworker.render(result)
+
+
+def test_window_requests_follow_the_batch_period_not_the_answers_in_the_window() -> None:
+    """Eight clients answered together every 0.3 s (a batch of 8): a 1-second window holds
+    three or four batches' answers depending on where it falls, its cycle rate 26.7 a second
+    wherever it falls."""
+    clients = [[(0.3 * k + 0.001 * i, 0.3 * (k + 1), True) for k in range(10)] for i in range(8)]
+    for start in (0.05, 0.15, 0.25):
+        got = inworker._window_requests(clients, start, start + 1.0)
+        assert got == pytest.approx(8 / 0.3, rel=1e-6)
+    # Fewer than two starts for some client in the window: the answers are counted.
+    assert inworker._window_requests(clients, 0.05, 0.2) == 0.0
