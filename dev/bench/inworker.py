@@ -111,7 +111,12 @@ PLANS: Mapping[str, tuple[Plan, ...]] = {
     "digits": (Plan("digits", (1, 8), starts=6, rounds=50, slices=16, slice_s=0.25, guard_s=0.05),),
     # 8-23 requests/s, ~0.2 s a request with queueing: one-second slices.
     # 6 rounds a start (2026-11-27 09:24 UTC) left one start's median 3 % from the others.
-    "resnet18": (Plan("resnet18", (1,), starts=4, rounds=18, slices=8, slice_s=1.0, guard_s=0.3),),
+    "resnet18": (
+        Plan("resnet18", (1,), starts=4, rounds=18, slices=8, slice_s=1.0, guard_s=0.3),
+        # ~0.3 s a forward of 8 and two forwards queued with 16 clients: a second of guard,
+        # and four-second slices, so that each client starts several requests in a window.
+        Plan("resnet18", (8,), starts=3, rounds=10, slices=8, slice_s=4.0, guard_s=1.0),
+    ),
     "minilm": (
         # ~60 requests/s at batch 1, ~15 ms a forward: one-second slices, as ResNet-18's.
         Plan("minilm", (1,), starts=4, rounds=18, slices=8, slice_s=1.0, guard_s=0.3),
