@@ -331,10 +331,12 @@ def _window_requests(
     Counting the answers instead steps by a batch: at batch 8 a MiniLM window holds ~28
     forwards, and one more or less moved a round's ratio by 3.6 % (2026-11-27 12:38 UTC).
     A window where some client started fewer than two requests falls back to the count."""
-    starts = [[t0 for t0, _, _ in client if start <= t0 < end] for client in clients]
-    rate = cycle_rate(starts)
+    begun = [[(t0, ok) for t0, _, ok in client if start <= t0 < end] for client in clients]
+    rate = cycle_rate([[t0 for t0, _ in client] for client in begun])
     if rate is not None:
-        return rate * (end - start)
+        # As closed_loop: a failed request's cycle is not a served one.
+        answered = sum(ok for client in begun for _, ok in client)
+        return rate * (end - start) * answered / sum(len(client) for client in begun)
     return float(sum(ok for client in clients for _, t1, ok in client if start <= t1 < end))
 
 

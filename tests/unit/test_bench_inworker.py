@@ -242,3 +242,7 @@ def test_window_requests_follow_the_batch_period_not_the_answers_in_the_window()
         assert got == pytest.approx(8 / 0.3, rel=1e-6)
     # One start a client in the window: the answers in it are counted (the first batch's).
     assert inworker._window_requests(clients, 0.28, 0.5) == 8.0
+    # A failed request's cycle is not a served one: half of them failed, half the requests.
+    failing = [[(t0, t1, k % 2 == 0) for k, (t0, t1, _) in enumerate(c)] for c in clients]
+    got = inworker._window_requests(failing, 0.25, 1.25)  # starts k = 1, 2, 3, 4 of each
+    assert got == pytest.approx(8 / 0.3 / 2, rel=1e-6)
