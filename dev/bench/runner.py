@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -35,6 +35,9 @@ from hookwatch.tools.bench.loadgen import CpuClock, Segment, Target, closed_loop
 from hookwatch.tools.bench.server import BenchServer
 from hookwatch.tools.bench.stats import MONITORED, PLAIN, VARIANTS, round_order
 from hookwatch.tools.devstack import Ports, http_get
+
+if TYPE_CHECKING:
+    from hookwatch._metrics import SampleKey
 
 
 @dataclass(frozen=True)
@@ -292,7 +295,7 @@ def segment_seconds(settings: Settings, least: float, rate_rps: float, clients: 
     return round(min(settings.max_seconds, max(least, needed)), 2)
 
 
-def scraped(port: int, timeout: float = 30.0) -> tuple[int, dict[Any, float]]:
+def scraped(port: int, timeout: float = 30.0) -> tuple[int, dict[SampleKey, float]]:
     """``/metrics`` on 127.0.0.1:``port`` (the exporter, or TorchServe's metrics API) as
     (status, samples keyed by name and labels); no samples unless the status is 200."""
     from hookwatch._metrics import parse_samples
