@@ -304,10 +304,14 @@ def _block(
     worker = None if monitor is None else monitor._worker
 
     def serve_until(deadline: float, i: int) -> tuple[int, float]:
-        """Forwards from the ``i``-th on until ``deadline``: the count so far and the time."""
+        """Forwards from the ``i``-th on until ``deadline``, at least one: the count so far and
+        the time. A forward that stalls past the block's end (a collection, the machine) then
+        leaves the second half one forward long, where none would divide by zero (it did, in
+        a fresh-clone CI run of 2f39229)."""
         now = time.perf_counter()
         accepted = 0 if worker is None else worker.accepted
-        while now < deadline:
+        least = i + 1
+        while now < deadline or i < least:
             handle(batches[i % len(batches)], context)
             i += 1
             was, now = now, time.perf_counter()
