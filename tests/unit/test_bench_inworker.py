@@ -229,7 +229,15 @@ def test_a_plan_of_fixed_bodies_runs_a_client_each_and_says_so() -> None:
     assert inworker.Plan("minilm", (8,), 1, 1, slices=2, slice_s=2.0, guard_s=1.0).clients(8) == 16
     machine = {"cpu": "cpu", "cores": 2, "python": "3.11", "torch": "2", "torchserve": "0.12"}
     result = inworker.Result("10:23", machine, [plan], "", [])
-    assert "8 clients, each sending one of the model's first 8 payloads" in inworker.render(result)
+    text = inworker.render(result)
+    assert "8 clients, each sending one of the model's first 8 payloads" in text
+    assert "so every forward holds the same requests" in text
+    # At batch 1 no two requests share a forward: what is fixed is each slice's mix.
+    single = inworker.Plan("minilm", (1,), 1, 1, slices=2, slice_s=1.0, guard_s=0.3, bodies=8)
+    assert single.clients(1) == 8
+    text = inworker.render(inworker.Result("10:23", machine, [single], "", []))
+    assert "so every slice holds the same mix" in text
+    assert "forward holds" not in text
 
 
 def test_window_requests_follow_the_batch_period_not_the_answers_in_the_window() -> None:
