@@ -11,11 +11,12 @@ numbers costs microseconds, not an encoding.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from hookwatch._errors import BadInputError
 
-__all__ = ["MAX_BODY_BYTES", "check_body_size", "over_limit"]
+__all__ = ["MAX_BODY_BYTES", "NoPayload", "check_body_size", "over_limit"]
 
 #: Largest request body hookwatch decodes, in bytes, tensors and text alike: larger is a 413.
 MAX_BODY_BYTES = 1 << 20
@@ -27,6 +28,29 @@ _NUMBERS = frozenset({float, bool, type(None)})
 _SCALARS = frozenset({int, float, bool, type(None)})
 _MOST_CHARS = 24
 _FEWEST_CHARS = 3
+
+
+class NoPayload:
+    """A request with nothing where a payload is looked for, and what it carried instead.
+
+    A server adapter hands this over in place of a body: TorchServe, for one, passes a body
+    sent without ``Content-Type: application/json`` on as the form's fields, so ``curl -d
+    'x'`` arrives as a field named ``x`` and no payload. Its ``repr`` is the 400's *got*.
+    """
+
+    __slots__ = ("fields",)
+
+    def __init__(self, fields: Iterable[object] = ()) -> None:
+        #: The first few field names, sorted and cut short: they come from the request.
+        self.fields = tuple(sorted(str(f)[:40] for f in fields))[:5]
+
+    def __repr__(self) -> str:
+        # `curl -d 'text'` (no `=`) reaches a handler as a form with no fields at all.
+        carried = f"form fields [{', '.join(map(repr, self.fields))}]" if self.fields else "a form"
+        return (
+            f"{carried} and no payload (a body sent without Content-Type: application/json "
+            "is read as a form)"
+        )
 
 
 def _utf8_size(text: str, limit: int) -> int:

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hookwatch._body import check_body_size
+from hookwatch._body import NoPayload, check_body_size
 from hookwatch._capture import RateLimitedLog
 from hookwatch._config import HandlerConfig, InputSpec, OutputSpec
 from hookwatch._errors import BadInputError, ConfigError, error_line
@@ -51,6 +51,8 @@ log = logging.getLogger("hookwatch")
 
 
 def _describe(value: Any) -> str:
+    if isinstance(value, NoPayload):
+        return repr(value)
     if isinstance(value, list):
         return f"a list of {len(value)} items"
     if isinstance(value, dict):
@@ -339,6 +341,13 @@ class InputPipeline:
         if self._preprocess is None:
             return decode_payload(body, self.spec)
         payload = _parse_json(body, "a payload the model's preprocess function accepts")
+        if isinstance(payload, NoPayload):
+            # Never the user's function's to see: it is hookwatch's marker, not a request's.
+            raise BadInputError(
+                "a payload the model's preprocess function accepts",
+                repr(payload),
+                reason="missing_field",
+            )
         try:
             result = self._preprocess(payload)
         except (ValueError, TypeError, KeyError, IndexError, RecursionError) as error:

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import torch
 
-from hookwatch._body import check_body_size
+from hookwatch._body import NoPayload, check_body_size
 from hookwatch._config import TextSpec
 from hookwatch._errors import BadInputError, ConfigError
 
@@ -141,6 +141,8 @@ class TextPipeline:
 
     def _texts(self, payload: Any) -> tuple[list[str], bool]:
         spec = self.spec
+        if isinstance(payload, NoPayload):
+            raise BadInputError(self._expected, repr(payload), reason="missing_field")
         listed = isinstance(payload, list)
         texts = payload if listed else [payload]
         if not texts or not all(isinstance(t, str) for t in texts):

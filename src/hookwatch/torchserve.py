@@ -27,6 +27,7 @@ except ImportError as error:  # pragma: no cover - exercised where TorchServe is
         "hookwatch.torchserve needs TorchServe: pip install 'hookwatch[torchserve]'"
     ) from error
 
+from hookwatch._body import NoPayload
 from hookwatch._config import HandlerConfig, read_model_config
 from hookwatch._model import MODEL_SPEC_FILE, ModelSpec, build_model
 from hookwatch._service import BatchResult, DecodedBatch, ModelService
@@ -35,8 +36,13 @@ __all__ = ["HookwatchHandler", "UnmonitoredHandler"]
 
 
 def _body(row: dict[str, Any]) -> Any:
-    """A request's payload as TorchServe hands it over: under ``data`` or ``body``."""
-    return row.get("data", row.get("body"))
+    """A request's payload as TorchServe hands it over: under ``data`` or ``body``, else what
+    it carried instead (a body sent as a form arrives as its fields, none of them those)."""
+    if "data" in row:
+        return row["data"]
+    if "body" in row:
+        return row["body"]
+    return NoPayload(row)
 
 
 class HookwatchHandler(BaseHandler):  # type: ignore[misc]

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from torch import nn
 
 from hookwatch import _catalogue as cat
+from hookwatch._body import NoPayload
 from hookwatch._config import HandlerConfig, MonitoringConfig
 from hookwatch._drift import MAX_BINS
 from hookwatch._errors import BadInputError, ConfigError
@@ -249,6 +250,11 @@ def test_a_preprocess_function_in_the_model_directory(tmp_path: Path) -> None:
     with pytest.raises(BadInputError, match="preprocess function accepts") as error:
         pipeline.decode({"other": 1})
     assert "expected {" in error.value.got
+    # A request with no payload (a form post) is refused before the function sees it.
+    with pytest.raises(BadInputError, match="preprocess function accepts") as error:
+        pipeline.decode(NoPayload(["not json"]))
+    assert error.value.reason == "missing_field"
+    assert error.value.got.startswith("form fields ['not json'] and no payload")
     with pytest.raises(ConfigError, match=r"expected missing.py in the model directory"):
         InputPipeline(
             HandlerConfig.from_mapping({"input": {"preprocess": "missing:fn"}}).input, tmp_path

@@ -12,7 +12,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hookwatch._body import MAX_BODY_BYTES, check_body_size, over_limit
+from hookwatch._body import MAX_BODY_BYTES, NoPayload, check_body_size, over_limit
 from hookwatch._config import read_model_config
 from hookwatch._errors import BadInputError
 from hookwatch._metrics import MetricSet
@@ -114,3 +114,29 @@ def test_a_tensor_model_holds_the_limit_for_every_content_type(metrics: MetricSe
     assert answers[3]["got"] == f"{MAX_BODY_BYTES + 1} bytes"
     assert answers[2]["got"] == f"more than {MAX_BODY_BYTES} bytes as compact JSON"
     assert rejected(metrics, "digits") == {"too_large": 5}
+
+
+def test_a_form_post_gets_a_400_naming_its_fields_not_none(metrics: MetricSet) -> None:
+    from hookwatch.torchserve import _body
+
+    # TorchServe passes a body sent without Content-Type: application/json on as a form:
+    # `curl -d 'not json'` arrives as a field named "not json" and no payload.
+    assert _body({"data": [1]}) == [1] and _body({"body": b"x"}) == b"x"
+    assert _body({"data": None, "body": b"x"}) is None  # a field named data wins, as before
+    form = _body({"not json": b""})
+    assert isinstance(form, NoPayload) and form.fields == ("not json",)
+    assert repr(_body({})).startswith("a form and no payload (a body sent without")
+    # Request text is cut short: at most five names of 40 characters.
+    assert NoPayload(f"f{i}" + "x" * 99 for i in range(9)).fields == tuple(
+        (f"f{i}" + "x" * 99)[:40] for i in range(5)
+    )
+    service = ModelService.from_handler_config(
+        demo_model(), read_model_config(copy.deepcopy(CONFIG)).handler, "digits", metrics
+    )
+    answers = service.handle([form, NoPayload()])
+    service.close()
+    assert answers[0]["code"] == 400 and answers[0]["expected"].startswith("a JSON object")
+    assert answers[0]["got"].startswith("form fields ['not json'] and no payload"), answers[0]
+    assert "Content-Type: application/json" in answers[0]["got"]
+    assert answers[1]["got"].startswith("a form and no payload")
+    assert rejected(metrics, "digits") == {"missing_field": 2}

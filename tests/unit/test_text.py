@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from hookwatch._body import MAX_BODY_BYTES
+from hookwatch._body import MAX_BODY_BYTES, NoPayload
 from hookwatch._config import HandlerConfig, TextSpec
 from hookwatch._errors import BadInputError, ConfigError
 from hookwatch._metrics import MetricSet
@@ -89,6 +89,12 @@ def test_bad_text_gets_a_4xx_saying_what_was_expected_and_what_came(tokenizer_di
         assert "a JSON string or a list of 1 to 3 strings" in error.expected or "at most" in (
             error.expected
         )
+
+
+def test_a_request_without_a_payload_says_what_it_carried(tokenizer_dir: Path) -> None:
+    error = error_of(pipeline(tokenizer_dir, **LIMITS), NoPayload(["a text"]))
+    assert error.status == 400 and error.reason == "missing_field"
+    assert error.got.startswith("form fields ['a text'] and no payload"), error.got
 
 
 def test_text_config_is_validated_with_what_was_expected(tokenizer_dir: Path) -> None:
