@@ -35,7 +35,8 @@ class NoPayload:
 
     A server adapter hands this over in place of a body: TorchServe, for one, passes a body
     sent without ``Content-Type: application/json`` on as the form's fields, so ``curl -d
-    'x'`` arrives as a field named ``x`` and no payload. Its ``repr`` is the 400's *got*.
+    'a=1'`` arrives as a field named ``a`` and no payload, and ``curl -d 'x'`` as a form of no
+    fields (a field without a value is dropped). Its ``repr`` is the 400's *got*.
     """
 
     __slots__ = ("fields",)
@@ -45,7 +46,6 @@ class NoPayload:
         self.fields = tuple(sorted(str(f)[:40] for f in fields))[:5]
 
     def __repr__(self) -> str:
-        # `curl -d 'text'` (no `=`) reaches a handler as a form with no fields at all.
         carried = f"form fields [{', '.join(map(repr, self.fields))}]" if self.fields else "a form"
         return (
             f"{carried} and no payload (a body sent without Content-Type: application/json "
