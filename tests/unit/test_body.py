@@ -120,7 +120,8 @@ def test_a_form_post_gets_a_400_naming_its_fields_not_none(metrics: MetricSet) -
     from hookwatch.torchserve import _body
 
     # TorchServe passes a body sent without Content-Type: application/json on as a form:
-    # `curl -d 'not json'` arrives as a field named "not json" and no payload.
+    # `curl -d 'a=1'` arrives as a field named "a" and no payload (`curl -d 'x'`, a field of
+    # no value, as a form of no fields: TorchServe drops it).
     assert _body({"data": [1]}) == [1] and _body({"body": b"x"}) == b"x"
     assert _body({"data": None, "body": b"x"}) is None  # a field named data wins, as before
     form = _body({"not json": b""})
