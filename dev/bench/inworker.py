@@ -28,6 +28,7 @@ measures 100 % on two workers.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -39,6 +40,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from dev.bench import runs
 from dev.bench.request import _commit
@@ -157,6 +160,29 @@ class Pair:
     start: int
     off: Segment
     on: Segment
+    #: The request thread's CPU ms per request served, unbound and bound (the worker's main
+    #: thread: :func:`request_thread_clock`); the rest of ``cpu_ms`` is its other threads', the
+    #: capture thread's and the publisher's. None in runs before it was read.
+    request_cpu_off_ms: float | None = None
+    request_cpu_on_ms: float | None = None
+
+
+def request_thread_clock(pids: Sequence[int]) -> CpuClock:
+    """CPU seconds of the workers' main threads: TorchServe's Python worker reads a batch,
+    runs the handler and answers on its main thread, so this is the request path's CPU, and
+    the process's CPU less this is the threads hookwatch starts (capture, publisher)."""
+    processes = [psutil.Process(pid) for pid in pids]
+
+    def clock() -> float:
+        total = 0.0
+        for process in processes:
+            with contextlib.suppress(psutil.Error):
+                for thread in process.threads():
+                    if thread.id == process.pid:
+                        total += thread.user_time + thread.system_time
+        return total
+
+    return clock
 
 
 @dataclass
@@ -248,7 +274,8 @@ def sliced(
     plan: Plan,
     first: bool,
     cpu_clock: CpuClock,
-) -> dict[bool, Segment]:
+    request_clock: CpuClock,
+) -> tuple[dict[bool, Segment], dict[bool, float]]:
     """One closed loop of ``plan.slices`` slices of ``plan.slice_s``, the byte flipped at
     each (the first slice bound when ``first``): per phase, the requests served in its slices
     after each slice's ``plan.guard_s`` (:func:`_window_requests`), over those windows' time.
@@ -287,29 +314,34 @@ def sliced(
     ready.wait()
     # The loop's own warm-up: the clients' connections, the first slice's phase.
     origin = time.perf_counter() + plan.warmup_s
-    windows: list[tuple[bool, float, float, float]] = []  # phase, start, end, CPU seconds
+    # phase, start, end, the worker's CPU seconds, its request thread's
+    windows: list[tuple[bool, float, float, float, float]] = []
     for k in range(plan.slices):
         bound = first if k % 2 == 0 else not first
         begin = origin + k * plan.slice_s
         _sleep_until(begin)
         switch.set(bound)
         _sleep_until(begin + plan.guard_s)
-        opened, cpu = time.perf_counter(), cpu_clock()
+        opened, cpu, main = time.perf_counter(), cpu_clock(), request_clock()
         _sleep_until(begin + plan.slice_s)
-        windows.append((bound, opened, time.perf_counter(), cpu_clock() - cpu))
+        windows.append(
+            (bound, opened, time.perf_counter(), cpu_clock() - cpu, request_clock() - main)
+        )
     stop.set()
     for thread in threads:
         thread.join()
     answered = [r for client in done for r in client]
     out = {}
+    request_ms = {}
     for bound in (False, True):
         mine = [w for w in windows if w[0] is bound]
-        seconds = sum(end - start for _, start, end, _ in mine)
-        served = sum(_window_requests(done, start, end) for _, start, end, _ in mine)
+        seconds = sum(w[2] - w[1] for w in mine)
+        served = sum(_window_requests(done, w[1], w[2]) for w in mine)
+        request_ms[bound] = sum(w[4] for w in mine) * 1e3 / served if served else 0.0
         errors = 0
         latencies = []
         for t0, t1, ok in answered:
-            for _, start, end, _ in mine:
+            for _, start, end, _, _ in mine:
                 if start <= t1 < end:
                     errors += not ok
                     if ok and t0 >= start:
@@ -322,7 +354,7 @@ def sliced(
             cpu_s=sum(w[3] for w in mine),
             rate_rps=served / seconds,
         )
-    return out
+    return out, request_ms
 
 
 def _window_requests(
@@ -386,7 +418,9 @@ def measure(server: BenchServer, group: Group, plan: Plan, store: Path, result: 
         server.register(names)
         try:
             check_drift_loaded(server, group)
-            clocks = {v: worker_cpu_clock(server.worker_pids(group.names[v])) for v in variants}
+            pids = {v: server.worker_pids(group.names[v]) for v in variants}
+            clocks = {v: worker_cpu_clock(pids[v]) for v in variants}
+            mains = {v: request_thread_clock(pids[v]) for v in variants}
             for variant in variants:
                 for bound in (False, True):
                     switches[variant].set(bound)
@@ -399,12 +433,27 @@ def measure(server: BenchServer, group: Group, plan: Plan, store: Path, result: 
                 # Which phase leads alternates: a slow start of the loop falls on each alike.
                 first = index % 2 == 1
                 for variant in variants if index % 2 == 0 else variants[::-1]:
-                    got = sliced(
-                        targets[variant], clients, switches[variant], plan, first, clocks[variant]
+                    got, main = sliced(
+                        targets[variant],
+                        clients,
+                        switches[variant],
+                        plan,
+                        first,
+                        clocks[variant],
+                        mains[variant],
                     )
                     switches[variant].set(False)
                     result.pairs.append(
-                        Pair(group.model, group.batch, variant, start, got[False], got[True])
+                        Pair(
+                            group.model,
+                            group.batch,
+                            variant,
+                            start,
+                            got[False],
+                            got[True],
+                            request_cpu_off_ms=main[False],
+                            request_cpu_on_ms=main[True],
+                        )
                     )
                 progress(
                     f"{group.model} b{group.batch} start {start + 1} round {index + 1}: "
@@ -502,6 +551,10 @@ class Row:
     #: every start (:class:`Sampling`); None in runs before these were read.
     sampled_per_s: float | None = None
     sampled_share: float | None = None
+    #: The request thread's share of ``cpu_off_ms`` and ``cpu_on_ms`` (medians over the
+    #: rounds); None in runs before it was read.
+    request_cpu_off_ms: float | None = None
+    request_cpu_on_ms: float | None = None
 
 
 def rows(result: Result) -> list[Row]:
@@ -548,9 +601,18 @@ def rows(result: Result) -> list[Row]:
                 statistics.median(p.on.cpu_ms or 0.0 for p in mine),
                 judged,
                 *_sampled(result.sampling, model, batch, variant),
+                *_request_cpu(mine),
             )
         )
     return out
+
+
+def _request_cpu(pairs: Sequence[Pair]) -> tuple[float | None, float | None]:
+    off = [p.request_cpu_off_ms for p in pairs if p.request_cpu_off_ms is not None]
+    on = [p.request_cpu_on_ms for p in pairs if p.request_cpu_on_ms is not None]
+    if not off or not on:
+        return None, None
+    return statistics.median(off), statistics.median(on)
 
 
 def _sampled(
@@ -599,8 +661,8 @@ def render(result: Result) -> str:
         "",
         "| model | batch | variant | rounds (starts) | throughput, bound / unbound (95 % CI) "
         "| starts' medians | worker CPU ms/req unbound → bound "
-        "| sampled a bound second (share) | verdicts |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---|",
+        "| of which the request thread | sampled a bound second (share) | verdicts |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in rows(result):
         judged = "; ".join(
@@ -612,10 +674,21 @@ def render(result: Result) -> str:
             f"| {row.throughput:.3f} ({row.throughput_low:.3f}-{row.throughput_high:.3f}) "
             f"| {row.start_low:.3f}-{row.start_high:.3f} "
             f"| {row.cpu_off_ms:.3f} → {row.cpu_on_ms:.3f} "
-            f"({(row.cpu_on_ms / row.cpu_off_ms - 1) * 100 if row.cpu_off_ms else 0:+.1f} %) "
-            f"| {_rate(row)} | {judged} |"
+            f"({_change(row.cpu_off_ms, row.cpu_on_ms)}) "
+            f"| {_thread(row)} | {_rate(row)} | {judged} |"
         )
     return "\n".join(lines)
+
+
+def _change(off: float, on: float) -> str:
+    return f"{(on / off - 1) * 100 if off else 0:+.1f} %"
+
+
+def _thread(row: Row) -> str:
+    if row.request_cpu_off_ms is None or row.request_cpu_on_ms is None:
+        return "-"
+    off, on = row.request_cpu_off_ms, row.request_cpu_on_ms
+    return f"{off:.3f} → {on:.3f} ({_change(off, on)})"
 
 
 def _rate(row: Row) -> str:

@@ -112,11 +112,16 @@ def test_sliced_counts_each_answer_in_the_phase_it_was_served_in(tmp_path: Path)
     clock = inworker.BoundClock(switch)
     try:
         for first in (False, True):
-            got = inworker.sliced(target, 1, clock, plan, first, lambda: 0.0)
+            # Wall time as the request thread's clock: per request served, the slower bound
+            # phase must read more of it, so each window's reading went to its own phase.
+            got, request_ms = inworker.sliced(
+                target, 1, clock, plan, first, lambda: 0.0, time.perf_counter
+            )
             clock.set(False)
             ratio = got[True].throughput_rps / got[False].throughput_rps
             assert ratio < 0.5, (first, ratio)
             assert got[True].p50_ms > got[False].p50_ms
+            assert request_ms[True] > 1.5 * request_ms[False] > 0, request_ms
             # Bound for half the slices (and the warm-up, where the bound phase leads).
             assert 0.8 - 0.05 < clock.take() < 0.8 + plan.warmup_s + 0.1
     finally:
