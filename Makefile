@@ -149,7 +149,7 @@ fleet-sim: $(BIN)/.installed ## the fleet's false-page budget by simulation (~1 
 bench-drain: $(MAR) ## in-process cost of 100 % sampling with drift on: request thread, capture thread, drain wall time
 	$(BIN)/python -m dev.bench.drain --mar $(MAR)
 
-bench-inworker: $(MAR) ## served, the default's cost in one worker: its request path bound and unbound every quarter second to four seconds (~90 min): rewrites docs/bench/inworker.md and inworker.json
+bench-inworker: $(MAR) $(TEXT_MAR) ## served, the default's cost in one worker: its request path bound and unbound every quarter second to four seconds (~90 min): rewrites docs/bench/inworker.md and inworker.json
 	$(BIN)/python -m dev.bench.inworker
 
 REQUEST_ARGS ?=
