@@ -822,6 +822,7 @@ def archive_model(
         )
     profile_path = profile.save(build / config.drift.profile)
     files = [profile_path]
+    rebuilt_note = ""
     if directories:
         # torch-model-archiver copies a directory's contents into the model directory.
         files.append(staged)
@@ -843,7 +844,30 @@ def archive_model(
             serialized = build / "weights.pt"
             # The weights as built and profiled, whatever form they came in.
             torch.save(model.state_dict(), serialized)
-            archived = dataclasses.replace(archived, weights=serialized.name)
+            if _loads_as_tensors(serialized, model):
+                archived = dataclasses.replace(archived, weights=serialized.name)
+            else:
+                # Packed parameters (quantize_dynamic's int8 Linear and LSTM keep theirs as
+                # TorchScript objects) are pickled code to a worker's loader, which takes
+                # tensors only: the model must come from its factory alone, exactly.
+                serialized.unlink()
+                kinds = _untensored(model)
+                if not _rebuilds_same_outputs(
+                    model, archived, build, staged, extra_files, pipeline, first
+                ):
+                    raise ConfigError(
+                        "weights: expected a state_dict of tensors (what a worker loads "
+                        f"safely), or a model that {spec.name or 'its class'}() builds the same "
+                        f"each time; got a state_dict holding {kinds} (packed parameters, "
+                        "as quantize_dynamic leaves) from a build whose outputs differ from "
+                        "one build to the next (seed it, or load float weights shipped "
+                        "with --extra-files before quantizing)"
+                    )
+                serialized = build / MODEL_SPEC_FILE
+                rebuilt_note = (
+                    f"  weights: none archived: the state_dict holds {kinds}, which a worker "
+                    "does not load; a rebuild gave the same outputs, so workers build it"
+                )
     (build / MODEL_SPEC_FILE).write_text(archived.to_json())
     if serialized != build / MODEL_SPEC_FILE:  # else the archiver's one serialized file
         files.append(build / MODEL_SPEC_FILE)
@@ -901,6 +925,8 @@ def archive_model(
         f"  drift profile from {profile.n_seen} reference samples: {len(profile.references)} "
         f"detectors ({detectors})"
     )
+    if rebuilt_note:
+        say(rebuilt_note)
     for detector, reason in profile.left_out.items():
         say(f"  left out: detector {detector}: {reason} (it can never alarm)")
     if profile.accuracy is not None and labelled is not None:
@@ -935,6 +961,77 @@ def _rebuilds_same_weights(model: nn.Module, spec: ModelSpec, build: Path, stage
     return ours.keys() == theirs.keys() and all(
         torch.equal(value, theirs[key]) for key, value in ours.items()
     )
+
+
+def _loads_as_tensors(path: Path, model: nn.Module) -> bool:
+    """Whether ``path`` (``model``'s saved state_dict) loads as a worker loads weights: with
+    ``weights_only``, every entry a tensor."""
+    from hookwatch._model import load_state
+
+    try:
+        state = load_state(path)
+    except ConfigError:
+        return False
+    return state.keys() == model.state_dict().keys()
+
+
+def _untensored(model: nn.Module) -> str:
+    """The kinds of ``model``'s state_dict entries that are not tensors, for a message."""
+    kinds = sorted(
+        {type(v).__name__ for v in model.state_dict().values() if not isinstance(v, torch.Tensor)}
+    )
+    return ", ".join(kinds) or "no tensors"
+
+
+def _rebuilds_same_outputs(
+    model: nn.Module,
+    spec: ModelSpec,
+    build: Path,
+    staged: Path,
+    extra_files: Sequence[Path],
+    pipeline: Pipeline,
+    inputs: ModelInputs,
+) -> bool:
+    """Whether building ``spec`` without weights, from the files a worker has, answers
+    ``inputs`` exactly as ``model`` does (a factory that seeds its initialisation, or loads
+    its own weights from a file that travels with it)."""
+    with tempfile.TemporaryDirectory(dir=build) as tmp:
+        directory = Path(tmp)
+        shutil.copy(build / spec.file, directory / spec.file)
+        for name in spec.directories:
+            (directory / name).symlink_to((staged / name).resolve())
+        for extra in extra_files:
+            if extra.is_dir():
+                shutil.copytree(extra, directory / extra.name)
+            else:
+                shutil.copy(extra, directory / extra.name)
+        try:
+            rebuilt = build_model(spec, directory)
+        except Exception as error:
+            # As a worker would fail: it has these files and no others.
+            raise ConfigError(
+                f"weights: expected {spec.name or spec.file} to build again from the files a "
+                f"worker gets (its state_dict holds packed parameters, so workers build it), "
+                f"got {type(error).__name__}: {error_line(error)} (a file it reads travels "
+                "with --extra-files)"
+            ) from None
+        with torch.inference_mode():
+            ours, theirs = (
+                call_model(pipeline, model, inputs),
+                call_model(pipeline, rebuilt, inputs),
+            )
+    return _same(ours, theirs)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Exact equality of two outputs: tensors, and tuples, lists and dicts of them."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
+    if isinstance(a, tuple | list) and isinstance(b, tuple | list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return bool(a == b)
 
 
 def build_dir_for_preprocess(extra_files: Sequence[Path], ref: ModelRef) -> Path:
