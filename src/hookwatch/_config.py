@@ -502,7 +502,10 @@ class MonitoringConfig:
                 "`input`/`output` are reserved",
                 kind="check",
                 check=_strings,
-                expected="a list of dotted module paths or glob patterns (features.*)",
+                expected=(
+                    "a list of dotted module paths or glob patterns (features.*), as strings "
+                    "(quote a path YAML reads as a number: an nn.Sequential's ['0', '2'])"
+                ),
                 also=(
                     (_distinct, "no duplicates"),
                     (lambda v: INPUT_LAYER not in v, f"no layer named {INPUT_LAYER!r}"),

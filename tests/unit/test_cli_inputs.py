@@ -374,3 +374,29 @@ def test_init_says_which_tensor_of_a_tuple_output_the_head_reads() -> None:
     import yaml
 
     assert yaml.safe_load(written)["handler"]["monitoring"]["output"] == {"head": "logits"}
+
+
+def test_init_quotes_layer_paths_yaml_would_read_as_numbers(tmp_path: Path) -> None:
+    # An outside run of the wheel: `init` on an nn.Sequential wrote `layers: [1, 4]`, which
+    # YAML reads as integers, and `archive` refused the config init had just written.
+    import torch
+    from torch import nn
+
+    from hookwatch._config import read_model_config
+    from hookwatch.tools.own_model import _flow_scalar, discover_layers, init_config
+
+    model = nn.Sequential(
+        nn.Linear(10, 64), nn.GELU(), nn.Linear(64, 32), nn.GELU(), nn.Linear(32, 4)
+    )
+    rows = discover_layers(model.eval(), torch.zeros(2, 10))
+    written = init_config(rows, [10], "float32", None, "model.py:build")
+    path = tmp_path / "model-config.yaml"
+    path.write_text(written)
+    layers = read_model_config(path).handler.monitoring.layers
+    assert layers and all(isinstance(name, str) and name.isdigit() for name in layers), layers
+    # Each name reads back as itself; plain paths stay unquoted.
+    import yaml
+
+    for name in ("0", "blocks.0.act", "*.relu", "true", "null", "1e3", "a: b", "x, y", "~"):
+        assert yaml.safe_load(f"[{_flow_scalar(name)}]") == [name], name
+    assert _flow_scalar("blocks.0.act") == "blocks.0.act"

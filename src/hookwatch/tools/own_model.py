@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import yaml
 from torch import nn
 
 from hookwatch._config import HandlerConfig, ModelConfig, MonitoringConfig, read_model_config
@@ -559,7 +560,7 @@ def init_config(
     head = guess_head(rows)
     input_lines = [f"    shape: [{', '.join(map(str, shape))}]", f"    dtype: {dtype}"]
     if argument:
-        input_lines.append(f"    argument: {argument}   # forward(*, {argument}=...)")
+        input_lines.append(f"    argument: {_flow_scalar(argument)}   # forward(*, {argument}=...)")
     input_lines += [
         "    # min: 0           # requests outside [min, max] get a 400",
         "    # max: 1",
@@ -605,7 +606,7 @@ def init_config(
             "  monitoring:",
             "    # named_modules() paths, glob patterns (blocks.*.act) or, with layer_types,",
             "    # class names; see `hookwatch layers` for the candidates.",
-            f"    layers: [{', '.join(layers)}]",
+            f"    layers: [{', '.join(map(_flow_scalar, layers))}]",
             *sequence_note,
             *select_note,
             f"    output: {{head: {head}}}   # {heads}",
@@ -615,6 +616,18 @@ def init_config(
             "",
         ]
     )
+
+
+def _flow_scalar(name: str) -> str:
+    """``name`` as a YAML flow scalar that reads back as that string: an nn.Sequential's
+    module paths are digits (``0``, ``2``), which YAML reads as numbers, and a glob pattern may
+    start with ``*`` (an alias to YAML); those are quoted (a JSON string is YAML's
+    double-quoted scalar)."""
+    try:
+        plain = yaml.safe_load(f"[{name}]") == [name]
+    except yaml.YAMLError:
+        plain = False
+    return name if plain else json.dumps(name)
 
 
 # -- reference data ----------------------------------------------------------------------------
