@@ -16,10 +16,20 @@ from typing import Any
 
 from hookwatch._errors import BadInputError
 
-__all__ = ["MAX_BODY_BYTES", "NoPayload", "check_body_size", "over_limit"]
+__all__ = [
+    "JSON_BYTES_PER_NUMBER",
+    "MAX_BODY_BYTES",
+    "NoPayload",
+    "body_limit",
+    "check_body_size",
+    "over_limit",
+]
 
-#: Largest request body hookwatch decodes, in bytes, tensors and text alike: larger is a 413.
+#: Largest request body hookwatch decodes by default, in bytes, tensors and text alike: larger
+#: is a 413. A tensor model whose one input needs more gets more (:func:`body_limit`).
 MAX_BODY_BYTES = 1 << 20
+#: The most a number takes in compact JSON, its comma included ("-1.2345678901234567e-308,").
+JSON_BYTES_PER_NUMBER = 25
 
 #: Scalars a parsed JSON list of numbers holds; each is 3 to 24 characters as JSON ("0.5",
 #: "-1.2345678901234567e-308", "true", "null").
@@ -103,16 +113,29 @@ def over_limit(body: Any, limit: int = MAX_BODY_BYTES) -> bool:
     return _json_bounds(body, limit, exact=True)[0] > limit
 
 
-def check_body_size(body: Any) -> None:
-    """Raise a 413 (``reason="too_large"``) for a body over :data:`MAX_BODY_BYTES`."""
-    if not over_limit(body):
+def body_limit(numel: int, configured: int | None = None) -> int:
+    """The body limit of a tensor model whose one input holds ``numel`` numbers: ``configured``
+    (``input.max_body_bytes``) when set, else :data:`MAX_BODY_BYTES` or, where one input
+    written out in JSON can take more, that much (a [3, 512, 512] image's numbers as JSON are
+    up to ~20 MB): a request of the declared shape is never refused for its size."""
+    if configured is not None:
+        return configured
+    return max(MAX_BODY_BYTES, JSON_BYTES_PER_NUMBER * numel + 64)
+
+
+def check_body_size(body: Any, limit: int = MAX_BODY_BYTES, setting: str = "") -> None:
+    """Raise a 413 (``reason="too_large"``) for a body over ``limit`` bytes; ``setting`` names
+    the option that sets it, for the answer."""
+    if not over_limit(body, limit):
         return
     got = (
         f"{len(body)} bytes"
         if isinstance(body, bytes | bytearray)
-        else f"more than {MAX_BODY_BYTES} bytes"
-        + ("" if isinstance(body, str) else " as compact JSON")
+        else f"more than {limit} bytes" + ("" if isinstance(body, str) else " as compact JSON")
     )
     raise BadInputError(
-        f"a body of at most {MAX_BODY_BYTES} bytes", got, status=413, reason="too_large"
+        f"a body of at most {limit} bytes" + (f" ({setting} sets it)" if setting else ""),
+        got,
+        status=413,
+        reason="too_large",
     )

@@ -844,6 +844,9 @@ class InputSpec:
     field: str = "data"
     #: How a raw (non-JSON) body is read: "json" only, or also "float32" (little-endian bytes).
     encoding: str = "json"
+    #: Largest request body, in bytes; None: 1 MiB, or more where one input of ``shape`` as
+    #: JSON needs it (:func:`hookwatch._body.body_limit`).
+    max_body_bytes: int | None = None
     #: dtype of the tensor the model is given.
     dtype: str = "float32"
     #: Per-channel (first dimension) or scalar normalisation, applied after the range check:
@@ -915,6 +918,14 @@ class InputSpec:
             )
         if encoding == "float32" and parsed_shape is None:
             raise ConfigError("input.encoding: float32 bodies need input.shape, got none")
+        max_body = raw.get("max_body_bytes")
+        if max_body is not None and not (
+            isinstance(max_body, int) and not isinstance(max_body, bool) and max_body >= 1024
+        ):
+            raise ConfigError(
+                f"input.max_body_bytes: expected an integer of at least 1024 (bytes) or null, "
+                f"got {max_body!r}"
+            )
         dtype = raw.get("dtype", cls.dtype)
         if dtype not in INPUT_DTYPES:
             raise ConfigError(f"input.dtype: expected one of {list(INPUT_DTYPES)}, got {dtype!r}")
@@ -939,6 +950,7 @@ class InputSpec:
             max_value=hi,
             field=name,
             encoding=encoding,
+            max_body_bytes=max_body,
             dtype=dtype,
             mean=mean,
             std=std,

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hookwatch._body import NoPayload, check_body_size
+from hookwatch._body import MAX_BODY_BYTES, NoPayload, body_limit, check_body_size
 from hookwatch._capture import RateLimitedLog
 from hookwatch._config import HandlerConfig, InputSpec, OutputSpec
 from hookwatch._errors import BadInputError, ConfigError, error_line
@@ -127,10 +127,14 @@ def _check_values(tensor: torch.Tensor, spec: InputSpec) -> torch.Tensor:
     return tensor
 
 
-def _parse_json(body: Any, expected: str) -> Any:
+#: What a tensor model's 413 names as the way to a larger limit.
+_LIMIT_SETTING = "input.max_body_bytes"
+
+
+def _parse_json(body: Any, expected: str, limit: int = MAX_BODY_BYTES) -> Any:
     """A body as TorchServe hands it over, parsed: JSON sent as application/json arrives
     parsed already, anything else as bytes (or text). Either is held to the body limit."""
-    check_body_size(body)
+    check_body_size(body, limit, _LIMIT_SETTING)
     if isinstance(body, bytes | bytearray | str):
         try:
             return json.loads(body)
@@ -148,19 +152,22 @@ def _parse_json(body: Any, expected: str) -> Any:
     return body
 
 
-def decode_payload(body: Any, spec: InputSpec) -> torch.Tensor:
+def decode_payload(body: Any, spec: InputSpec, limit: int | None = None) -> torch.Tensor:
     """One request's payload → a float32 tensor of ``spec.shape``; raises :class:`BadInputError`.
 
-    Values are checked against the spec's range as sent (before any normalisation).
+    Values are checked against the spec's range as sent (before any normalisation). The body
+    is held to ``limit`` bytes (by default the spec's, :func:`~hookwatch._body.body_limit`).
     """
     shape = spec.shape
     if shape is None:
         raise ConfigError("input: expected a shape (or a preprocess function), got neither")
+    if limit is None:
+        limit = body_limit(spec.numel, spec.max_body_bytes)
     expected_body = f'a JSON object {{"{spec.field}": <{"x".join(map(str, shape))} numbers>}}'
     if spec.encoding == "float32" and isinstance(body, bytes | bytearray):
-        check_body_size(body)
+        check_body_size(body, limit, _LIMIT_SETTING)
         return _check_values(_decode_float32(body, shape), spec)
-    body = _parse_json(body, expected_body)
+    body = _parse_json(body, expected_body, limit)
     if not isinstance(body, dict) or spec.field not in body:
         raise BadInputError(expected_body, _describe(body), reason="missing_field")
     values = body[spec.field]
@@ -324,6 +331,9 @@ class InputPipeline:
             load_preprocess(spec.preprocess, model_dir) if spec.preprocess is not None else None
         )
         self._dtype = _DTYPES[spec.dtype]
+        # Decided once: a request pays a comparison for it (a preprocess model's shape, where
+        # given, sizes it too; without one, 1 MiB unless configured).
+        self._limit = body_limit(spec.numel, spec.max_body_bytes)
         shape = spec.shape or ()
         view = (-1, *([1] * (len(shape) - 1))) if shape else (-1,)
         self._mean = (
@@ -339,8 +349,10 @@ class InputPipeline:
 
     def decode(self, body: Any) -> torch.Tensor:
         if self._preprocess is None:
-            return decode_payload(body, self.spec)
-        payload = _parse_json(body, "a payload the model's preprocess function accepts")
+            return decode_payload(body, self.spec, self._limit)
+        payload = _parse_json(
+            body, "a payload the model's preprocess function accepts", self._limit
+        )
         if isinstance(payload, NoPayload):
             # Never the user's function's to see: it is hookwatch's marker, not a request's.
             raise BadInputError(

@@ -8,13 +8,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hookwatch._body import MAX_BODY_BYTES, NoPayload, check_body_size, over_limit
+from hookwatch._body import (
+    JSON_BYTES_PER_NUMBER,
+    MAX_BODY_BYTES,
+    NoPayload,
+    body_limit,
+    check_body_size,
+    over_limit,
+)
 from hookwatch._config import read_model_config
-from hookwatch._errors import BadInputError
+from hookwatch._errors import BadInputError, ConfigError
 from hookwatch._metrics import MetricSet
 from hookwatch._service import ModelService
 from hookwatch.tools.demo.data import load_split
@@ -110,7 +118,8 @@ def test_a_tensor_model_holds_the_limit_for_every_content_type(metrics: MetricSe
     assert "class" in answers[0] and answers[0] == answers[1]
     for answer in answers[2:]:
         assert answer["code"] == 413, answer
-        assert answer["expected"] == f"a body of at most {MAX_BODY_BYTES} bytes", answer
+        expected = f"a body of at most {MAX_BODY_BYTES} bytes (input.max_body_bytes sets it)"
+        assert answer["expected"] == expected, answer
     assert answers[3]["got"] == f"{MAX_BODY_BYTES + 1} bytes"
     assert answers[2]["got"] == f"more than {MAX_BODY_BYTES} bytes as compact JSON"
     assert rejected(metrics, "digits") == {"too_large": 5}
@@ -141,3 +150,52 @@ def test_a_form_post_gets_a_400_naming_its_fields_not_none(metrics: MetricSet) -
     assert "Content-Type: application/json" in answers[0]["got"]
     assert answers[1]["got"].startswith("a form and no payload")
     assert rejected(metrics, "digits") == {"missing_field": 2}
+
+
+def test_the_limit_grows_with_the_input_a_request_must_carry() -> None:
+    assert body_limit(64) == MAX_BODY_BYTES  # the demo's 8x8 digits
+    big = 3 * 512 * 512
+    assert body_limit(big) == JSON_BYTES_PER_NUMBER * big + 64 > 19 * 10**6
+    assert body_limit(big, 2048) == 2048 and body_limit(64, 4 << 20) == 4 << 20
+
+
+class _Mean(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([x.mean(dim=(1, 2, 3)), x.std(dim=(1, 2, 3))], dim=1)
+
+
+def _service(input_spec: dict[str, Any], metrics: MetricSet) -> ModelService:
+    raw = {"input": input_spec, "monitoring": {"layers": [], "output": {"head": "logits"}}}
+    handler = read_model_config({"handler": raw}).handler
+    return ModelService.from_handler_config(_Mean().eval(), handler, "big", metrics)
+
+
+def test_an_image_of_the_declared_shape_sent_as_json_floats_is_served(metrics: MetricSet) -> None:
+    # An outside user's [3, 256, 256] model: a float32 image's tolist() as JSON is ~3.5 MB, and
+    # the fixed 1 MiB limit answered every such request 413, with no setting to raise it.
+    image = torch.rand(3, 256, 256, generator=torch.Generator().manual_seed(0))
+    body = {"data": image.tolist()}
+    assert len(compact(body)) > 3 * MAX_BODY_BYTES
+    service = _service({"shape": [3, 256, 256]}, metrics)
+    try:
+        parsed, raw = service.handle([body, compact(body)])
+    finally:
+        service.close()
+    assert "class" in parsed and parsed == raw, parsed
+    # Past one image's worth it is still a 413, and the answer names the setting.
+    service = _service({"shape": [3, 256, 256], "max_body_bytes": 1 << 20}, metrics)
+    try:
+        (refused,) = service.handle([body])
+    finally:
+        service.close()
+    assert refused["code"] == 413
+    assert (
+        refused["expected"] == f"a body of at most {1 << 20} bytes (input.max_body_bytes sets it)"
+    )
+
+
+@pytest.mark.parametrize("value", [0, 1023, -5, 1.5, True, "1MB"])
+def test_a_max_body_bytes_that_is_no_size_is_refused(value: Any) -> None:
+    raw = {"input": {"shape": [4], "max_body_bytes": value}, "monitoring": {"layers": []}}
+    with pytest.raises(ConfigError, match=r"input\.max_body_bytes: expected an integer"):
+        read_model_config({"handler": raw})

@@ -63,3 +63,27 @@ def test_missing_system_parts_name_what_to_install(
     ]
     with pytest.raises(FileNotFoundError, match="install Prometheus"):
         devstack.require_binary("prometheus")
+
+
+def test_torchserve_takes_the_bodies_a_large_input_needs(tmp_path: Path) -> None:
+    # TorchServe refuses a body over its max_request_size (6.5 MB) before the handler sees
+    # it: a [3, 512, 512] model's requests as JSON (up to ~20 MB) need it raised.
+    def mar(name: str, handler: dict[str, object]) -> Path:
+        path = a_mar(tmp_path / f"{name}.mar", None)
+        with zipfile.ZipFile(path, "a") as archive:
+            archive.writestr("model-config.yaml", yaml.safe_dump({"handler": handler}))
+        return path
+
+    small = mar("small", {"input": {"shape": [3, 32, 32]}})
+    big = mar("big", {"input": {"shape": [3, 512, 512]}})
+    capped = mar("capped", {"input": {"shape": [3, 512, 512], "max_body_bytes": 4096}})
+
+    def rendered(*mars: Path) -> str:
+        run = tmp_path / f"run-{len(mars)}-{mars[-1].stem}"
+        run.mkdir()
+        stack = Stack(root=tmp_path, run_dir=run, ports=Ports.free(), mar_files=list(mars))
+        return stack._render_ts_config().read_text()
+
+    assert "max_request_size" not in rendered(small)
+    assert "max_request_size" not in rendered(capped)
+    assert f"max_request_size={25 * 3 * 512 * 512 + 64}" in rendered(small, big)

@@ -28,6 +28,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -35,6 +36,8 @@ from typing import Any
 
 import yaml
 
+from hookwatch._body import body_limit
+from hookwatch._config import InputSpec
 from hookwatch.tools.assets import PROMETHEUS, PROMETHEUS_CONFIG, TORCHSERVE_CONFIG
 
 MODEL_NAME = "digits"
@@ -438,6 +441,11 @@ class Stack:
             "vmargs": f"-Djava.io.tmpdir={self.run_dir / 'tmp'} -XX:+UseSerialGC -Xmx512m",
             "disable_token_authorization": "false" if self.token_auth else "true",
         }
+        largest = max(map(_body_limit, self.mar_files), default=0)
+        if largest > TORCHSERVE_MAX_REQUEST_SIZE:
+            # TorchServe refuses a body past its own limit before hookwatch sees it: a model
+            # whose one input needs more (input.max_body_bytes) gets it raised to match.
+            overrides["max_request_size"] = str(largest)
         for line in TORCHSERVE_CONFIG.read_text().splitlines():
             key = line.split("=", 1)[0].strip()
             if key in overrides and not line.lstrip().startswith("#"):
@@ -826,3 +834,24 @@ def _group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+#: TorchServe's own default ``max_request_size``, in bytes.
+TORCHSERVE_MAX_REQUEST_SIZE = 6_553_500
+
+
+def _body_limit(mar: Path) -> int:
+    """The request body limit of the model in ``mar`` (its archived model-config's input);
+    0 when the archive holds no readable one (TorchServe's default then stands)."""
+    try:
+        with zipfile.ZipFile(mar) as archive:
+            config = yaml.safe_load(archive.read("model-config.yaml"))
+        raw = config["handler"]["input"]
+        if "text" in raw:
+            return 0
+        spec = InputSpec.from_mapping(raw)
+    except Exception:
+        # Not hookwatch's archive, or one its worker will refuse with its own message: the
+        # limit is a sizing hint, never a reason to fail the start here.
+        return 0
+    return body_limit(spec.numel, spec.max_body_bytes)
