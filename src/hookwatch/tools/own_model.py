@@ -848,7 +848,7 @@ def archive_model(
         files.append(build / source.name)
         kept = {k: v for k, v in spec.args.items() if k not in directories}
         archived = ModelSpec(spec.kind, source.name, spec.name, kept, None, directories)
-        if directories and _rebuilds_same_weights(model, archived, build, staged):
+        if directories and _rebuilds_same_weights(model, archived, build, staged, extra_files):
             # The archived directories hold the weights already (a pretrained model's files):
             # a second copy would double the archive. Checked, not assumed: a layer the
             # constructor initialises at random keeps weights.pt in the archive.
@@ -961,16 +961,28 @@ def archive_model(
     return mar
 
 
-def _rebuilds_same_weights(model: nn.Module, spec: ModelSpec, build: Path, staged: Path) -> bool:
-    """Whether building ``spec`` (no weights file) from the staged directories, as a worker
-    would, gives exactly the parameters and buffers of ``model``."""
+def _rebuilt(spec: ModelSpec, build: Path, staged: Path, extra_files: Sequence[Path]) -> nn.Module:
+    """``spec`` built without a weights file from the files a worker gets (the model file, its
+    directory arguments, the extra files), in a directory of their own, as a worker builds it."""
     with tempfile.TemporaryDirectory(dir=build) as tmp:
         directory = Path(tmp)
         shutil.copy(build / spec.file, directory / spec.file)
         for name in spec.directories:
             (directory / name).symlink_to((staged / name).resolve())
-        rebuilt = build_model(spec, directory)
-    ours, theirs = model.state_dict(), rebuilt.state_dict()
+        for extra in extra_files:
+            if extra.is_dir():
+                shutil.copytree(extra, directory / extra.name)
+            else:
+                shutil.copy(extra, directory / extra.name)
+        return build_model(spec, directory)
+
+
+def _rebuilds_same_weights(
+    model: nn.Module, spec: ModelSpec, build: Path, staged: Path, extra_files: Sequence[Path]
+) -> bool:
+    """Whether building ``spec`` (no weights file) as a worker would gives exactly the
+    parameters and buffers of ``model``."""
+    ours, theirs = model.state_dict(), _rebuilt(spec, build, staged, extra_files).state_dict()
     return ours.keys() == theirs.keys() and all(
         torch.equal(value, theirs[key]) for key, value in ours.items()
     )
@@ -1008,31 +1020,19 @@ def _rebuilds_same_outputs(
     """Whether building ``spec`` without weights, from the files a worker has, answers
     ``inputs`` exactly as ``model`` does (a factory that seeds its initialisation, or loads
     its own weights from a file that travels with it)."""
-    with tempfile.TemporaryDirectory(dir=build) as tmp:
-        directory = Path(tmp)
-        shutil.copy(build / spec.file, directory / spec.file)
-        for name in spec.directories:
-            (directory / name).symlink_to((staged / name).resolve())
-        for extra in extra_files:
-            if extra.is_dir():
-                shutil.copytree(extra, directory / extra.name)
-            else:
-                shutil.copy(extra, directory / extra.name)
-        try:
-            rebuilt = build_model(spec, directory)
-        except Exception as error:
-            # As a worker would fail: it has these files and no others.
-            raise ConfigError(
-                f"weights: expected {spec.name or spec.file} to build again from the files a "
-                f"worker gets (its state_dict holds packed parameters, so workers build it), "
-                f"got {type(error).__name__}: {error_line(error)} (a file it reads travels "
-                "with --extra-files)"
-            ) from None
-        with torch.inference_mode():
-            ours, theirs = (
-                call_model(pipeline, model, inputs),
-                call_model(pipeline, rebuilt, inputs),
-            )
+    try:
+        rebuilt = _rebuilt(spec, build, staged, extra_files)
+    except Exception as error:
+        # As a worker would fail: it has these files and no others.
+        raise ConfigError(
+            f"weights: expected {spec.name or spec.file} to build again from the files a "
+            f"worker gets (its state_dict holds packed parameters, so workers build it), "
+            f"got {type(error).__name__}: {error_line(error)} (a file it reads travels "
+            "with --extra-files)"
+        ) from None
+    with torch.inference_mode():
+        ours = call_model(pipeline, model, inputs)
+        theirs = call_model(pipeline, rebuilt, inputs)
     return _same(ours, theirs)
 
 
