@@ -19,6 +19,7 @@ from hookwatch._errors import BadInputError
 __all__ = [
     "JSON_BYTES_PER_NUMBER",
     "MAX_BODY_BYTES",
+    "MAX_DERIVED_BODY_BYTES",
     "NoPayload",
     "body_limit",
     "check_body_size",
@@ -30,6 +31,10 @@ __all__ = [
 MAX_BODY_BYTES = 1 << 20
 #: The most a number takes in compact JSON, its comma included ("-1.2345678901234567e-308,").
 JSON_BYTES_PER_NUMBER = 25
+#: The most the shape alone raises the limit to: past it a client sends raw float32
+#: (``input.encoding``) or the config sets ``input.max_body_bytes``. TorchServe holds a body
+#: whole in its frontend's heap before the handler sees it.
+MAX_DERIVED_BODY_BYTES = 64 << 20
 
 #: Scalars a parsed JSON list of numbers holds; each is 3 to 24 characters as JSON ("0.5",
 #: "-1.2345678901234567e-308", "true", "null").
@@ -117,10 +122,11 @@ def body_limit(numel: int, configured: int | None = None) -> int:
     """The body limit of a tensor model whose one input holds ``numel`` numbers: ``configured``
     (``input.max_body_bytes``) when set, else :data:`MAX_BODY_BYTES` or, where one input
     written out in JSON can take more, that much (a [3, 512, 512] image's numbers as JSON are
-    up to ~20 MB): a request of the declared shape is never refused for its size."""
+    up to ~20 MB), at most :data:`MAX_DERIVED_BODY_BYTES`: a request of the declared shape is
+    not refused for its size."""
     if configured is not None:
         return configured
-    return max(MAX_BODY_BYTES, JSON_BYTES_PER_NUMBER * numel + 64)
+    return min(max(MAX_BODY_BYTES, JSON_BYTES_PER_NUMBER * numel + 64), MAX_DERIVED_BODY_BYTES)
 
 
 def check_body_size(body: Any, limit: int = MAX_BODY_BYTES, setting: str = "") -> None:

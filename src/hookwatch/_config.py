@@ -920,11 +920,13 @@ class InputSpec:
             raise ConfigError("input.encoding: float32 bodies need input.shape, got none")
         max_body = raw.get("max_body_bytes")
         if max_body is not None and not (
-            isinstance(max_body, int) and not isinstance(max_body, bool) and max_body >= 1024
+            isinstance(max_body, int)
+            and not isinstance(max_body, bool)
+            and 1024 <= max_body <= 1 << 30
         ):
             raise ConfigError(
-                f"input.max_body_bytes: expected an integer of at least 1024 (bytes) or null, "
-                f"got {max_body!r}"
+                f"input.max_body_bytes: expected an integer from 1024 to {1 << 30} (bytes) or "
+                f"null, got {max_body!r}"
             )
         dtype = raw.get("dtype", cls.dtype)
         if dtype not in INPUT_DTYPES:

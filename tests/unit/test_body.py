@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from hookwatch._body import (
     JSON_BYTES_PER_NUMBER,
     MAX_BODY_BYTES,
+    MAX_DERIVED_BODY_BYTES,
     NoPayload,
     body_limit,
     check_body_size,
@@ -157,6 +158,8 @@ def test_the_limit_grows_with_the_input_a_request_must_carry() -> None:
     big = 3 * 512 * 512
     assert body_limit(big) == JSON_BYTES_PER_NUMBER * big + 64 > 19 * 10**6
     assert body_limit(big, 2048) == 2048 and body_limit(64, 4 << 20) == 4 << 20
+    # A huge input's JSON (a [3, 4096, 4096] image's is ~1.3 GB) is not a body to take whole.
+    assert body_limit(3 * 4096 * 4096) == MAX_DERIVED_BODY_BYTES
 
 
 class _Mean(torch.nn.Module):
@@ -194,7 +197,7 @@ def test_an_image_of_the_declared_shape_sent_as_json_floats_is_served(metrics: M
     )
 
 
-@pytest.mark.parametrize("value", [0, 1023, -5, 1.5, True, "1MB"])
+@pytest.mark.parametrize("value", [0, 1023, -5, 1.5, True, "1MB", (1 << 30) + 1])
 def test_a_max_body_bytes_that_is_no_size_is_refused(value: Any) -> None:
     raw = {"input": {"shape": [4], "max_body_bytes": value}, "monitoring": {"layers": []}}
     with pytest.raises(ConfigError, match=r"input\.max_body_bytes: expected an integer"):
