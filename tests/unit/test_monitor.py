@@ -521,6 +521,30 @@ class _Clock:
         return self.now
 
 
+def _fake_clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
+    """A hand-moved ``time.monotonic`` for the monitor and its gate (the rate the caps count,
+    the gate's bucket), not for the capture thread. Patched on the ``time`` module itself it
+    also moved the capture thread's publish schedule: once the fake time passed
+    ``flush_interval_s`` that thread published in the middle of a test's second of traffic,
+    and the test's own look at the rate saw a fraction of it (a CI run read the count cap's
+    share as 20 of 490 requests, not of 2,000)."""
+    from hookwatch._monitor import gate as gate_module
+    from hookwatch._monitor import monitor as monitor_module
+
+    clock = _Clock()
+    real = monitor_module.time
+
+    class _Time:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        monotonic = staticmethod(clock)
+
+    for module in (monitor_module, gate_module):
+        monkeypatch.setattr(module, "time", _Time())
+    return clock
+
+
 @pytest.mark.parametrize(
     ("raw", "per_s", "expected"),
     [
@@ -533,10 +557,7 @@ class _Clock:
 def test_the_default_sampling_holds_to_its_cap_per_second(
     monkeypatch: pytest.MonkeyPatch, raw: dict[str, Any], per_s: int, expected: float
 ) -> None:
-    from hookwatch._monitor import monitor as monitor_module
-
-    clock = _Clock()
-    monkeypatch.setattr(monitor_module.time, "monotonic", clock)
+    clock = _fake_clock(monkeypatch)
     net = Net()
     config = MonitoringConfig.from_mapping({"layers": [], "flush_interval_s": 60, **raw})
     with Monitor(net, plan_watch(net, config, "m"), metrics=MetricSet()) as monitor:
@@ -658,10 +679,7 @@ def _serve_one_second(
 def _capped_monitor(
     monkeypatch: pytest.MonkeyPatch, **raw: Any
 ) -> tuple[Monitor, _Clock, MonitoringConfig]:
-    from hookwatch._monitor import monitor as monitor_module
-
-    clock = _Clock()
-    monkeypatch.setattr(monitor_module.time, "monotonic", clock)
+    clock = _fake_clock(monkeypatch)
     net = Net()
     # The cost cap at 1 % (not the default's 0.5 %): the figures below are counted at it.
     config = MonitoringConfig.from_mapping(
