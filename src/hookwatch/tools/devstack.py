@@ -846,10 +846,8 @@ def _body_limit(mar: Path) -> int:
     try:
         with zipfile.ZipFile(mar) as archive:
             config = yaml.safe_load(archive.read("model-config.yaml"))
-        raw = config["handler"]["input"]
-        if "text" in raw:
-            return 0
-        spec = InputSpec.from_mapping(raw)
+        # A text model's input has no shape: its limit is the fixed 1 MiB, under TorchServe's.
+        spec = InputSpec.from_mapping(config["handler"]["input"])
     except Exception:
         # Not hookwatch's archive, or one its worker will refuse with its own message: the
         # limit is a sizing hint, never a reason to fail the start here.
