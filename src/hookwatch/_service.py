@@ -745,7 +745,12 @@ class ModelService:
     def _answer(self, row: torch.Tensor) -> dict[str, Any]:
         head = self.output.head
         if head == "logits":
-            probabilities = torch.softmax(row.float().reshape(-1), dim=0)
+            logits = row.float().reshape(-1)
+            if logits.numel() == 1:
+                # A binary classifier's one logit z: the classes' logits are [0, z], so the
+                # answer reads as any classifier's (class 1 with probability sigmoid(z)).
+                logits = torch.cat([logits.new_zeros(1), logits])
+            probabilities = torch.softmax(logits, dim=0)
             cls = int(probabilities.argmax())
             answer: dict[str, Any] = {"class": self.labels[cls] if self.labels else cls}
             if probabilities.numel() <= FULL_PROBABILITIES:
@@ -792,7 +797,7 @@ class ModelService:
         head = self.output.head
         if head == "logits":
             if row.numel() <= FULL_PROBABILITIES:
-                return {"class": None, "probabilities": [None] * row.numel()}
+                return {"class": None, "probabilities": [None] * max(2, row.numel())}
             return {"class": None, "top": []}
         return {key: _nulls(values) for key, values in self._answer(row).items()}
 

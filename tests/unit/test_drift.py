@@ -55,6 +55,18 @@ def test_ties_merge_and_constant_features_are_dropped() -> None:
     assert codes.shape == (5, 2) and codes.dtype == np.uint8
 
 
+def test_constant_features_after_the_kept_ones_are_skipped_too() -> None:
+    # Kept features that are a prefix (0, 1) were once read as "every feature kept": a layer
+    # whose constant columns all came last (a one-hot input's unused slot) was encoded whole,
+    # its profile refused at archive time and its drift test faulted when served.
+    rng = np.random.default_rng(5)
+    x = np.concatenate([rng.normal(size=(500, 2)), np.zeros((500, 3))], axis=1)
+    ref = BinnedReference.fit("input", "input", x, bins=8)
+    assert ref.kept == (0, 1) and ref.dropped == (2, 3, 4)
+    alone = BinnedReference.fit("input", "input", x[:, :2], bins=8)
+    assert ref.encode(x[:50]).tolist() == alone.encode(x[:50, :2]).tolist()
+
+
 def _correlated(n: int, seed: int, shift: float = 0.0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     base = rng.normal(size=(n, 1))

@@ -28,7 +28,7 @@ from hookwatch._drift.bins import (
     expected_shares,
 )
 from hookwatch._drift.calibration import Calibration, calibrate
-from hookwatch._drift.features import derive, softmax
+from hookwatch._drift.features import class_logits, derive, softmax
 from hookwatch._drift.projection import Projection
 from hookwatch._drift.sequential import (
     SequentialAlarm,
@@ -61,6 +61,7 @@ __all__ = [
     "SlidingWindow",
     "bin_counts",
     "calibrate",
+    "class_logits",
     "derive",
     "encode",
     "expected_shares",

@@ -32,6 +32,7 @@ from numpy.typing import NDArray
 
 from hookwatch._blas import OneBlasThread
 from hookwatch._drift.bins import FloatArray, IntArray, expect
+from hookwatch._drift.features import class_logits
 
 __all__ = [
     "AccuracyDropTest",
@@ -178,10 +179,13 @@ class AccuracyEstimator:
         seed: int = 0,
     ) -> AccuracyEstimator:
         """From the labelled reference: ``features`` ``[N, W]`` of the hidden layer, the
-        model's ``logits`` ``[N, C]`` and the true ``labels`` ``[N]`` (integers in [0, C))."""
+        model's ``logits`` ``[N, C]`` (or a binary classifier's ``[N, 1]``, read as two
+        classes by :func:`~hookwatch._drift.features.class_logits`) and the true ``labels``
+        ``[N]`` (integers in [0, C))."""
         x = _as_matrix("reference features", features)
         n_all = x.shape[0]
-        z = _as_matrix("reference logits", logits, rows=n_all)
+        # A binary classifier's one logit is its two classes' (class 1 where it is positive).
+        z = class_logits(_as_matrix("reference logits", logits, rows=n_all))
         classes = z.shape[1]
         y_raw = np.asarray(labels)
         expect(
@@ -267,7 +271,7 @@ class AccuracyEstimator:
         """The estimate over a window: ``features`` ``[B, W]`` of the reference's layer and the
         model's ``logits`` ``[B, C]`` for the same samples."""
         x = self.project(features)
-        z = _as_matrix("logits", logits, rows=x.shape[0])
+        z = class_logits(_as_matrix("logits", logits, rows=x.shape[0]))
         expect(z.shape[1] == self.classes, f"logits of {self.classes} classes", z.shape)
         predicted = _predictions(z)
         votes, distance = self._neighbours(x, leave_one_out=False)

@@ -150,8 +150,11 @@ class BinnedReference:
     @cached_property
     def _kept_index(self) -> NDArray[np.intp] | None:
         kept = np.asarray(self.kept, dtype=np.intp)
-        # Nothing to select when every input feature was kept, in order (the usual case).
-        return None if np.array_equal(kept, np.arange(len(kept))) else kept
+        # Nothing to select when every input feature was kept, in order (the usual case). Kept
+        # features that are a prefix still need selecting when features after them were
+        # dropped (constant trailing columns: the input's last one-hot slot, a dead last unit).
+        every = not self.dropped and np.array_equal(kept, np.arange(len(kept)))
+        return None if every else kept
 
     @classmethod
     def fit(

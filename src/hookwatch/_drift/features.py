@@ -10,7 +10,7 @@ from numpy.typing import NDArray
 from hookwatch._drift.bins import FloatArray
 from hookwatch._names import OUTPUT_LAYER
 
-__all__ = ["derive", "softmax"]
+__all__ = ["class_logits", "derive", "softmax"]
 
 
 def softmax(logits: NDArray[Any]) -> FloatArray:
@@ -19,6 +19,16 @@ def softmax(logits: NDArray[Any]) -> FloatArray:
     e = np.exp(z)
     result: FloatArray = e / e.sum(axis=1, keepdims=True)
     return result
+
+
+def class_logits(logits: NDArray[Any]) -> FloatArray:
+    """Logits ``[N, C]`` as one logit per class: a binary classifier's one logit ``z`` a
+    sample (``[N, 1]``, the form ``BCEWithLogitsLoss`` trains) as ``[0, z]``, whose softmax is
+    ``[1 - sigmoid(z), sigmoid(z)]``: class 1 when ``z > 0``. Wider logits as they are."""
+    z = np.asarray(logits, dtype=np.float64)
+    if z.ndim == 2 and z.shape[1] == 1:
+        return np.concatenate([np.zeros_like(z), z], axis=1)
+    return z
 
 
 def derive(
@@ -56,7 +66,7 @@ def derive(
             "entropy": -x[:, -1:],
             "class_mix": shares.argmax(axis=1).astype(np.float64)[:, None],
         }
-    p = softmax(x)
+    p = softmax(class_logits(x))
     entropy = -(p * np.log(np.maximum(p, 1e-12))).sum(axis=1, keepdims=True)
     return {
         "output": p,

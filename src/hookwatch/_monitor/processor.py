@@ -21,7 +21,13 @@ import torch
 
 from hookwatch._blas import OneBlasThread
 from hookwatch._capture import RateLimitedLog
-from hookwatch._drift import AccuracyTracker, DriftResult, DriftTracker, IntArray
+from hookwatch._drift import (
+    AccuracyTracker,
+    DriftResult,
+    DriftTracker,
+    IntArray,
+    class_logits,
+)
 from hookwatch._hooks import Held, PlainCapture, as_array
 from hookwatch._monitor.gate import Record
 from hookwatch._names import (
@@ -698,7 +704,9 @@ class _Predictions:
         starts[records] = np.cumsum(rows) - rows
         per_record[records] = rows
         # A sample with non-finite logits has no predicted class (-1).
-        predicted = np.where(np.isfinite(logits).all(axis=1), logits.argmax(axis=1), -1)
+        # A binary classifier's one logit: class 1 where it is positive (class_logits).
+        scores = class_logits(logits) if logits.shape[1] == 1 else logits
+        predicted = np.where(np.isfinite(logits).all(axis=1), scores.argmax(axis=1), -1)
         slots: IntArray = np.where(predicted >= 0, classes.slots(predicted), -1)
         return cls(starts, per_record, slots)
 

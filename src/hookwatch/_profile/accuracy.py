@@ -20,7 +20,7 @@ from numpy.typing import NDArray
 from torch import nn
 
 from hookwatch._config import MonitoringConfig
-from hookwatch._drift import AccuracyEstimator
+from hookwatch._drift import AccuracyEstimator, class_logits
 from hookwatch._errors import ConfigError
 from hookwatch._names import OUTPUT_LAYER
 from hookwatch._profile.builder import _Collector, _Reservoir, capture_features
@@ -107,7 +107,7 @@ def with_accuracy(
             )
         batch_labels = y[seen : seen + n]
         if len(batch_labels) == n:
-            correct += int((logits.argmax(axis=1) == batch_labels).sum())
+            correct += int((class_logits(logits).argmax(axis=1) == batch_labels).sum())
             reservoir.add({"f": hidden, "z": logits, "y": batch_labels[:, None].astype(np.float32)})
         seen += n
     if seen != len(y):

@@ -207,6 +207,14 @@ def _captured(
                     output = model(**batch) if isinstance(batch, Mapping) else model(batch)
                 if config.capture_output and config.output.head == "logits":
                     logits = select_tensor(output, config.output.select)
+                    if logits is not None and not logits.is_floating_point():
+                        # Integers are answers already (class ids), not scores: one a sample
+                        # would otherwise read as a binary classifier's logit.
+                        raise ConfigError(
+                            "monitoring.output.head: expected logits (floating point) for head "
+                            f"'logits', got {str(logits.dtype).removeprefix('torch.')} values "
+                            "(class ids?); set output.head to 'values' or 'none'"
+                        )
                     collector.positions = logits is not None and logits.dim() == 3
             finally:
                 gate.set(False)
@@ -529,15 +537,20 @@ def _projection_split(
 
 
 def _class_count(plan: WatchPlan, reference: _Reference) -> int:
-    """The output's classes (0 without a captured output); a ``logits`` head needs two."""
+    """The output's classes (0 without a captured output); a ``logits`` head needs two, or
+    one logit a sample (a binary classifier's, read as two classes: ``class_logits``)."""
     logits = reference.rows.get(OUTPUT_LAYER)
     # Per-position logits' features are the C class shares and two means (position_summary).
     classes = 0 if logits is None else logits.shape[1] - (2 if reference.positions else 0)
-    if plan.config.output.head == "logits" and logits is not None and classes < 2:
+    if plan.config.output.head != "logits" or logits is None:
+        return classes
+    if classes == 1 and not reference.positions:
+        return 2
+    if classes < 2:
         raise ConfigError(
             "monitoring.output.head: expected the model's output to be logits [batch, classes] "
-            f"with at least 2 classes for head 'logits', got {classes} value per "
-            "sample; set output.head to 'values' (regression, or class ids) or 'none'"
+            "with at least 2 classes, or one binary logit a sample, for head 'logits', got "
+            f"{classes} value per position; set output.head to 'values' or 'none'"
         )
     return classes
 

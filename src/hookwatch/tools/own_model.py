@@ -591,6 +591,14 @@ def init_config(
         if len(parts) > 1
         else []
     )
+    one_value_note = (
+        [
+            "    # One value a sample: a regression output (values), or a binary classifier's",
+            "    # logit (logits: class 1 where it is positive, with probability sigmoid(z)).",
+        ]
+        if len(out) == 1 or (len(out) == 2 and out[1] == 1)
+        else []
+    )
     return "\n".join(
         [
             f"# Written by `hookwatch init` for {source}: a start, review every line.",
@@ -609,6 +617,7 @@ def init_config(
             f"    layers: [{', '.join(map(_flow_scalar, layers))}]",
             *sequence_note,
             *select_note,
+            *one_value_note,
             f"    output: {{head: {head}}}   # {heads}",
             "    # sample_rate unset: 10 % of requests, at most max_sampled_per_s (20) a second",
             "    # and their hooks at most max_overhead (0.005) of the worker's time",
@@ -616,6 +625,18 @@ def init_config(
             "",
         ]
     )
+
+
+def _check_class_names(labels: Sequence[str], logits: torch.Tensor) -> None:
+    """``handler.labels`` name every class of the logits, no more: an answer's class is named
+    by its index into them (a binary classifier's one logit has two classes)."""
+    classes = int(logits.shape[-1]) if logits.dim() >= 2 else 1
+    classes = 2 if classes == 1 else classes
+    if len(labels) != classes:
+        raise ConfigError(
+            f"handler.labels: expected {classes} names (one per class of the model's logits, "
+            f"in class order), got {len(labels)}"
+        )
 
 
 def _flow_scalar(name: str) -> str:
@@ -810,12 +831,15 @@ def archive_model(
             f"(handler.input), got {type(error).__name__}: {error_line(error)}"
             + integer_hint(error, first, "input.dtype: int64 in the model-config")
         ) from None
-    if select_tensor(output, config.output.select) is None:
+    selected = select_tensor(output, config.output.select)
+    if selected is None:
         raise ConfigError(
             f"monitoring.output.select: expected it to pick a tensor of the output, got "
             f"{type(output).__name__} with select={config.output.select!r}"
             f"{_select_choices(output)}"
         )
+    if handler.labels is not None and config.output.head == "logits":
+        _check_class_names(handler.labels, selected)
     from hookwatch._profile.builder import profile_for
 
     profile = profile_for(model, plan, forward_batches(batches, handler.input.argument))
