@@ -832,6 +832,12 @@ class TextSpec:
         return cls(**{**_section(cls, raw, "input.text"), "tokenizer": raw.get("tokenizer")})
 
 
+#: Keys of a single input that an argument of ``input.arguments`` does not take.
+_SINGLE_INPUT_KEYS = frozenset(
+    {"arguments", "argument", "field", "encoding", "max_body_bytes", "preprocess", "text"}
+)
+
+
 @dataclass(frozen=True)
 class InputSpec:
     """What one request's payload must look like and how it becomes the model's input.
@@ -864,6 +870,10 @@ class InputSpec:
     preprocess: str | None = None
     #: Text requests, tokenised by an archived tokenizer. Replaces all of the above.
     text: TextSpec | None = None
+    #: Several tensors a request (``input.arguments``): each a field of the request's JSON
+    #: object and a keyword argument of forward(), named alike, declared as one input is
+    #: (shape, dtype, range, normalisation). Replaces the single input's keys.
+    arguments: tuple[InputSpec, ...] = ()
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any] | None) -> InputSpec:
@@ -881,6 +891,8 @@ class InputSpec:
                     f"rest), got also {others}"
                 )
             return cls(shape=None, text=TextSpec.from_mapping(raw["text"]))
+        if "arguments" in raw:
+            return cls._from_arguments(raw)
         preprocess = raw.get("preprocess")
         if preprocess is not None and not (
             isinstance(preprocess, str) and _FUNCTION_PATH.fullmatch(preprocess)
@@ -963,8 +975,48 @@ class InputSpec:
             preprocess=preprocess,
         )
 
+    @classmethod
+    def _from_arguments(cls, raw: Mapping[str, Any]) -> InputSpec:
+        others = sorted(set(raw) - {"arguments", "max_body_bytes"})
+        if others:
+            raise ConfigError(
+                f"input: expected only 'arguments' and 'max_body_bytes' beside input.arguments "
+                f"(each argument declares its own shape, dtype and range), got also {others}"
+            )
+        arguments = raw["arguments"]
+        if not (isinstance(arguments, Mapping) and arguments):
+            raise ConfigError(
+                "input.arguments: expected a mapping of forward()'s keyword arguments to their "
+                f"inputs ({{x: {{shape: [16]}}, lengths: {{shape: [1], dtype: int64}}}}), got "
+                f"{arguments!r}"
+            )
+        parts: list[InputSpec] = []
+        for name, declared in arguments.items():
+            where = f"input.arguments.{name}"
+            if not (isinstance(name, str) and name.isidentifier()):
+                raise ConfigError(
+                    f"input.arguments: expected keyword argument names of forward(), got {name!r}"
+                )
+            if not isinstance(declared, Mapping):
+                raise ConfigError(f"{where}: expected a mapping with a 'shape', got {declared!r}")
+            single = sorted(set(declared) & _SINGLE_INPUT_KEYS)
+            if single:
+                raise ConfigError(
+                    f"{where}: expected shape, dtype, min, max, mean and std only (the argument's "
+                    f"name is its field and keyword), got also {single}"
+                )
+            try:
+                part = cls.from_mapping(declared)
+            except ConfigError as error:
+                raise ConfigError(str(error).replace("input.", f"{where}.", 1)) from None
+            parts.append(replace(part, field=name, argument=name))
+        spec = cls.from_mapping({k: v for k, v in raw.items() if k != "arguments"} | {"shape": [1]})
+        return replace(spec, shape=None, arguments=tuple(parts))
+
     @property
     def numel(self) -> int:
+        if self.arguments:
+            return sum(part.numel for part in self.arguments)
         return math.prod(self.shape) if self.shape else 0
 
 

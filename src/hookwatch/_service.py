@@ -13,7 +13,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -33,6 +33,7 @@ from hookwatch._profile import serving_tracker
 from hookwatch._text import TextPipeline
 
 __all__ = [
+    "ArgumentsPipeline",
     "BatchResult",
     "DecodedBatch",
     "InputPipeline",
@@ -43,6 +44,7 @@ __all__ = [
     "call_model",
     "decode_as",
     "decode_payload",
+    "decode_values",
     "load_preprocess",
     "make_pipeline",
 ]
@@ -170,7 +172,14 @@ def decode_payload(body: Any, spec: InputSpec, limit: int | None = None) -> torc
     body = _parse_json(body, expected_body, limit)
     if not isinstance(body, dict) or spec.field not in body:
         raise BadInputError(expected_body, _describe(body), reason="missing_field")
-    values = body[spec.field]
+    return decode_values(body[spec.field], spec)
+
+
+def decode_values(values: Any, spec: InputSpec) -> torch.Tensor:
+    """One input's parsed JSON values → a tensor of ``spec.shape`` (nested as the shape, or
+    flat), checked against the spec's dtype and range; raises :class:`BadInputError`."""
+    shape = spec.shape
+    assert shape is not None
     # The payload may nest at most as deep as the shape (or one level, flat).
     depth = _depth(values, len(shape))
     if depth > len(shape):
@@ -395,23 +404,68 @@ class InputPipeline:
         return model(**{self.spec.argument: x})
 
 
+class ArgumentsPipeline:
+    """A request of several tensors (``input.arguments``) → one item per keyword argument of
+    the forward, and items → the forward's keyword arguments.
+
+    The request is one JSON object with a field per argument, named as the argument; each
+    field is decoded and checked as a single input of its declaration is, and an error names
+    the argument. Each argument is stacked, cast and normalised on its own.
+    """
+
+    def __init__(self, spec: InputSpec, model_dir: str | Path | None = None) -> None:
+        self.spec = spec
+        self.parts = {part.field: InputPipeline(part, model_dir) for part in spec.arguments}
+        self._limit = body_limit(spec.numel, spec.max_body_bytes)
+        fields_ = ", ".join(
+            f'"{part.field}": <{"x".join(map(str, part.shape or ()))} numbers>'
+            for part in spec.arguments
+        )
+        self._expected = f"a JSON object {{{fields_}}}"
+
+    def decode(self, body: Any) -> dict[str, torch.Tensor]:
+        payload = _parse_json(body, self._expected, self._limit)
+        if not isinstance(payload, dict) or not all(name in payload for name in self.parts):
+            raise BadInputError(self._expected, _describe(payload), reason="missing_field")
+        item: dict[str, torch.Tensor] = {}
+        for name, part in self.parts.items():
+            try:
+                item[name] = decode_values(payload[name], part.spec)
+            except BadInputError as error:
+                raise BadInputError(
+                    f"{name}: {error.expected}", error.got, error.status, error.reason
+                ) from None
+        return item
+
+    def batch(self, items: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """Each argument's items stacked, cast and normalised as its declaration says."""
+        return {
+            name: part.batch([item[name] for item in items]) for name, part in self.parts.items()
+        }
+
+
 #: A forward's input: one tensor, or keyword arguments (token ids, attention mask, ...).
 ModelInputs = torch.Tensor | dict[str, torch.Tensor]
-#: Decodes requests for a model: tensors (``input.shape``/``preprocess``) or text.
-Pipeline = InputPipeline | TextPipeline
+#: Decodes requests for a model: a tensor (``input.shape``/``preprocess``), several
+#: (``input.arguments``) or text.
+Pipeline = InputPipeline | ArgumentsPipeline | TextPipeline
 
 
 def make_pipeline(spec: InputSpec, model_dir: str | Path | None = None) -> Pipeline:
     """The pipeline ``spec`` asks for; text needs ``hookwatch[text]`` (transformers)."""
     if spec.text is not None:
         return TextPipeline(spec.text, model_dir)
+    if spec.arguments:
+        return ArgumentsPipeline(spec, model_dir)
     return InputPipeline(spec, model_dir)
 
 
 def batch_inputs(pipeline: Pipeline, items: Sequence[Any]) -> ModelInputs:
     """Decoded items as one forward's input."""
-    # Two calls that read alike: the pipelines batch different items (token lists, tensors).
+    # Calls that read alike: the pipelines batch different items (token lists, tensors).
     if isinstance(pipeline, TextPipeline):
+        return pipeline.batch(items)
+    if isinstance(pipeline, ArgumentsPipeline):
         return pipeline.batch(items)
     return pipeline.batch(items)
 

@@ -184,6 +184,8 @@ def _file(what: str, next_step: str) -> Callable[[str], Path]:
     return parse
 
 
+#: The dry run's "dtype" for a model of several tensors (``input.arguments``).
+ARGUMENTS_INPUT = "arguments"
 _MODEL_CONFIG = _file("a model-config.yaml", "`hookwatch init` writes one")
 _INPUTS = _file(
     "held-out inputs (.npy, .npz or .jsonl)",
@@ -654,6 +656,8 @@ def _dry_run_rows(args: argparse.Namespace) -> tuple[Any, tuple[int, ...], str, 
     spec = read_model_config(args.config).handler.input if args.config else None
     if spec is not None and spec.text is not None:
         return _text_dry_run(model, spec, model_args)
+    if spec is not None and spec.arguments:
+        return _arguments_dry_run(model, spec)
     shape = parse_shape(args.input_shape) if args.input_shape else spec.shape if spec else None
     if not shape:
         raise ConfigError(
@@ -669,6 +673,26 @@ def _dry_run_rows(args: argparse.Namespace) -> tuple[Any, tuple[int, ...], str, 
     # --input-dtype over the config's: the dtype the model is tried on is the one written.
     x = x.to(getattr(torch, dtype))
     return discover_layers(model, x, argument), shape, dtype, argument
+
+
+def _arguments_dry_run(model: Any, spec: Any) -> tuple[Any, tuple[int, ...], str, str | None]:
+    """A several-tensor model's layers, on two random items of each ``input.arguments``
+    entry (its declared shape, dtype and range) through the serving pipeline."""
+    from hookwatch._service import ArgumentsPipeline
+    from hookwatch.tools.own_model import discover_layers, example_input
+
+    pipeline = ArgumentsPipeline(spec)
+    inputs = {}
+    for name, part in pipeline.parts.items():
+        declared = part.spec
+        low = declared.min_value if declared.min_value is not None else 0.0
+        high = declared.max_value if declared.max_value is not None else 1.0
+        floating = declared.dtype.startswith(("float", "bfloat"))
+        x = example_input(
+            declared.shape or (), "float32" if floating else declared.dtype, low, high
+        )
+        inputs[name] = part.batch(x)
+    return discover_layers(model, inputs), (), ARGUMENTS_INPUT, None
 
 
 def _text_dry_run(
@@ -716,8 +740,13 @@ def _init(args: argparse.Namespace) -> int:
             "init: expected a tensor model, got a text model (--config with input.text): "
             "start from models/minilm/model-config.yaml and `hookwatch layers`"
         )
+    arguments: tuple[Any, ...] = ()
+    if dtype == ARGUMENTS_INPUT:
+        from hookwatch._config import read_model_config
+
+        arguments = read_model_config(args.config).handler.input.arguments
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(init_config(rows, shape, dtype, argument, args.model))
+    out.write_text(init_config(rows, shape, dtype, argument, args.model, arguments))
     print(f"wrote {out}: review the layers, the input range and normalisation, and the head")
     return 0
 
@@ -865,7 +894,7 @@ def _profile(args: argparse.Namespace) -> int:
             for i in range(0, len(images), args.batch_size)
         ]
     else:
-        batches = list(load_reference(args.data, InputPipeline(spec), args.batch_size))
+        batches = list(load_reference(args.data, make_pipeline(spec), args.batch_size))
     profile = build_profile(
         model,
         config,

@@ -27,9 +27,16 @@ from typing import Any
 import numpy as np
 import torch
 import yaml
+from numpy.typing import NDArray
 from torch import nn
 
-from hookwatch._config import HandlerConfig, ModelConfig, MonitoringConfig, read_model_config
+from hookwatch._config import (
+    HandlerConfig,
+    InputSpec,
+    ModelConfig,
+    MonitoringConfig,
+    read_model_config,
+)
 from hookwatch._drift.projection import SAMPLES_PER_COMPONENT
 from hookwatch._errors import BadInputError, ConfigError, HookwatchError, error_line
 from hookwatch._hooks import (
@@ -42,6 +49,7 @@ from hookwatch._hooks import (
 from hookwatch._model import MODEL_SPEC_FILE, ModelSpec, build_model
 from hookwatch._names import INPUT_LAYER, OUTPUT_LAYER
 from hookwatch._service import (
+    ArgumentsPipeline,
     ModelInputs,
     Pipeline,
     batch_inputs,
@@ -210,8 +218,21 @@ def integer_hint(error: BaseException, given: ModelInputs, fix: str) -> str:
     """What a dry-run error ends with when the model wanted integers and was ``given`` floats
     (``; the model wants integer inputs: try FIX``), else nothing: torch's words alone do
     not say which option to change."""
-    floats = isinstance(given, torch.Tensor) and given.is_floating_point()
-    if floats and _WANTS_INTEGERS.search(str(error)):
+    if not _WANTS_INTEGERS.search(str(error)):
+        return ""
+    if isinstance(given, dict):
+        # Several arguments: name the float ones, those holding whole numbers only (ids sent
+        # as floats) where there are such.
+        floats = [name for name, value in given.items() if value.is_floating_point()]
+        whole = [name for name in floats if bool((given[name] == given[name].round()).all())]
+        floats = whole or floats
+        if floats:
+            return (
+                "; the model wants integer inputs: try dtype: int64 for "
+                f"{' or '.join(floats)} in input.arguments"
+            )
+        return ""
+    if given.is_floating_point():
         return f"; the model wants integer inputs: try {fix}"
     return ""
 
@@ -554,19 +575,26 @@ def init_config(
     dtype: str,
     argument: str | None,
     source: str,
+    arguments: Sequence[InputSpec] = (),
 ) -> str:
-    """A commented model-config.yaml to start from."""
+    """A commented model-config.yaml to start from (``arguments``: the ``input.arguments`` of
+    a several-tensor model's config, written back as they were declared)."""
     layers = choose_layers(rows)
     head = guess_head(rows)
-    input_lines = [f"    shape: [{', '.join(map(str, shape))}]", f"    dtype: {dtype}"]
-    if argument:
-        input_lines.append(f"    argument: {_flow_scalar(argument)}   # forward(*, {argument}=...)")
-    input_lines += [
-        "    # min: 0           # requests outside [min, max] get a 400",
-        "    # max: 1",
-        "    # mean: [0.485, 0.456, 0.406]   # normalisation the model expects, per channel:",
-        "    # std: [0.229, 0.224, 0.225]    # requests and reference data come un-normalised",
-    ]
+    if arguments:
+        input_lines = _argument_lines(arguments)
+    else:
+        input_lines = [f"    shape: [{', '.join(map(str, shape))}]", f"    dtype: {dtype}"]
+        if argument:
+            input_lines.append(
+                f"    argument: {_flow_scalar(argument)}   # forward(*, {argument}=...)"
+            )
+        input_lines += [
+            "    # min: 0           # requests outside [min, max] get a 400",
+            "    # max: 1",
+            "    # mean: [0.485, 0.456, 0.406]   # normalisation the model expects, per channel:",
+            "    # std: [0.229, 0.224, 0.225]    # requests and reference data come un-normalised",
+        ]
     heads = "logits (classes) | values (regression) | embedding | none"
     out = rows[-1].shapes[0] if rows and rows[-1].shapes else ()
     sequence_note = (
@@ -625,6 +653,23 @@ def init_config(
             "",
         ]
     )
+
+
+def _argument_lines(arguments: Sequence[InputSpec]) -> list[str]:
+    """``input.arguments`` as declared: one flow mapping per keyword argument."""
+    lines = ["    # one JSON field a tensor, each passed to forward() as the keyword it names"]
+    lines.append("    arguments:")
+    for part in arguments:
+        declared: dict[str, Any] = {"shape": list(part.shape or ()), "dtype": part.dtype}
+        for key, value in (("min", part.min_value), ("max", part.max_value)):
+            if value is not None:
+                declared[key] = value
+        for key, values in (("mean", part.mean), ("std", part.std)):
+            if values is not None:
+                declared[key] = list(values)
+        flow = yaml.safe_dump(declared, default_flow_style=True, sort_keys=False).strip()
+        lines.append(f"      {_flow_scalar(part.field)}: {flow}")
+    return lines
 
 
 def _check_class_names(labels: Sequence[str], logits: torch.Tensor) -> None:
@@ -689,13 +734,15 @@ def load_reference(path: Path, pipeline: Pipeline, batch_size: int = 64) -> Iter
             f"reference: expected a .jsonl of texts (a JSON string per line) for a text model, "
             f"got {path.name}"
         )
-    spec = pipeline.spec
     if path.suffix not in (".npy", ".npz"):
         raise ConfigError(f"reference: expected a .npy, .npz or .jsonl file, got {path.name}")
     try:
         loaded = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as error:
         raise ConfigError(f"reference: expected a numpy array in {path}, got {error}") from None
+    if isinstance(pipeline, ArgumentsPipeline):
+        yield from _argument_batches(path, loaded, pipeline, batch_size)
+        return
     if isinstance(loaded, np.lib.npyio.NpzFile):
         with loaded:
             # A `y` array beside the inputs holds the reference's labels (tools/labels.py).
@@ -707,15 +754,61 @@ def load_reference(path: Path, pipeline: Pipeline, batch_size: int = 64) -> Iter
             array = loaded[inputs[0]]
     else:
         array = loaded
+    values = _reference_values(array, pipeline.spec, "handler.input")
+    for start in range(0, len(values), batch_size):
+        yield pipeline.batch(values[start : start + batch_size])
+
+
+def _argument_batches(
+    path: Path, loaded: Any, pipeline: ArgumentsPipeline, batch_size: int
+) -> Iterator[ModelInputs]:
+    """Reference batches of a several-tensor input: an ``.npz`` with an array per argument,
+    named as the argument, the same samples in the same order in each."""
+    names = list(pipeline.parts)
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        raise ConfigError(
+            f"reference: expected an .npz with an array per argument of input.arguments "
+            f"({', '.join(names)}), or request bodies in a .jsonl, got one array in {path.name}"
+        )
+    with loaded:
+        missing = [name for name in names if name not in loaded.files]
+        if missing:
+            raise ConfigError(
+                f"reference: expected arrays named {', '.join(names)} in {path.name} (one per "
+                f"argument of input.arguments), got {loaded.files}"
+            )
+        values = {
+            name: _reference_values(loaded[name], part.spec, f"input.arguments.{name}", name)
+            for name, part in pipeline.parts.items()
+        }
+    counts = {name: len(v) for name, v in values.items()}
+    if len(set(counts.values())) > 1:
+        raise ConfigError(
+            "reference: expected as many samples in every argument's array, got "
+            + ", ".join(f"{name} {count}" for name, count in counts.items())
+        )
+    for start in range(0, len(values[names[0]]), batch_size):
+        yield {
+            name: part.batch(values[name][start : start + batch_size])
+            for name, part in pipeline.parts.items()
+        }
+
+
+def _reference_values(
+    array: NDArray[Any], spec: InputSpec, where: str, name: str = ""
+) -> torch.Tensor:
+    """One input's reference array ``[N, *shape]`` as serving decodes a request's numbers:
+    its shape, finiteness, dtype and range checked (``name``: the argument's array)."""
+    what = f"reference{f' {name}' if name else ''}"
     if spec.shape is not None and tuple(array.shape[1:]) != spec.shape:
         raise ConfigError(
-            f"reference: expected an array of shape [N, {', '.join(map(str, spec.shape))}] "
-            f"(handler.input.shape), got {list(array.shape)}"
+            f"{what}: expected an array of shape [N, {', '.join(map(str, spec.shape))}] "
+            f"({where}.shape), got {list(array.shape)}"
         )
     if len(array) < 2:
-        raise ConfigError(f"reference: expected at least 2 samples, got {len(array)}")
+        raise ConfigError(f"{what}: expected at least 2 samples, got {len(array)}")
     if not np.issubdtype(array.dtype, np.number) and array.dtype != np.bool_:
-        raise ConfigError(f"reference: expected numbers, got dtype {array.dtype}")
+        raise ConfigError(f"{what}: expected numbers, got dtype {array.dtype}")
     if np.issubdtype(array.dtype, np.inexact):
         # Before any cast: an integer input's would hide a NaN from the builder's own check.
         from hookwatch._profile.builder import refuse_nonfinite
@@ -730,7 +823,7 @@ def load_reference(path: Path, pipeline: Pipeline, batch_size: int = 64) -> Iter
         try:
             values = decode_as(array, spec.dtype)
         except BadInputError as error:
-            raise ConfigError(f"reference: {error}") from None
+            raise ConfigError(f"{what}: {error}") from None
     else:
         values = torch.from_numpy(np.ascontiguousarray(array).astype(np.float32, copy=False))
     lo, hi = spec.min_value, spec.max_value
@@ -738,12 +831,11 @@ def load_reference(path: Path, pipeline: Pipeline, batch_size: int = 64) -> Iter
         hi is not None and float(values.max()) > hi
     ):
         raise ConfigError(
-            f"reference: expected values in [{lo}, {hi}] (handler.input), got "
+            f"{what}: expected values in [{lo}, {hi}] ({where}), got "
             f"[{float(values.min()):g}, {float(values.max()):g}]: pass raw inputs, as requests "
             "send them"
         )
-    for start in range(0, len(values), batch_size):
-        yield pipeline.batch(values[start : start + batch_size])
+    return values
 
 
 # -- archive -----------------------------------------------------------------------------------

@@ -131,29 +131,33 @@ def synthesize(spec: InputSpec, count: int = SYNTHETIC_BODIES, seed: int = 0) ->
             "expected --request FILE (a JSON body, or .jsonl: one body a line) for a text "
             "model, got none"
         )
-    if spec.shape is None:
+    if spec.shape is None and not spec.arguments:
         raise ConfigError(
             f"expected --request FILE for a model whose input.preprocess ({spec.preprocess}) "
             "reads the requests, got none"
         )
+    # Several tensors (input.arguments): a field each, each drawn as its declaration says.
+    parts = spec.arguments or (spec,)
+    rng = np.random.default_rng(seed)
+    return [
+        json.dumps({part.field: _draw(part, rng).tolist() for part in parts}).encode()
+        for _ in range(count)
+    ]
+
+
+def _draw(spec: InputSpec, rng: np.random.Generator) -> np.ndarray[Any, Any]:
+    """One input of ``spec.shape``, uniform in its declared range."""
     low = spec.min_value
     high = spec.max_value
     if low is None:
         low = high - 1.0 if high is not None else 0.0
     if high is None:
         high = low + 1.0
-    rng = np.random.default_rng(seed)
-    bodies = []
-    for _ in range(count):
-        values: np.ndarray[Any, Any]
-        if spec.dtype == "bool":
-            values = rng.integers(0, 2, size=spec.shape)
-        elif spec.dtype.startswith("int"):
-            values = rng.integers(math.ceil(low), math.floor(high) + 1, size=spec.shape)
-        else:
-            values = rng.uniform(low, high, size=spec.shape).round(4)
-        bodies.append(json.dumps({spec.field: values.tolist()}).encode())
-    return bodies
+    if spec.dtype == "bool":
+        return rng.integers(0, 2, size=spec.shape)
+    if spec.dtype.startswith("int"):
+        return rng.integers(math.ceil(low), math.floor(high) + 1, size=spec.shape)
+    return rng.uniform(low, high, size=spec.shape).round(4)
 
 
 def request_bodies(request: Path | None, spec: InputSpec) -> list[bytes]:

@@ -1,0 +1,289 @@
+"""A forward of several tensors (``input.arguments``): ``forward(self, signal, lengths)`` served
+from one JSON object with a field per argument, each declared, decoded and checked as a single
+input is; reference data as an ``.npz`` with an array per argument or as request bodies;
+``hookwatch layers`` and ``init`` from the config; a bad request answered 400 naming the
+argument."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from hookwatch._config import HandlerConfig, InputSpec
+from hookwatch._errors import BadInputError, ConfigError
+from hookwatch._hooks import plan_watch, resolve_layers
+from hookwatch._metrics import MetricSet
+from hookwatch._monitor import Monitor
+from hookwatch._profile import DriftProfile, build_profile, tracker_for
+from hookwatch._service import ArgumentsPipeline, ModelService, make_pipeline
+from hookwatch.tools import cli
+from hookwatch.tools.bench.ab import synthesize
+from hookwatch.tools.own_model import ModelRef, archive_model
+from tests.fakes import FakeContext, load_handler
+from tests.unit.test_any_model import value
+
+#: A two-input model: a signal and its valid length (a mask built from it), as sequence
+#: models with padding take them; class scores out.
+MODEL = """\
+import torch
+from torch import nn
+
+
+class Masked(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = nn.Linear(3, 8)
+        self.act = nn.ReLU()
+        self.out = nn.Linear(8, 4)
+
+    def forward(self, signal, lengths):
+        steps = torch.arange(signal.shape[1])[None, :]
+        mask = (steps < lengths).unsqueeze(-1)
+        h = self.act(self.proj(signal)) * mask
+        return self.out(h.sum(1) / lengths.clamp(min=1))
+"""
+
+INPUT = {
+    "arguments": {
+        "signal": {"shape": [5, 3], "min": -10, "max": 10},
+        "lengths": {"shape": [1], "dtype": "int64", "min": 1, "max": 5},
+    }
+}
+
+
+def _config(tmp_path: Path) -> Path:
+    config = tmp_path / "model-config.yaml"
+    monitoring = {"layers": ["act"], "output": {"head": "logits"}, "drift": {"window": 50}}
+    handler = {"input": INPUT, "monitoring": monitoring}
+    # In the declared order: the input detector watches the first argument.
+    config.write_text(yaml.safe_dump({"handler": handler}, sort_keys=False))
+    return config
+
+
+def _reference(n: int = 200) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {
+        "signal": rng.normal(size=(n, 5, 3)).astype(np.float32),
+        "lengths": rng.integers(1, 6, size=(n, 1)),
+    }
+
+
+def _body(signal: Any, lengths: Any) -> dict[str, Any]:
+    return {"signal": signal, "lengths": lengths}
+
+
+def test_each_argument_is_decoded_and_checked_as_declared() -> None:
+    pipeline = make_pipeline(InputSpec.from_mapping(INPUT))
+    assert isinstance(pipeline, ArgumentsPipeline)
+    item = pipeline.decode(_body([[0.5, 1, 2]] * 5, [3]))
+    assert item["signal"].shape == (5, 3) and item["lengths"].tolist() == [3]
+    batch = pipeline.batch([item, item])
+    assert batch["signal"].shape == (2, 5, 3) and batch["lengths"].dtype.is_floating_point is False
+    cases = [
+        ({"signal": [[0.5, 1, 2]] * 5}, "missing_field", '"lengths": <1 numbers>'),
+        (_body([[0.5, 1, 2]] * 4, [3]), "wrong_shape", "signal: shape [5, 3]"),
+        (_body([[0.5, 1, 2]] * 5, [9]), "out_of_range", "lengths: values in [1.0, 5.0]"),
+        (_body([[0.5, 1, 2]] * 5, [2.5]), "wrong_type", "lengths: whole numbers"),
+    ]
+    for body, reason, expected in cases:
+        with pytest.raises(BadInputError) as raised:
+            pipeline.decode(body)
+        assert raised.value.status == 400
+        assert raised.value.reason == reason, raised.value
+        assert expected in raised.value.expected, raised.value
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"arguments": {}}, "input.arguments: expected a mapping of forward()'s keyword"),
+        ({"arguments": {"x": {"shape": [2]}}, "shape": [2]}, "got also ['shape']"),
+        ({"arguments": {"x": {"shape": [2], "argument": "y"}}}, "got also ['argument']"),
+        ({"arguments": {"x": {"shape": [0]}}}, "input.arguments.x.shape: expected a list"),
+        ({"arguments": {"x-1": {"shape": [2]}}}, "expected keyword argument names"),
+    ],
+)
+def test_a_bad_declaration_is_one_line(raw: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        InputSpec.from_mapping(raw)
+    assert message in str(raised.value) and "\n" not in str(raised.value)
+
+
+Archive = Callable[[Path], Path]
+
+
+@pytest.fixture
+def archive(tmp_path: Path) -> Archive:
+    (tmp_path / "masked.py").write_text(MODEL)
+    config = _config(tmp_path)
+
+    def run(reference: Path) -> Path:
+        return archive_model(
+            ModelRef.parse(f"{tmp_path / 'masked.py'}:Masked"),
+            "masked",
+            config,
+            reference,
+            tmp_path / "store",
+            tmp_path / "build",
+            say=lambda _line: None,
+        )
+
+    return run
+
+
+def test_archived_from_an_npz_and_served(archive: Archive, tmp_path: Path) -> None:
+    np.savez(tmp_path / "ref.npz", **_reference())
+    mar = archive(tmp_path / "ref.npz")
+    model_dir = tmp_path / "served"
+    with zipfile.ZipFile(mar) as archived:
+        archived.extractall(model_dir)
+    profile = DriftProfile.load(model_dir / "drift-profile.npz")
+    # The input detector watches the first argument, the signal: 15 values a sample.
+    assert {"input", "act", "output"} <= set(profile.references)
+    watched = profile.references["input"]
+    assert watched.n_features + len(watched.dropped) == 15
+    context = FakeContext(
+        model_dir,
+        yaml.safe_load((tmp_path / "model-config.yaml").read_text()),
+        model_name="masked",
+        serialized_file="weights.pt",
+        model_file="masked.py",
+    )
+    handler = load_handler("hookwatch_handler")()
+    handler.initialize(context)
+    try:
+        good = _body([[0.5, 1, 2]] * 5, [2])
+        bad = _body([[0.5, 1, 2]] * 5, [0])
+        answers = handler.handle([{"body": good}, {"body": bad}, {"body": good}], context)
+        assert answers[0] == answers[2] and len(answers[0]["probabilities"]) == 4
+        assert answers[1]["code"] == 400 and answers[1]["expected"].startswith("lengths: ")
+        # The length reaches the forward: padding past it does not change the answer.
+        padded = _body([[0.5, 1, 2]] * 2 + [[9, 9, 9]] * 3, [2])
+        assert handler.handle([{"body": padded}], context)[0] == answers[0]
+    finally:
+        handler.service.close()
+
+
+def test_a_jsonl_reference_is_decoded_as_requests(archive: Archive, tmp_path: Path) -> None:
+    ref = _reference(120)
+    lines = [
+        json.dumps(_body(s.tolist(), n.tolist()))
+        for s, n in zip(ref["signal"], ref["lengths"], strict=True)
+    ]
+    (tmp_path / "ref.jsonl").write_text("\n".join(lines) + "\n")
+    assert archive(tmp_path / "ref.jsonl").is_file()
+
+
+@pytest.mark.parametrize(
+    ("arrays", "message"),
+    [
+        ({"signal": _reference()["signal"]}, "expected arrays named signal, lengths in ref.npz"),
+        (
+            {"signal": _reference()["signal"], "lengths": _reference(150)["lengths"]},
+            "expected as many samples in every argument's array, got signal 200, lengths 150",
+        ),
+        (
+            {"signal": _reference()["signal"], "lengths": _reference()["lengths"] + 10},
+            "reference lengths: expected values in [1.0, 5.0] (input.arguments.lengths)",
+        ),
+    ],
+)
+def test_a_bad_reference_is_one_line(
+    archive: Archive, tmp_path: Path, arrays: dict[str, np.ndarray], message: str
+) -> None:
+    np.savez(tmp_path / "ref.npz", **arrays)
+    with pytest.raises(ConfigError) as raised:
+        archive(tmp_path / "ref.npz")
+    assert message in str(raised.value)
+
+
+def test_one_array_for_several_arguments_is_refused(archive: Archive, tmp_path: Path) -> None:
+    np.save(tmp_path / "ref.npy", _reference()["signal"])
+    with pytest.raises(ConfigError, match=r"expected an \.npz with an array per argument"):
+        archive(tmp_path / "ref.npy")
+
+
+def test_layers_and_init_take_the_arguments_from_the_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "masked.py").write_text(MODEL)
+    config = _config(tmp_path)
+    assert cli.main(["layers", "masked.py:Masked", "--config", str(config)]) == 0
+    listed = capsys.readouterr().out
+    assert "act" in listed and "proj" in listed
+    out = tmp_path / "written.yaml"
+    assert cli.main(["init", "masked.py:Masked", "--config", str(config), "--out", str(out)]) == 0
+    written = yaml.safe_load(out.read_text())["handler"]["input"]
+    assert InputSpec.from_mapping(written) == InputSpec.from_mapping(INPUT)
+
+
+def test_the_bench_synthesizes_a_field_per_argument() -> None:
+    bodies = [json.loads(b) for b in synthesize(InputSpec.from_mapping(INPUT), count=20)]
+    pipeline = make_pipeline(InputSpec.from_mapping(INPUT))
+    for body in bodies:
+        pipeline.decode(body)  # every synthesized body is one the model takes
+    assert {tuple(b["lengths"]) for b in bodies} <= {(1,), (2,), (3,), (4,), (5,)}
+
+
+def test_every_sampled_request_is_captured_at_every_hook_point(metrics: MetricSet) -> None:
+    namespace: dict[str, Any] = {}
+    exec(compile(MODEL, "masked.py", "exec"), namespace)
+    model = namespace["Masked"]().eval()
+    handler = HandlerConfig.from_mapping(
+        {"input": INPUT, "monitoring": {"layers": ["act"], "sample_rate": 1.0}}
+    )
+    ref = _reference(64)
+    reference = [{k: torch.from_numpy(v[i : i + 32]) for k, v in ref.items()} for i in (0, 32)]
+    profile = build_profile(model, handler.monitoring, reference, "m")
+    config = resolve_layers(model, handler.monitoring)
+    drift = tracker_for(profile, config, "m")
+    monitor = Monitor(model, plan_watch(model, config, "m"), metrics=metrics, drift=drift)
+    service = ModelService(model, handler.input, monitor, output=config.output)
+    body = _body([[0.5, 1, 2]] * 5, [3])
+    answers = service.handle([body] * 12)
+    monitor.flush()
+    monitor.close()
+    assert all("probabilities" in a for a in answers)
+    for layer in ("input", "act", "output"):
+        assert value(metrics, "hookwatch_captures_total", model="m", layer=layer) == 12
+        assert value(metrics, "hookwatch_monitor_faults_total", model="m", layer=layer) == 0
+
+
+def test_an_argument_the_model_wants_as_integers_is_named(tmp_path: Path) -> None:
+    (tmp_path / "emb.py").write_text(
+        "from torch import nn\n\n"
+        "class Emb(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.emb = nn.Embedding(10, 4)\n"
+        "        self.act = nn.ReLU()\n"
+        "        self.fc = nn.Linear(4, 3)\n\n"
+        "    def forward(self, ids, weight):\n"
+        "        return self.fc(self.act(self.emb(ids).mean(1) * weight))\n"
+    )
+    declared = {"ids": {"shape": [3], "min": 0, "max": 9}, "weight": {"shape": [1]}}
+    config = tmp_path / "model-config.yaml"
+    handler = {"input": {"arguments": declared}, "monitoring": {"layers": ["act"]}}
+    config.write_text(yaml.safe_dump({"handler": handler}, sort_keys=False))
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "ref.npz", ids=rng.integers(0, 10, (40, 3)), weight=rng.random((40, 1)))
+    with pytest.raises(ConfigError, match=r"try dtype: int64 for ids in input\.arguments$"):
+        archive_model(
+            ModelRef.parse(f"{tmp_path / 'emb.py'}:Emb"),
+            "emb",
+            config,
+            tmp_path / "ref.npz",
+            tmp_path / "store",
+            tmp_path / "build",
+            say=lambda _line: None,
+        )
