@@ -663,7 +663,8 @@ def _argument_lines(arguments: Sequence[InputSpec]) -> list[str]:
         declared: dict[str, Any] = {"shape": list(part.shape or ()), "dtype": part.dtype}
         for key, value in (("min", part.min_value), ("max", part.max_value)):
             if value is not None:
-                declared[key] = value
+                # As the user wrote it: 49, not 49.0 (the config keeps bounds as floats).
+                declared[key] = int(value) if value.is_integer() else value
         for key, values in (("mean", part.mean), ("std", part.std)):
             if values is not None:
                 declared[key] = list(values)
