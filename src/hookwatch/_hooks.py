@@ -28,6 +28,7 @@ from typing import Any, Final, NamedTuple, Protocol, TypeAlias
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 from torch.utils.hooks import RemovableHandle
 
 from hookwatch._config import GLOB_CHARS, MonitoringConfig, as_monitoring_config
@@ -960,6 +961,16 @@ class MaskHook:
         self.state = HookState.DETACHED
 
 
+def packed_means(packed: PackedSequence) -> torch.Tensor:
+    """A packed batch of sequences (an RNN's output over ``pack_padded_sequence``) as each
+    sequence's mean over its own steps, ``[batch, hidden]`` in the batch's order: its data is
+    ``[steps of all sequences, hidden]``, rows that are no sample's, and padding would count
+    as zeros in a padded mean."""
+    padded, lengths = pad_packed_sequence(packed, batch_first=True)
+    steps = lengths.to(device=padded.device, dtype=padded.dtype).clamp(min=1)
+    return padded.sum(dim=1) / steps.unsqueeze(1)
+
+
 def select_tensor(value: Any, select: int | str | None = None) -> torch.Tensor | None:
     """The tensor to watch in a module's output (or input).
 
@@ -983,9 +994,12 @@ def _first_tensor(value: Any, depth: int) -> torch.Tensor | None:
     """``value`` if a tensor, else its first tensor item, else the first tensor found in its
     items (tuples, lists, mappings, dataclass fields), at most ``depth`` levels down: an
     LSTM's ``(out, (h, c))`` gives ``out``, a block's ``((hidden, weights), cache)``
-    ``hidden``."""
+    ``hidden``. A packed sequence counts as a tensor: its sequences' means
+    (:func:`packed_means`)."""
     if isinstance(value, torch.Tensor):
         return value
+    if isinstance(value, PackedSequence):
+        return packed_means(value)
     if depth == 0:
         return None
     items: Any
@@ -1001,6 +1015,10 @@ def _first_tensor(value: Any, depth: int) -> torch.Tensor | None:
     for item in items:
         if isinstance(item, torch.Tensor):
             return item
+        if isinstance(item, PackedSequence):
+            # An RNN's (output, h_n) over packed input: its output, as over padded input
+            # (a PackedSequence is a tuple, not a tensor: h_n would come first otherwise).
+            return packed_means(item)
     for item in items:
         found = _first_tensor(item, depth - 1)
         if found is not None:

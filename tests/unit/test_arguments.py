@@ -287,3 +287,33 @@ def test_an_argument_the_model_wants_as_integers_is_named(tmp_path: Path) -> Non
             tmp_path / "build",
             say=lambda _line: None,
         )
+
+
+def test_a_packed_sequence_is_watched_as_each_sequences_mean_over_its_steps() -> None:
+    from torch import nn
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    from hookwatch._profile.builder import capture_features
+
+    class Packed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.gru = nn.GRU(3, 6, batch_first=True)
+            self.fc = nn.Linear(6, 2)
+
+        def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+            packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+            _, last = self.gru(packed)
+            return self.fc(last[-1])
+
+    model = Packed().eval()
+    x, lengths = torch.randn(5, 7, 3), torch.tensor([7, 2, 5, 1, 3])
+    config = HandlerConfig.from_mapping(
+        {"input": {"shape": [7, 3]}, "monitoring": {"layers": ["gru"]}}
+    ).monitoring
+    (features,) = capture_features(model, config, [{"x": x, "lengths": lengths}])
+    with torch.no_grad():
+        expected = [model.gru(x[i : i + 1, : int(n)])[0][0].mean(0) for i, n in enumerate(lengths)]
+    # One row per sample, in the batch's order, each its own steps' mean (no padding in it).
+    np.testing.assert_allclose(features["gru"], torch.stack(expected).numpy(), atol=1e-5)

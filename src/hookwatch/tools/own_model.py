@@ -29,6 +29,7 @@ import torch
 import yaml
 from numpy.typing import NDArray
 from torch import nn
+from torch.nn.utils.rnn import PackedSequence
 
 from hookwatch._config import (
     HandlerConfig,
@@ -317,6 +318,9 @@ def _shapes(value: Any, batch: int = 0) -> tuple[tuple[int, ...], ...]:
         if len(shape) > 2 and batch and shape[0] != batch and shape[1] == batch:
             shape = (shape[1], shape[0], *shape[2:])
         return (shape,)
+    if isinstance(value, PackedSequence):
+        # Watched as each sequence's mean over its steps (hooks.packed_means).
+        return ((int(value.batch_sizes[0]), *value.data.shape[1:]),)
     items: Any = value.values() if isinstance(value, Mapping) else value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         items = [getattr(value, f.name) for f in dataclasses.fields(value)]
