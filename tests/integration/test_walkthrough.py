@@ -56,7 +56,7 @@ def test_every_walkthrough_block_is_run_by_a_test() -> None:
         for path in WALKTHROUGH_FILES
         for match in re.finditer(BLOCK, (ROOT / path).read_text(), re.S)
     ]
-    assert sorted(names) == ["imagenet", "regression", "text"], names
+    assert sorted(names) == ["churn", "imagenet", "regression", "text"], names
     assert "<!-- walkthrough: imagenet -->" in (ROOT / "README.md").read_text()
 
 
@@ -291,6 +291,39 @@ def test_the_regression_walkthrough(tmp_path: Path, serving_venv: Path) -> None:
         assert 'detector="output",level="output"' in metrics
         assert 'detector="confidence"' not in metrics
         assert "hookwatch_reference_activation_statistic" in metrics
+        block.run(lines[-1:])
+        block.finish()
+    finally:
+        block.kill()
+
+
+def test_the_several_tensor_walkthrough(tmp_path: Path, serving_venv: Path) -> None:
+    cwd, env = user_folder(tmp_path, serving_venv, "churn")
+    lines = walkthrough("churn")
+    block = Block(cwd, env)
+    block.run(lines[:-1])
+    answer = json.loads(block.outputs[-1])
+    try:
+        # One logit, answered as a classifier's two classes, named by the config's labels.
+        assert answer["class"] in ("stays", "churns") and len(answer["probabilities"]) == 2
+        assert abs(sum(answer["probabilities"]) - 1.0) < 1e-5
+        # The reference's `y` gave the accuracy estimate: it pages on harm.
+        assert "accuracy estimate from the 'y' array of reference.npz" in block.outputs[-2]
+        metrics = ""
+        exporter = f"http://127.0.0.1:{env['HOOKWATCH_EXPORTER_PORT']}/metrics"
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            metrics = http_get(exporter)[1].decode()
+            if 'hookwatch_captures_total{layer="output",model="churn"} 1.0' in metrics:
+                break
+            time.sleep(0.5)
+        assert 'hookwatch_drift_profile_loaded{model="churn"} 1.0' in metrics
+        assert 'hookwatch_reference_accuracy{model="churn"}' in metrics
+        # Both arguments reached the forward (the input detector watches the first), and
+        # every hook point captured the request, nothing faulted.
+        for layer in ("input", "act", "output"):
+            assert f'hookwatch_captures_total{{layer="{layer}",model="churn"}} 1.0' in metrics
+            assert f'hookwatch_monitor_faults_total{{layer="{layer}",model="churn"}} 0.0' in metrics
         block.run(lines[-1:])
         block.finish()
     finally:
