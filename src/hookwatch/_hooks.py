@@ -556,6 +556,7 @@ class LayerHook:
         host: bool = True,
         reading: FeatureReading | None = None,
         logits: bool = False,
+        joins: bool = False,
     ) -> None:
         self.name = name
         #: Activations of 3 to ``_last_dims`` dimensions are read by their last one (units);
@@ -580,6 +581,10 @@ class LayerHook:
         #: A pre-hook on the model's input rather than a hook on a module's output: the
         #: input keeps a small map whole (``flatten``) and its token ids are ``[B, T]``.
         self._reads_input = on_input
+        #: The model's input given as several keyword arguments is read whole, all of them
+        #: side by side (:func:`joined_inputs`), not the first alone (no mask configured: a
+        #: text model's ids are read with their mask instead).
+        self._joins = joins
         #: The id torch gave this hook at its first registration, kept for the next ones.
         self._id: int | None = None
         self._on = False
@@ -705,7 +710,12 @@ class LayerHook:
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None
     ) -> None:
         if self._gate.open and self.state is _ATTACHED:
-            self.take(args[0] if args else select_tensor(kwargs or {}))
+            if args:
+                self.take(args[0])
+            else:
+                self.take(
+                    joined_inputs(kwargs or {}) if self._joins else select_tensor(kwargs or {})
+                )
 
     def _hook(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         self.take(output)
@@ -750,6 +760,8 @@ class LayerHook:
         try:
             if type(value) is torch.Tensor and self._select is None:
                 tensor: torch.Tensor | None = value
+            elif self._joins and isinstance(value, Mapping):
+                tensor = joined_inputs(value)
             else:
                 tensor = select_tensor(value, self._select)
             if tensor is None:
@@ -961,6 +973,21 @@ class MaskHook:
         self.state = HookState.DETACHED
 
 
+def joined_inputs(kwargs: Mapping[str, Any]) -> torch.Tensor | None:
+    """A forward's keyword arguments as the one input the hooks read: a lone tensor as it
+    is; several, each flattened per sample and side by side in call order, as float32
+    ``[batch, features]`` (``input.arguments``: a drift in any of them is the input's). Where
+    they do not all have the batch first, the first tensor, as for any other call."""
+    tensors = [value for value in kwargs.values() if isinstance(value, torch.Tensor)]
+    if len(tensors) < 2:
+        return tensors[0] if tensors else None
+    first = tensors[0]
+    rows = first.shape[0] if first.dim() else -1
+    if any(t.dim() == 0 or t.shape[0] != rows for t in tensors):
+        return first
+    return torch.cat([t.reshape(rows, -1).float() for t in tensors], dim=1)
+
+
 def packed_means(packed: PackedSequence) -> torch.Tensor:
     """A packed batch of sequences (an RNN's output over ``pack_padded_sequence``) as each
     sequence's mean over its own steps, ``[batch, hidden]`` in the batch's order: its data is
@@ -1115,6 +1142,7 @@ class HookSet:
                 if on_input
                 else feature_reading(root, "" if name == OUTPUT_LAYER else name),
                 logits=name == OUTPUT_LAYER and output_head == "logits",
+                joins=on_input and mask is None,
             )
         self.on_demand = on_demand
         self.state = HookState.ATTACHED

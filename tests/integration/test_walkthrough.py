@@ -319,7 +319,7 @@ def test_the_several_tensor_walkthrough(tmp_path: Path, serving_venv: Path) -> N
             time.sleep(0.5)
         assert 'hookwatch_drift_profile_loaded{model="churn"} 1.0' in metrics
         assert 'hookwatch_reference_accuracy{model="churn"}' in metrics
-        # Both arguments reached the forward (the input detector watches the first), and
+        # Both arguments reached the forward and the input's hook (side by side), and
         # every hook point captured the request, nothing faulted.
         for layer in ("input", "act", "output"):
             assert f'hookwatch_captures_total{{layer="{layer}",model="churn"}} 1.0' in metrics

@@ -147,10 +147,11 @@ def test_archived_from_an_npz_and_served(archive: Archive, tmp_path: Path) -> No
     with zipfile.ZipFile(mar) as archived:
         archived.extractall(model_dir)
     profile = DriftProfile.load(model_dir / "drift-profile.npz")
-    # The input detector watches the first argument, the signal: 15 values a sample.
+    # The input detector watches both arguments side by side: 15 values of the signal and
+    # the length.
     assert {"input", "act", "output"} <= set(profile.references)
     watched = profile.references["input"]
-    assert watched.n_features + len(watched.dropped) == 15
+    assert watched.n_features + len(watched.dropped) == 16
     context = FakeContext(
         model_dir,
         yaml.safe_load((tmp_path / "model-config.yaml").read_text()),
@@ -317,3 +318,36 @@ def test_a_packed_sequence_is_watched_as_each_sequences_mean_over_its_steps() ->
         expected = [model.gru(x[i : i + 1, : int(n)])[0][0].mean(0) for i, n in enumerate(lengths)]
     # One row per sample, in the batch's order, each its own steps' mean (no padding in it).
     np.testing.assert_allclose(features["gru"], torch.stack(expected).numpy(), atol=1e-5)
+
+
+def test_a_shift_in_the_second_argument_alone_moves_the_input_detector(
+    metrics: MetricSet,
+) -> None:
+    namespace: dict[str, Any] = {}
+    exec(compile(MODEL, "masked.py", "exec"), namespace)
+    model = namespace["Masked"]().eval()
+    handler = HandlerConfig.from_mapping(
+        {
+            "input": INPUT,
+            "monitoring": {"layers": ["act"], "sample_rate": 1.0, "drift": {"window": 50}},
+        }
+    )
+    ref = _reference(600)
+    reference = [
+        {k: torch.from_numpy(v[i : i + 100]) for k, v in ref.items()} for i in range(0, 600, 100)
+    ]
+    profile = build_profile(model, handler.monitoring, reference, "m")
+    config = resolve_layers(model, handler.monitoring)
+    drift = tracker_for(profile, config, "m")
+    monitor = Monitor(model, plan_watch(model, config, "m"), metrics=metrics, drift=drift)
+    service = ModelService(model, handler.input, monitor, output=config.output)
+    # The signals as the reference's, every length 5 (the reference's run from 1 to 5).
+    fresh = _reference(300)
+    for i in range(0, 300, 10):
+        service.handle([_body(s.tolist(), [5]) for s in fresh["signal"][i : i + 10]])
+    monitor.flush()
+    monitor.close()
+    alarms = value(
+        metrics, "hookwatch_drift_alarms_total", model="m", level="input", detector="input"
+    )
+    assert alarms > 0
