@@ -64,7 +64,18 @@ HEADS = ("logits", "values", "embedding", "none")
 #: ``monitoring.hooks``: registered around sampled forwards only, or once for good.
 HOOK_MODES = ("sampled", "always")
 #: Input dtypes a request can be converted to (``handler.input.dtype``).
-INPUT_DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "bool")
+INPUT_DTYPES = (
+    "float32",
+    "float64",
+    "float16",
+    "bfloat16",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint8",
+    "bool",
+)
 #: ``module:function`` of ``input.preprocess``.
 _FUNCTION_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 #: Characters that make a ``monitoring.layers`` entry a glob pattern.

@@ -295,6 +295,10 @@ _DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
     "int64": torch.int64,
     "int32": torch.int32,
+    "int16": torch.int16,
+    "int8": torch.int8,
+    # Raw image bytes: a model that converts and scales them itself.
+    "uint8": torch.uint8,
     "bool": torch.bool,
 }
 

@@ -74,13 +74,13 @@ def _one_error_line(err: str, command: str) -> str:
 def test_an_unsupported_dtype_is_refused_at_once_as_the_config_refuses_it(
     run: Run, tmp_path: Path, command: str
 ) -> None:
-    (tmp_path / "cfg.yaml").write_text("handler:\n  input: {shape: [3], dtype: int8}\n")
+    (tmp_path / "cfg.yaml").write_text("handler:\n  input: {shape: [3], dtype: complex64}\n")
     with pytest.raises(ConfigError) as config_said:
         read_model_config(tmp_path / "cfg.yaml")
     out = tmp_path / "out.yaml"
     extra = ("--out", str(out)) if command == "init" else ()
     code, _, err = run(
-        command, "model.py:build", "--input-shape", "3", "--input-dtype", "int8", *extra
+        command, "model.py:build", "--input-shape", "3", "--input-dtype", "complex64", *extra
     )
     assert code == 2
     line = _one_error_line(err, command)

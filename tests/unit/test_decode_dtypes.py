@@ -7,10 +7,16 @@ from typing import Any
 
 import pytest
 import torch
+from torch import nn
 
-from hookwatch._config import InputSpec
+from hookwatch._config import HandlerConfig, InputSpec
 from hookwatch._errors import BadInputError
-from hookwatch._service import InputPipeline, decode_payload
+from hookwatch._hooks import plan_watch, resolve_layers
+from hookwatch._metrics import MetricSet
+from hookwatch._monitor import Monitor
+from hookwatch._profile import build_profile, tracker_for
+from hookwatch._service import InputPipeline, ModelService, decode_payload
+from tests.unit.test_any_model import value
 
 
 def _decode(dtype: str, data: list[Any], **spec: Any) -> torch.Tensor:
@@ -25,6 +31,9 @@ def _decode(dtype: str, data: list[Any], **spec: Any) -> torch.Tensor:
         ("int64", [3.0, 4, -5]),  # whole floats are whole numbers
         ("bool", [0, 1, 1]),
         ("float64", [0.1, 1e300, -3]),
+        ("uint8", [0, 255, 17]),  # raw image bytes
+        ("int8", [-128, 127, 0]),
+        ("int16", [-32768, 32767, 1]),
     ],
 )
 def test_values_reach_the_model_exactly(dtype: str, data: list[Any]) -> None:
@@ -44,6 +53,9 @@ def test_values_reach_the_model_exactly(dtype: str, data: list[Any]) -> None:
         ("int64", [3.5, 3, 3], "wrong_type", "whole numbers"),
         ("int32", [3_000_000_000, 1, 3], "out_of_range", "[-2147483648, 2147483647]"),
         ("bool", [0, 1, 2], "out_of_range", "[0, 1]"),
+        ("uint8", [0, 256, 1], "out_of_range", "whole numbers in [0, 255] (input dtype uint8)"),
+        ("uint8", [-1, 2, 1], "out_of_range", "[0, 255]"),
+        ("int8", [128, 2, 1], "out_of_range", "[-128, 127]"),
         ("float16", [70_000, 1, 0.1], "out_of_range", "within float16's range"),
         ("bfloat16", [1e39, 1, 1], "out_of_range", "within bfloat16's range"),
         ("float64", [10**400, 1, 1], "out_of_range", "within float64's range"),
@@ -99,3 +111,43 @@ def test_a_reference_array_reaches_the_model_as_requests_do(tmp_path: Any) -> No
             r"\(the first: sample 2\)",
         ):
             _reference(tmp_path, nan, dtype)
+
+
+def test_a_model_of_raw_image_bytes_is_watched(metrics: MetricSet) -> None:
+    class Bytes(nn.Module):
+        """Takes uint8 pixels and scales them itself, as an exported pipeline does."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(1, 4, 3)
+            self.act = nn.ReLU()
+            self.out = nn.Linear(4, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            assert x.dtype == torch.uint8
+            return self.out(self.act(self.conv(x.float() / 255)).mean((2, 3)))
+
+    model = Bytes().eval()
+    handler = HandlerConfig.from_mapping(
+        {
+            "input": {"shape": [1, 6, 6], "dtype": "uint8"},
+            "monitoring": {"layers": ["act"], "sample_rate": 1.0},
+        }
+    )
+    images = torch.randint(0, 256, (64, 1, 6, 6), dtype=torch.uint8)
+    profile = build_profile(model, handler.monitoring, [images[:32], images[32:]], "px")
+    config = resolve_layers(model, handler.monitoring)
+    monitor = Monitor(
+        model,
+        plan_watch(model, config, "px"),
+        metrics=metrics,
+        drift=tracker_for(profile, config, "px"),
+    )
+    service = ModelService(model, handler.input, monitor, output=config.output)
+    answers = service.handle([{"data": images[i].tolist()} for i in range(8)])
+    monitor.flush()
+    monitor.close()
+    assert all("probabilities" in a for a in answers)
+    for layer in ("input", "act", "output"):
+        assert value(metrics, "hookwatch_captures_total", model="px", layer=layer) == 8
+        assert value(metrics, "hookwatch_monitor_faults_total", model="px", layer=layer) == 0

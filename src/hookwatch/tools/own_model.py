@@ -243,7 +243,7 @@ def example_input(
 ) -> torch.Tensor:
     """Two random items of ``shape``, for a dry run."""
     generator = torch.Generator().manual_seed(0)
-    if dtype in ("int64", "int32"):
+    if dtype.startswith(("int", "uint")):
         top = max(int(high), 2)
         return torch.randint(int(low), top, (2, *shape), generator=generator).to(
             getattr(torch, dtype)

@@ -155,7 +155,7 @@ def _draw(spec: InputSpec, rng: np.random.Generator) -> np.ndarray[Any, Any]:
         high = low + 1.0
     if spec.dtype == "bool":
         return rng.integers(0, 2, size=spec.shape)
-    if spec.dtype.startswith("int"):
+    if spec.dtype.startswith(("int", "uint")):
         return rng.integers(math.ceil(low), math.floor(high) + 1, size=spec.shape)
     return rng.uniform(low, high, size=spec.shape).round(4)
 
