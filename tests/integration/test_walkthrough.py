@@ -213,6 +213,18 @@ def user_folder(tmp_path: Path, venv: Path, model: str) -> tuple[Path, dict[str,
     return cwd, env
 
 
+def exporter_metrics(env: dict[str, str], until: str, seconds: float = 20) -> str:
+    """The exporter's page once it holds ``until`` (a sample line), or as it stands after
+    ``seconds``: a capture reaches it at the capture thread's next publish."""
+    exporter = f"http://127.0.0.1:{env['HOOKWATCH_EXPORTER_PORT']}/metrics"
+    deadline = time.monotonic() + seconds
+    metrics = http_get(exporter)[1].decode()
+    while until not in metrics and time.monotonic() < deadline:
+        time.sleep(0.5)
+        metrics = http_get(exporter)[1].decode()
+    return metrics
+
+
 def test_the_serving_install_holds_numpys_blas_to_one_thread_in_the_estimate(
     tmp_path: Path, serving_venv: Path
 ) -> None:
@@ -270,14 +282,9 @@ def test_the_regression_walkthrough(tmp_path: Path, serving_venv: Path) -> None:
     block.run(lines[:-1])
     answer = json.loads(block.outputs[-1])
     assert set(answer) == {"values"} and len(answer["values"]) == 1
-    metrics = ""
-    deadline = time.monotonic() + 20
-    exporter = f"http://127.0.0.1:{env['HOOKWATCH_EXPORTER_PORT']}/metrics"
-    while time.monotonic() < deadline:
-        metrics = http_get(exporter)[1].decode()
-        if 'hookwatch_captures_total{layer="input",model="regression"} 1.0' in metrics:
-            break
-        time.sleep(0.5)
+    metrics = exporter_metrics(
+        env, 'hookwatch_captures_total{layer="input",model="regression"} 1.0'
+    )
     try:
         assert 'hookwatch_drift_profile_loaded{model="regression"} 1.0' in metrics
         # The keyword-argument input and both GELU layers were captured, nothing faulted.
@@ -309,14 +316,9 @@ def test_the_several_tensor_walkthrough(tmp_path: Path, serving_venv: Path) -> N
         assert abs(sum(answer["probabilities"]) - 1.0) < 1e-5
         # The reference's `y` gave the accuracy estimate: it pages on harm.
         assert "accuracy estimate from the 'y' array of reference.npz" in block.outputs[-2]
-        metrics = ""
-        exporter = f"http://127.0.0.1:{env['HOOKWATCH_EXPORTER_PORT']}/metrics"
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            metrics = http_get(exporter)[1].decode()
-            if 'hookwatch_captures_total{layer="output",model="churn"} 1.0' in metrics:
-                break
-            time.sleep(0.5)
+        metrics = exporter_metrics(
+            env, 'hookwatch_captures_total{layer="output",model="churn"} 1.0'
+        )
         assert 'hookwatch_drift_profile_loaded{model="churn"} 1.0' in metrics
         assert 'hookwatch_reference_accuracy{model="churn"}' in metrics
         # Both arguments reached the forward and the input's hook (side by side), and
@@ -350,14 +352,7 @@ def test_the_text_walkthrough(tmp_path: Path, text_venv: Path) -> None:
         assert abs(sum(v * v for v in one["embedding"]) - 1.0) < 1e-4  # normalised
         # The pretrained directory travelled with the model; its weights are stored once.
         assert (cwd / "model_store/minilm.mar").stat().st_size < 120 * 2**20
-        metrics = ""
-        exporter = f"http://127.0.0.1:{env['HOOKWATCH_EXPORTER_PORT']}/metrics"
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            metrics = http_get(exporter)[1].decode()
-            if 'hookwatch_requests_total{model="minilm"} 2.0' in metrics:
-                break
-            time.sleep(0.5)
+        metrics = exporter_metrics(env, 'hookwatch_requests_total{model="minilm"} 2.0')
         assert 'hookwatch_requests_total{model="minilm"} 2.0' in metrics
         assert 'hookwatch_drift_profile_loaded{model="minilm"} 1.0' in metrics
         for layer in ("input", "encoder.encoder.layer.3.output", "output"):

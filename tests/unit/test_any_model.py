@@ -39,6 +39,25 @@ def value_of(samples: dict[Any, float], name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), float("nan"))
 
 
+def monitored(
+    model: nn.Module,
+    handler: HandlerConfig,
+    profile: DriftProfile,
+    name: str,
+    metrics: MetricSet,
+) -> tuple[ModelService, Monitor]:
+    """``model`` served in process as a worker serves it: its layers resolved, a monitor with
+    ``profile``'s drift tracker, the service over it (close the monitor when done)."""
+    config = resolve_layers(model, handler.monitoring)
+    monitor = Monitor(
+        model,
+        plan_watch(model, config, name),
+        metrics=metrics,
+        drift=tracker_for(profile, config, name),
+    )
+    return ModelService(model, handler.input, monitor, output=config.output), monitor
+
+
 class KeywordMLP(nn.Module):
     """A regression model whose forward takes its input by keyword only."""
 
@@ -163,14 +182,7 @@ def test_keyword_forward_values_head_end_to_end(metrics: MetricSet) -> None:
     profile = build_profile(model, handler.monitoring, reference, "reg")
     # Regression values are one detector of their own: no softmax, no classes.
     assert set(profile.references) == {"input", "body.1", "body.3", "output"}
-    config = resolve_layers(model, handler.monitoring)
-    monitor = Monitor(
-        model,
-        plan_watch(model, config, "reg"),
-        metrics=metrics,
-        drift=tracker_for(profile, config, "reg"),
-    )
-    service = ModelService(model, handler.input, monitor, output=config.output)
+    service, monitor = monitored(model, handler, profile, "reg", metrics)
     answers = service.handle([{"data": [0.1, 0.2, 0.3, 0.4]}] * 30 + [{"data": [1, 2]}])
     monitor.flush()
     monitor.close()

@@ -19,16 +19,14 @@ import yaml
 
 from hookwatch._config import HandlerConfig, InputSpec
 from hookwatch._errors import BadInputError, ConfigError
-from hookwatch._hooks import plan_watch, resolve_layers
 from hookwatch._metrics import MetricSet
-from hookwatch._monitor import Monitor
-from hookwatch._profile import DriftProfile, build_profile, tracker_for
-from hookwatch._service import ArgumentsPipeline, ModelService, make_pipeline
+from hookwatch._profile import DriftProfile, build_profile
+from hookwatch._service import ArgumentsPipeline, make_pipeline
 from hookwatch.tools import cli
 from hookwatch.tools.bench.ab import synthesize
 from hookwatch.tools.own_model import ModelRef, archive_model
 from tests.fakes import FakeContext, load_handler
-from tests.unit.test_any_model import value
+from tests.unit.test_any_model import monitored, value
 
 #: A two-input model: a signal and its valid length (a mask built from it), as sequence
 #: models with padding take them; class scores out.
@@ -246,10 +244,7 @@ def test_every_sampled_request_is_captured_at_every_hook_point(metrics: MetricSe
     ref = _reference(64)
     reference = [{k: torch.from_numpy(v[i : i + 32]) for k, v in ref.items()} for i in (0, 32)]
     profile = build_profile(model, handler.monitoring, reference, "m")
-    config = resolve_layers(model, handler.monitoring)
-    drift = tracker_for(profile, config, "m")
-    monitor = Monitor(model, plan_watch(model, config, "m"), metrics=metrics, drift=drift)
-    service = ModelService(model, handler.input, monitor, output=config.output)
+    service, monitor = monitored(model, handler, profile, "m", metrics)
     body = _body([[0.5, 1, 2]] * 5, [3])
     answers = service.handle([body] * 12)
     monitor.flush()
@@ -337,10 +332,7 @@ def test_a_shift_in_the_second_argument_alone_moves_the_input_detector(
         {k: torch.from_numpy(v[i : i + 100]) for k, v in ref.items()} for i in range(0, 600, 100)
     ]
     profile = build_profile(model, handler.monitoring, reference, "m")
-    config = resolve_layers(model, handler.monitoring)
-    drift = tracker_for(profile, config, "m")
-    monitor = Monitor(model, plan_watch(model, config, "m"), metrics=metrics, drift=drift)
-    service = ModelService(model, handler.input, monitor, output=config.output)
+    service, monitor = monitored(model, handler, profile, "m", metrics)
     # The signals as the reference's, every length 5 (the reference's run from 1 to 5).
     fresh = _reference(300)
     for i in range(0, 300, 10):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -37,6 +38,21 @@ MODEL = (
     "        z = self.out(self.act(self.fc(x)))\n"
     "        return z.squeeze(-1) if self.squeeze else z\n"
 )
+
+
+def _archive(tmp_path: Path, model: str, **options: Any) -> Path:
+    """``hookwatch archive`` of ``model`` (``file.py:Class`` in ``tmp_path``) with the
+    ``model-config.yaml`` and ``ref.npy`` there."""
+    name = model.split(".")[0]
+    return archive_model(
+        ModelRef.parse(f"{tmp_path / model}"),
+        name,
+        tmp_path / "model-config.yaml",
+        tmp_path / "ref.npy",
+        tmp_path / "store",
+        tmp_path / "build",
+        **({"say": lambda _line: None} | options),
+    )
 
 
 def _inputs(n: int = 300, shift: float = 0.0) -> np.ndarray:
@@ -85,13 +101,9 @@ def test_archived_served_and_estimated(tmp_path: Path, squeeze: bool) -> None:
     np.save(tmp_path / "ref.npy", x)
     np.save(tmp_path / "y.npy", (x[:, 0] > 0).astype(np.int64))
     said: list[str] = []
-    mar = archive_model(
-        ModelRef.parse(f"{tmp_path / 'fraud.py'}:Fraud"),
-        "fraud",
-        config,
-        tmp_path / "ref.npy",
-        tmp_path / "store",
-        tmp_path / "build",
+    mar = _archive(
+        tmp_path,
+        "fraud.py:Fraud",
         args={"squeeze": squeeze},
         say=said.append,
         labels=tmp_path / "y.npy",
@@ -144,15 +156,7 @@ def test_one_logit_per_position_is_still_refused(tmp_path: Path) -> None:
     )
     np.save(tmp_path / "ref.npy", np.zeros((60, 5, 6), np.float32) + _inputs(60)[:, None, :])
     with pytest.raises(ConfigError, match="one binary logit a sample"):
-        archive_model(
-            ModelRef.parse(f"{tmp_path / 'seq.py'}:Seq"),
-            "seq",
-            config,
-            tmp_path / "ref.npy",
-            tmp_path / "store",
-            tmp_path / "build",
-            say=lambda _line: None,
-        )
+        _archive(tmp_path, "seq.py:Seq")
 
 
 @pytest.mark.parametrize(("names", "classes"), [(["legit"], 2), (["a", "b", "c"], 2)])
@@ -171,15 +175,7 @@ def test_class_names_that_do_not_match_the_classes_are_refused(
     with pytest.raises(
         ConfigError, match=rf"^handler.labels: expected {classes} names .*, got {len(names)}$"
     ):
-        archive_model(
-            ModelRef.parse(f"{tmp_path / 'fraud.py'}:Fraud"),
-            "fraud",
-            config,
-            tmp_path / "ref.npy",
-            tmp_path / "store",
-            tmp_path / "build",
-            say=lambda _line: None,
-        )
+        _archive(tmp_path, "fraud.py:Fraud")
 
 
 def test_per_class_statistics_go_to_the_class_the_logit_predicts() -> None:

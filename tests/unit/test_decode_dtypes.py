@@ -11,12 +11,10 @@ from torch import nn
 
 from hookwatch._config import HandlerConfig, InputSpec
 from hookwatch._errors import BadInputError
-from hookwatch._hooks import plan_watch, resolve_layers
 from hookwatch._metrics import MetricSet
-from hookwatch._monitor import Monitor
-from hookwatch._profile import build_profile, tracker_for
-from hookwatch._service import InputPipeline, ModelService, decode_payload
-from tests.unit.test_any_model import value
+from hookwatch._profile import build_profile
+from hookwatch._service import InputPipeline, decode_payload
+from tests.unit.test_any_model import monitored, value
 
 
 def _decode(dtype: str, data: list[Any], **spec: Any) -> torch.Tensor:
@@ -136,14 +134,7 @@ def test_a_model_of_raw_image_bytes_is_watched(metrics: MetricSet) -> None:
     )
     images = torch.randint(0, 256, (64, 1, 6, 6), dtype=torch.uint8)
     profile = build_profile(model, handler.monitoring, [images[:32], images[32:]], "px")
-    config = resolve_layers(model, handler.monitoring)
-    monitor = Monitor(
-        model,
-        plan_watch(model, config, "px"),
-        metrics=metrics,
-        drift=tracker_for(profile, config, "px"),
-    )
-    service = ModelService(model, handler.input, monitor, output=config.output)
+    service, monitor = monitored(model, handler, profile, "px", metrics)
     answers = service.handle([{"data": images[i].tolist()} for i in range(8)])
     monitor.flush()
     monitor.close()
