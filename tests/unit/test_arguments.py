@@ -343,3 +343,17 @@ def test_a_shift_in_the_second_argument_alone_moves_the_input_detector(
         metrics, "hookwatch_drift_alarms_total", model="m", level="input", detector="input"
     )
     assert alarms > 0
+
+
+def test_one_tensor_for_a_forward_of_two_says_how_to_declare_both(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "masked.py").write_text(MODEL)
+    assert cli.main(["layers", "masked.py:Masked", "--input-shape", "5,3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert "missing 1 required positional argument: 'lengths'" in err[0]
+    assert err[0].endswith(
+        "declared under input.arguments in a model-config (--config), a JSON field each"
+    )

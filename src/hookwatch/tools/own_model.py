@@ -215,6 +215,23 @@ def parse_shape(text: str) -> tuple[int, ...]:
 _WANTS_INTEGERS = re.compile(r"'indices'|index tensor|for index\b|used as indices must be")
 
 
+#: What Python says when a forward is called with fewer tensors than it takes.
+_MISSING_ARGUMENTS = re.compile(
+    r"forward\(\) missing \d+ required (?:positional |keyword-only )?argument"
+)
+
+
+def arguments_hint(error: BaseException) -> str:
+    """What a dry-run error ends with when the forward wants more tensors than one (``;
+    declare each ...``), else nothing."""
+    if isinstance(error, TypeError) and _MISSING_ARGUMENTS.search(str(error)):
+        return (
+            "; a forward of several tensors takes each as declared under input.arguments in "
+            "a model-config (--config), a JSON field each"
+        )
+    return ""
+
+
 def integer_hint(error: BaseException, given: ModelInputs, fix: str) -> str:
     """What a dry-run error ends with when the model wanted integers and was ``given`` floats
     (``; the model wants integer inputs: try FIX``), else nothing: torch's words alone do
@@ -383,6 +400,7 @@ def discover_layers(
                 f"(batch of {first.shape[0]}, dtype {str(first.dtype).removeprefix('torch.')}), "
                 f"got {type(error).__name__}: {error_line(error)}"
                 + integer_hint(error, first, "--input-dtype int64")
+                + arguments_hint(error)
             ) from None
     finally:
         for handle in handles:
@@ -927,6 +945,7 @@ def archive_model(
             f"dry run: expected the model to accept inputs of {_describe_inputs(first)} "
             f"(handler.input), got {type(error).__name__}: {error_line(error)}"
             + integer_hint(error, first, "input.dtype: int64 in the model-config")
+            + arguments_hint(error)
         ) from None
     selected = select_tensor(output, config.output.select)
     if selected is None:
