@@ -186,3 +186,19 @@ def test_per_class_statistics_go_to_the_class_the_logit_predicts() -> None:
     logits = np.array([[-1.5], [2.0], [0.5], [np.nan]], dtype=np.float32)
     predicted = _Predictions.of(1, np.array([0]), [4], logits, classes)
     assert predicted.slots.tolist() == [*classes.slots(np.array([0, 1, 1])).tolist(), -1]
+
+
+@pytest.mark.parametrize("squeeze", [False, True], ids=["B,1", "B"])
+def test_init_proposes_values_and_names_logits_for_a_binary_classifier(
+    tmp_path: Path, squeeze: bool
+) -> None:
+    import torch
+
+    from hookwatch.tools.own_model import discover_layers, init_config
+
+    namespace: dict[str, Any] = {}
+    exec(compile(MODEL, "fraud.py", "exec"), namespace)
+    model = namespace["Fraud"](squeeze=squeeze).eval()
+    written = init_config(discover_layers(model, torch.zeros(2, 6)), [6], "float32", None, "f")
+    assert "a binary classifier's\n    # logit (logits: class 1 where it is positive" in written
+    assert yaml.safe_load(written)["handler"]["monitoring"]["output"] == {"head": "values"}
