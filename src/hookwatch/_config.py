@@ -58,9 +58,10 @@ DEFAULT_MAX_OVERHEAD = 0.005
 PROJECTIONS = ("pca", "none")
 #: What the model's output is (``monitoring.output.head``): it decides the output's drift
 #: detectors and the answer. ``logits``: class scores (softmax, confidence, entropy, predicted
-#: class); ``values``: regression outputs, tested per output; ``embedding``: a vector, tested
-#: like a hidden layer; ``none``: statistics only, no output drift.
-HEADS = ("logits", "values", "embedding", "none")
+#: class); ``multilabel``: one independent logit per label (a sigmoid each), tested per label
+#: as ``values`` are; ``values``: regression outputs, tested per output; ``embedding``: a
+#: vector, tested like a hidden layer; ``none``: statistics only, no output drift.
+HEADS = ("logits", "multilabel", "values", "embedding", "none")
 #: ``monitoring.hooks``: registered around sampled forwards only, or once for good.
 HOOK_MODES = ("sampled", "always")
 #: Input dtypes a request can be converted to (``handler.input.dtype``).
@@ -466,7 +467,10 @@ class OutputSpec:
         "classes with most reference probability, the class mix the 63 most frequent classes "
         "plus `other`); a binary classifier's one logit a sample (`[batch, 1]` or `[batch]`, "
         "as `BCEWithLogitsLoss` trains it) is read as two classes' logits `[0, z]`: class 1 "
-        "where it is positive, with probability sigmoid(z); per-position logits "
+        "where it is positive, with probability sigmoid(z); `multilabel`: one independent "
+        "logit per label (`BCEWithLogitsLoss` over several labels), answered as the `labels` "
+        "whose sigmoid is above 0.5 and every label's probability, its drift tested per "
+        "label as `values` are; per-position logits "
         "`[batch, positions, classes]` (token "
         "classification, CTC) give each sample's class shares over its positions, the mean "
         "confidence and entropy over them and its most frequent class; `values` (regression) "

@@ -820,6 +820,8 @@ class ModelService:
                     for p, i in zip(top.values.tolist(), top.indices.tolist(), strict=True)
                 ]
             return answer
+        if head == "multilabel":
+            return self._labels_answer(row)
         flat = row.reshape(-1)
         # An integer output (class or token ids) is answered as integers: as floats an id read
         # "1.0", and one past 2**24 lost its last digits.
@@ -830,6 +832,24 @@ class ModelService:
         if head == "embedding":
             return {"embedding": values}
         return {"output": row.tolist()}
+
+    def _labels_answer(self, row: torch.Tensor) -> dict[str, Any]:
+        """One independent logit per label: the labels whose sigmoid is above 0.5, in label
+        order, and every label's probability (up to :data:`FULL_PROBABILITIES` labels; above,
+        the ``top`` 5)."""
+        probabilities = torch.sigmoid(row.float().reshape(-1))
+        names = self.labels
+        on = (probabilities > 0.5).nonzero().flatten().tolist()
+        answer: dict[str, Any] = {"labels": [names[i] if names else i for i in on]}
+        if probabilities.numel() <= FULL_PROBABILITIES:
+            answer["probabilities"] = [round(p, 6) for p in probabilities.tolist()]
+        else:
+            top = torch.topk(probabilities, 5)
+            answer["top"] = [
+                {"label": names[i] if names else i, "probability": round(p, 6)}
+                for p, i in zip(top.values.tolist(), top.indices.tolist(), strict=True)
+            ]
+        return answer
 
     def _positions_answer(self, row: torch.Tensor) -> dict[str, Any]:
         """Per-position logits ``[T, C]`` (token classification, CTC): per position, the
@@ -857,6 +877,10 @@ class ModelService:
             if row.numel() <= FULL_PROBABILITIES:
                 return {"class": None, "probabilities": [None] * max(2, row.numel())}
             return {"class": None, "top": []}
+        if head == "multilabel":
+            if row.numel() <= FULL_PROBABILITIES:
+                return {"labels": None, "probabilities": [None] * row.numel()}
+            return {"labels": None, "top": []}
         return {key: _nulls(values) for key, values in self._answer(row).items()}
 
     def encode(self, result: BatchResult) -> list[Any]:

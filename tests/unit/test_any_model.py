@@ -669,7 +669,7 @@ def test_a_request_the_model_refuses_gets_a_422_and_its_batch_is_served(
     assert value(metrics, "hookwatch_requests_sampled_total", model="ids") == 2
 
 
-@pytest.mark.parametrize("head", ["logits", "values", "embedding", "none"])
+@pytest.mark.parametrize("head", ["logits", "multilabel", "values", "embedding", "none"])
 def test_an_output_with_nan_or_infinity_is_answered_in_valid_json(
     metrics: MetricSet, head: str
 ) -> None:
@@ -698,12 +698,17 @@ def test_an_output_with_nan_or_infinity_is_answered_in_valid_json(
     service.close()
     json.dumps(answers, allow_nan=False)  # raises on a NaN or an Infinity
     assert answers[1] == alone[0]  # the finite row is answered as it is alone
-    key = {"logits": "probabilities", "values": "values", "embedding": "embedding"}.get(
-        head, "output"
-    )
+    key = {
+        "logits": "probabilities",
+        "multilabel": "probabilities",
+        "values": "values",
+        "embedding": "embedding",
+    }.get(head, "output")
     assert answers[0][key] == [None, None, None]
     if head == "logits":
         assert answers[0]["class"] is None and isinstance(answers[1]["class"], int)
+    if head == "multilabel":
+        assert answers[0]["labels"] is None and isinstance(answers[1]["labels"], list)
 
 
 def test_a_statically_quantized_model_is_watched_on_its_real_values(metrics: MetricSet) -> None:

@@ -143,7 +143,8 @@ def test_from_mapping_defaults_are_the_field_defaults() -> None:
         ),
         (
             lambda: OutputSpec(head="scores"),
-            "monitoring.output.head: expected one of ['logits', 'values', 'embedding', 'none']",
+            "monitoring.output.head: expected one of "
+            "['logits', 'multilabel', 'values', 'embedding', 'none']",
         ),
         (
             lambda: TextSpec(tokenizer="tok", max_texts=0),

@@ -507,7 +507,7 @@ def _fit_detectors(
 def _projectable(config: MonitoringConfig, layer: str) -> bool:
     """Whether ``layer`` is projected when wide: not the logits (their softmax and the
     predictions need every logit)."""
-    return layer != OUTPUT_LAYER or config.output.head in ("values", "embedding")
+    return layer != OUTPUT_LAYER or config.output.head in ("values", "multilabel", "embedding")
 
 
 def _projected(plan: WatchPlan, layer: str, width: int) -> bool:

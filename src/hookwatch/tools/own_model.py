@@ -617,7 +617,7 @@ def init_config(
             "    # mean: [0.485, 0.456, 0.406]   # normalisation the model expects, per channel:",
             "    # std: [0.229, 0.224, 0.225]    # requests and reference data come un-normalised",
         ]
-    heads = "logits (classes) | values (regression) | embedding | none"
+    heads = "logits (classes) | multilabel | values (regression) | embedding | none"
     out = rows[-1].shapes[0] if rows and rows[-1].shapes else ()
     sequence_note = (
         [
@@ -695,10 +695,18 @@ def _argument_lines(arguments: Sequence[InputSpec]) -> list[str]:
     return lines
 
 
-def _check_class_names(labels: Sequence[str], logits: torch.Tensor) -> None:
-    """``handler.labels`` name every class of the logits, no more: an answer's class is named
-    by its index into them (a binary classifier's one logit has two classes)."""
+def _check_class_names(labels: Sequence[str], logits: torch.Tensor, head: str) -> None:
+    """``handler.labels`` name every class of the logits (every label of a ``multilabel``
+    head), no more: an answer names them by index (a binary classifier's one logit has two
+    classes)."""
     classes = int(logits.shape[-1]) if logits.dim() >= 2 else 1
+    if head == "multilabel":
+        if len(labels) != classes:
+            raise ConfigError(
+                f"handler.labels: expected {classes} names (one per label, one per logit of "
+                f"the model's output, in order), got {len(labels)}"
+            )
+        return
     classes = 2 if classes == 1 else classes
     if len(labels) != classes:
         raise ConfigError(
@@ -954,8 +962,8 @@ def archive_model(
             f"{type(output).__name__} with select={config.output.select!r}"
             f"{_select_choices(output)}"
         )
-    if handler.labels is not None and config.output.head == "logits":
-        _check_class_names(handler.labels, selected)
+    if handler.labels is not None and config.output.head in ("logits", "multilabel"):
+        _check_class_names(handler.labels, selected, config.output.head)
     from hookwatch._profile.builder import profile_for
 
     profile = profile_for(model, plan, forward_batches(batches, handler.input.argument))
