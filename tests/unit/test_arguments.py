@@ -355,5 +355,6 @@ def test_one_tensor_for_a_forward_of_two_says_how_to_declare_both(
     assert len(err) == 1, err
     assert "missing 1 required positional argument: 'lengths'" in err[0]
     assert err[0].endswith(
-        "declared under input.arguments in a model-config (--config), a JSON field each"
+        "a forward of several tensors (signal, lengths) takes each as declared under "
+        "input.arguments in a model-config (--config), a JSON field each"
     )

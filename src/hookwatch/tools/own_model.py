@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import inspect
 import json
 import math
 import os
@@ -221,15 +222,25 @@ _MISSING_ARGUMENTS = re.compile(
 )
 
 
-def arguments_hint(error: BaseException) -> str:
+def arguments_hint(error: BaseException, model: nn.Module) -> str:
     """What a dry-run error ends with when the forward wants more tensors than one (``;
-    declare each ...``), else nothing."""
-    if isinstance(error, TypeError) and _MISSING_ARGUMENTS.search(str(error)):
-        return (
-            "; a forward of several tensors takes each as declared under input.arguments in "
-            "a model-config (--config), a JSON field each"
-        )
-    return ""
+    declare each ...``, naming the forward's parameters), else nothing."""
+    if not (isinstance(error, TypeError) and _MISSING_ARGUMENTS.search(str(error))):
+        return ""
+    try:
+        parameters = list(inspect.signature(hookable_root(model).forward).parameters.values())
+    except (TypeError, ValueError):
+        parameters = []
+    names = [
+        p.name
+        for p in parameters
+        if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.default is p.empty
+    ]
+    which = f" ({', '.join(names)})" if names else ""
+    return (
+        f"; a forward of several tensors{which} takes each as declared under input.arguments "
+        "in a model-config (--config), a JSON field each"
+    )
 
 
 def integer_hint(error: BaseException, given: ModelInputs, fix: str) -> str:
@@ -400,7 +411,7 @@ def discover_layers(
                 f"(batch of {first.shape[0]}, dtype {str(first.dtype).removeprefix('torch.')}), "
                 f"got {type(error).__name__}: {error_line(error)}"
                 + integer_hint(error, first, "--input-dtype int64")
-                + arguments_hint(error)
+                + arguments_hint(error, model)
             ) from None
     finally:
         for handle in handles:
@@ -953,7 +964,7 @@ def archive_model(
             f"dry run: expected the model to accept inputs of {_describe_inputs(first)} "
             f"(handler.input), got {type(error).__name__}: {error_line(error)}"
             + integer_hint(error, first, "input.dtype: int64 in the model-config")
-            + arguments_hint(error)
+            + arguments_hint(error, model)
         ) from None
     selected = select_tensor(output, config.output.select)
     if selected is None:
