@@ -19,6 +19,7 @@ import enum
 import fnmatch
 import inspect
 import logging
+import math
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -713,8 +714,11 @@ class LayerHook:
             if args:
                 self.take(args[0])
             else:
+                given = kwargs or {}
                 self.take(
-                    joined_inputs(kwargs or {}) if self._joins else select_tensor(kwargs or {})
+                    joined_inputs(given, self._max_features)
+                    if self._joins
+                    else select_tensor(given)
                 )
 
     def _hook(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
@@ -761,7 +765,7 @@ class LayerHook:
             if type(value) is torch.Tensor and self._select is None:
                 tensor: torch.Tensor | None = value
             elif self._joins and isinstance(value, Mapping):
-                tensor = joined_inputs(value)
+                tensor = joined_inputs(value, self._max_features)
             else:
                 tensor = select_tensor(value, self._select)
             if tensor is None:
@@ -973,10 +977,11 @@ class MaskHook:
         self.state = HookState.DETACHED
 
 
-def joined_inputs(kwargs: Mapping[str, Any]) -> torch.Tensor | None:
+def joined_inputs(kwargs: Mapping[str, Any], max_features: int = 256) -> torch.Tensor | None:
     """A forward's keyword arguments as the one input the hooks read: a lone tensor as it
-    is; several, each flattened per sample and side by side in call order, as float32
-    ``[batch, features]`` (``input.arguments``: a drift in any of them is the input's). Where
+    is; several side by side in call order, float32 ``[batch, features]``, each read as a lone
+    input would be (a map of at most ``max_features`` values whole, a larger one by its
+    channels' means), so a drift in any of them is the input's (``input.arguments``). Where
     they do not all have the batch first, the first tensor, as for any other call."""
     tensors = [value for value in kwargs.values() if isinstance(value, torch.Tensor)]
     if len(tensors) < 2:
@@ -985,7 +990,13 @@ def joined_inputs(kwargs: Mapping[str, Any]) -> torch.Tensor | None:
     rows = first.shape[0] if first.dim() else -1
     if any(t.dim() == 0 or t.shape[0] != rows for t in tensors):
         return first
-    return torch.cat([t.reshape(rows, -1).float() for t in tensors], dim=1)
+    parts = [
+        t.reshape(rows, -1).float()
+        if t.dim() <= 2 or math.prod(t.shape[1:]) <= max_features
+        else t.reshape(rows, t.shape[1], -1).float().mean(dim=2)
+        for t in tensors
+    ]
+    return torch.cat(parts, dim=1)
 
 
 def packed_means(packed: PackedSequence) -> torch.Tensor:

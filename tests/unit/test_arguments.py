@@ -358,3 +358,19 @@ def test_one_tensor_for_a_forward_of_two_says_how_to_declare_both(
         "a forward of several tensors (signal, lengths) takes each as declared under "
         "input.arguments in a model-config (--config), a JSON field each"
     )
+
+
+def test_each_argument_is_read_as_a_lone_input_would_be_then_side_by_side() -> None:
+    from hookwatch._hooks import joined_inputs
+
+    image, meta = torch.rand(2, 3, 32, 32), torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
+    joined = joined_inputs({"image": image, "meta": meta}, max_features=256)
+    assert joined is not None and joined.dtype == torch.float32
+    # A large map by its channels' means (3), a small input whole (4).
+    torch.testing.assert_close(joined[:, :3], image.mean(dim=(2, 3)))
+    assert joined[:, 3:].tolist() == meta.float().tolist()
+    small = torch.rand(2, 2, 3)
+    assert joined_inputs({"a": small, "b": meta}).shape == (2, 6 + 4)
+    # One tensor is the input as it is; arguments without the batch first, the first one.
+    assert joined_inputs({"image": image}) is image
+    assert joined_inputs({"a": small, "b": torch.rand(3, 4)}) is small
