@@ -220,6 +220,9 @@ def test_layers_and_init_take_the_arguments_from_the_config(
     assert cli.main(["layers", "masked.py:Masked", "--config", str(config)]) == 0
     listed = capsys.readouterr().out
     assert "act" in listed and "proj" in listed
+    # The input row is what the hooks read: both arguments, side by side.
+    (input_row,) = [line for line in listed.splitlines() if line.startswith("input ")]
+    assert "5x3, 1" in input_row and input_row.split()[-1] == "16", input_row
     out = tmp_path / "written.yaml"
     assert cli.main(["init", "masked.py:Masked", "--config", str(config), "--out", str(out)]) == 0
     written = yaml.safe_load(out.read_text())["handler"]["input"]

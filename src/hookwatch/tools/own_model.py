@@ -45,6 +45,7 @@ from hookwatch._hooks import (
     FeatureReading,
     feature_reading,
     hookable_root,
+    joined_inputs,
     plan_watch,
     select_tensor,
 )
@@ -416,16 +417,31 @@ def discover_layers(
     finally:
         for handle in handles:
             handle.remove()
-    rows = [
-        LayerInfo(
-            INPUT_LAYER,
-            "(input)",
-            (tuple(first.shape),),
-            0,
-            1 if tokens else _input_features(first, _projection_width()),
-            0,
-        ),
-    ]
+    width = _projection_width()
+    joined = joined_inputs(x, width) if isinstance(x, dict) and not tokens else None
+    if joined is not None and joined is not first:
+        # Several arguments: the hooks read them side by side (input.arguments).
+        rows = [
+            LayerInfo(
+                INPUT_LAYER,
+                "(input)",
+                tuple(tuple(v.shape) for v in x.values()),
+                0,
+                int(joined.shape[1]),
+                0,
+            )
+        ]
+    else:
+        rows = [
+            LayerInfo(
+                INPUT_LAYER,
+                "(input)",
+                (tuple(first.shape),),
+                0,
+                1 if tokens else _input_features(first, width),
+                0,
+            ),
+        ]
     for name, module in root.named_modules():
         if not name:
             continue
