@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import http.server
 import importlib.util
+import json
 import threading
+import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 HANDLERS = Path(__file__).resolve().parents[1] / "handlers"
 
@@ -59,6 +63,28 @@ class FakeContext:
 
     def get_request_header(self, idx: int, key: str) -> str | None:
         return None
+
+
+@contextmanager
+def archived_handler(mar: Path, into: Path) -> Iterator[tuple[Any, FakeContext]]:
+    """The hookwatch handler on ``mar`` (a ``hookwatch archive`` output) as a worker loads it:
+    the archive extracted into ``into``, the context from its manifest and model-config;
+    yields ``(handler, context)`` and closes the handler's service afterwards."""
+    with zipfile.ZipFile(mar) as archived:
+        archived.extractall(into)
+    manifest = json.loads((into / "MAR-INF" / "MANIFEST.json").read_text())["model"]
+    context = FakeContext(
+        into,
+        yaml.safe_load((into / manifest["configFile"]).read_text()),
+        model_name=manifest["modelName"],
+        serialized_file=manifest["serializedFile"],
+    )
+    handler = load_handler("hookwatch_handler")()
+    handler.initialize(context)
+    try:
+        yield handler, context
+    finally:
+        handler.service.close()
 
 
 @contextmanager

@@ -15,7 +15,7 @@ import yaml
 from hookwatch._errors import ConfigError
 from hookwatch._profile import DriftProfile
 from hookwatch.tools.own_model import ModelRef, archive_model
-from tests.fakes import FakeContext, load_handler
+from tests.fakes import archived_handler
 
 MODEL = (
     "import torch\nfrom torch import nn\n\n"
@@ -84,19 +84,12 @@ def test_labels_file_gives_the_archived_profile_an_estimator_a_worker_loads(
     np.save(labels, _labels())
     mar, said = archive(reference, labels)
     assert any("accuracy estimate from" in line and "layer act" in line for line in said), said
-    model_dir = tmp_path / "extracted"
-    profile = _profile(mar, model_dir)
-    assert profile.accuracy is not None and profile.accuracy_layer == "act"
-    config = yaml.safe_load((tmp_path / "model-config-logits.yaml").read_text())
-    context = FakeContext(model_dir, config, model_name="tiny", serialized_file="weights.pt")
-    handler = load_handler("hookwatch_handler")()
-    handler.initialize(context)
-    try:
+    with archived_handler(mar, tmp_path / "extracted") as (handler, context):
+        profile = DriftProfile.load(tmp_path / "extracted" / "drift-profile.npz")
+        assert profile.accuracy is not None and profile.accuracy_layer == "act"
         handler.handle([{"body": {"data": [0.5] * 6}}], context)
         drift = handler.service.monitor._drift
         assert drift is not None and drift.accuracy is not None
-    finally:
-        handler.service.close()
 
 
 def test_labels_beside_the_inputs_in_the_npz_or_the_jsonl(archive: Archive, tmp_path: Path) -> None:

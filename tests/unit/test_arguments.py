@@ -7,7 +7,6 @@ argument."""
 from __future__ import annotations
 
 import json
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from hookwatch._service import ArgumentsPipeline, make_pipeline
 from hookwatch.tools import cli
 from hookwatch.tools.bench.ab import synthesize
 from hookwatch.tools.own_model import ModelRef, archive_model
-from tests.fakes import FakeContext, load_handler
+from tests.fakes import archived_handler
 from tests.unit.test_any_model import monitored, value
 
 #: A two-input model: a signal and its valid length (a mask built from it), as sequence
@@ -141,25 +140,13 @@ def archive(tmp_path: Path) -> Archive:
 def test_archived_from_an_npz_and_served(archive: Archive, tmp_path: Path) -> None:
     np.savez(tmp_path / "ref.npz", **_reference())
     mar = archive(tmp_path / "ref.npz")
-    model_dir = tmp_path / "served"
-    with zipfile.ZipFile(mar) as archived:
-        archived.extractall(model_dir)
-    profile = DriftProfile.load(model_dir / "drift-profile.npz")
-    # The input detector watches both arguments side by side: 15 values of the signal and
-    # the length.
-    assert {"input", "act", "output"} <= set(profile.references)
-    watched = profile.references["input"]
-    assert watched.n_features + len(watched.dropped) == 16
-    context = FakeContext(
-        model_dir,
-        yaml.safe_load((tmp_path / "model-config.yaml").read_text()),
-        model_name="masked",
-        serialized_file="weights.pt",
-        model_file="masked.py",
-    )
-    handler = load_handler("hookwatch_handler")()
-    handler.initialize(context)
-    try:
+    with archived_handler(mar, tmp_path / "served") as (handler, context):
+        profile = DriftProfile.load(tmp_path / "served" / "drift-profile.npz")
+        # The input detector watches both arguments side by side: 15 values of the signal
+        # and the length.
+        assert {"input", "act", "output"} <= set(profile.references)
+        watched = profile.references["input"]
+        assert watched.n_features + len(watched.dropped) == 16
         good = _body([[0.5, 1, 2]] * 5, [2])
         bad = _body([[0.5, 1, 2]] * 5, [0])
         answers = handler.handle([{"body": good}, {"body": bad}, {"body": good}], context)
@@ -168,8 +155,6 @@ def test_archived_from_an_npz_and_served(archive: Archive, tmp_path: Path) -> No
         # The length reaches the forward: padding past it does not change the answer.
         padded = _body([[0.5, 1, 2]] * 2 + [[9, 9, 9]] * 3, [2])
         assert handler.handle([{"body": padded}], context)[0] == answers[0]
-    finally:
-        handler.service.close()
 
 
 def test_a_jsonl_reference_is_decoded_as_requests(archive: Archive, tmp_path: Path) -> None:

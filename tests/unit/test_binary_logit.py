@@ -5,7 +5,6 @@ accuracy estimate."""
 
 from __future__ import annotations
 
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from hookwatch._drift import AccuracyEstimator, class_logits, derive, softmax
 from hookwatch._errors import ConfigError
 from hookwatch._profile import DriftProfile
 from hookwatch.tools.own_model import ModelRef, archive_model
-from tests.fakes import FakeContext, load_handler
+from tests.fakes import archived_handler
 
 MODEL = (
     "import torch\nfrom torch import nn\n\n"
@@ -108,23 +107,11 @@ def test_archived_served_and_estimated(tmp_path: Path, squeeze: bool) -> None:
         say=said.append,
         labels=tmp_path / "y.npy",
     )
-    model_dir = tmp_path / "served"
-    with zipfile.ZipFile(mar) as archived:
-        archived.extractall(model_dir)
-    profile = DriftProfile.load(model_dir / "drift-profile.npz")
-    assert profile.accuracy is not None and profile.accuracy.classes == 2
-    assert profile.accuracy.reference_accuracy == 1.0
-    assert {"confidence", "entropy", "class_mix"} <= set(profile.references)
-    context = FakeContext(
-        model_dir,
-        yaml.safe_load(config.read_text()),
-        model_name="fraud",
-        serialized_file="weights.pt",
-        model_file="fraud.py",
-    )
-    handler = load_handler("hookwatch_handler")()
-    handler.initialize(context)
-    try:
+    with archived_handler(mar, tmp_path / "served") as (handler, context):
+        profile = DriftProfile.load(tmp_path / "served" / "drift-profile.npz")
+        assert profile.accuracy is not None and profile.accuracy.classes == 2
+        assert profile.accuracy.reference_accuracy == 1.0
+        assert {"confidence", "entropy", "class_mix"} <= set(profile.references)
         answers = handler.handle(
             [{"body": {"data": [2.0, 0, 0, 0, 0, 0]}}, {"body": {"data": [-2.0, 0, 0, 0, 0, 0]}}],
             context,
@@ -134,8 +121,6 @@ def test_archived_served_and_estimated(tmp_path: Path, squeeze: bool) -> None:
             assert len(answer["probabilities"]) == 2
             assert answer["probabilities"][0] + answer["probabilities"][1] == pytest.approx(1.0)
         assert answers[0]["probabilities"][1] == pytest.approx(1 / (1 + np.exp(-8.0)), abs=1e-6)
-    finally:
-        handler.service.close()
 
 
 def test_one_logit_per_position_is_still_refused(tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ drift tested per label as regression values are."""
 from __future__ import annotations
 
 import math
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,7 @@ from hookwatch._errors import ConfigError
 from hookwatch._profile import DriftProfile
 from hookwatch._service import ModelService
 from hookwatch.tools.own_model import ModelRef, archive_model
-from tests.fakes import FakeContext, load_handler
+from tests.fakes import archived_handler
 
 MODEL = (
     "import torch\nfrom torch import nn\n\n"
@@ -76,28 +75,14 @@ def test_the_labels_above_one_half_and_every_probability() -> None:
 def test_archived_and_served(tmp_path: Path) -> None:
     names = ["sports", "politics", "tech", "arts"]
     mar = _archive(tmp_path, names)
-    model_dir = tmp_path / "served"
-    with zipfile.ZipFile(mar) as archived:
-        archived.extractall(model_dir)
-    profile = DriftProfile.load(model_dir / "drift-profile.npz")
-    # Tested per label, as values: no softmax-derived detectors.
-    assert "output" in profile.references and "confidence" not in profile.references
-    context = FakeContext(
-        model_dir,
-        yaml.safe_load((tmp_path / "model-config.yaml").read_text()),
-        model_name="tags",
-        serialized_file="weights.pt",
-        model_file="tags.py",
-    )
-    handler = load_handler("hookwatch_handler")()
-    handler.initialize(context)
-    try:
+    with archived_handler(mar, tmp_path / "served") as (handler, context):
+        profile = DriftProfile.load(tmp_path / "served" / "drift-profile.npz")
+        # Tested per label, as values: no softmax-derived detectors.
+        assert "output" in profile.references and "confidence" not in profile.references
         (answer,) = handler.handle([{"body": {"data": [0.3, -1, 2, 0.5, 1]}}], context)
         assert set(answer) == {"labels", "probabilities"} and len(answer["probabilities"]) == 4
         above = [n for n, p in zip(names, answer["probabilities"], strict=True) if p > 0.5]
         assert answer["labels"] == above
-    finally:
-        handler.service.close()
 
 
 def test_names_that_do_not_match_the_labels_are_refused(tmp_path: Path) -> None:
