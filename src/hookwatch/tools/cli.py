@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -638,14 +638,10 @@ def _model_args(text: str) -> dict[str, Any]:
 
 def _dry_run_rows(args: argparse.Namespace) -> tuple[Any, tuple[int, ...], str, str | None]:
     """The model's layers from a dry run, and the input it was given."""
-    import torch
-
     from hookwatch._config import read_model_config
-    from hookwatch._service import InputPipeline
     from hookwatch.tools.own_model import (
         ModelRef,
         discover_layers,
-        example_input,
         load_user_model,
         parse_shape,
     )
@@ -665,33 +661,35 @@ def _dry_run_rows(args: argparse.Namespace) -> tuple[Any, tuple[int, ...], str, 
         )
     dtype = args.input_dtype or (spec.dtype if spec else "float32")
     argument = args.argument or (spec.argument if spec else None)
+    x = _example_batch(shape, dtype, spec)
+    return discover_layers(model, x, argument), shape, dtype, argument
+
+
+def _example_batch(shape: Sequence[int], dtype: str, spec: Any) -> Any:
+    """Two random items of ``shape`` for a dry run, in ``spec``'s range (else [0, 1]), through
+    its pipeline's batching (normalisation), as ``dtype``."""
+    import torch
+
+    from hookwatch._service import InputPipeline
+    from hookwatch.tools.own_model import example_input
+
     low = spec.min_value if spec and spec.min_value is not None else 0.0
     high = spec.max_value if spec and spec.max_value is not None else 1.0
     floating = dtype.startswith(("float", "bfloat"))
     x = example_input(shape, "float32" if floating else dtype, low, high)
     x = InputPipeline(spec).batch(x) if spec is not None else x
     # --input-dtype over the config's: the dtype the model is tried on is the one written.
-    x = x.to(getattr(torch, dtype))
-    return discover_layers(model, x, argument), shape, dtype, argument
+    return x.to(getattr(torch, dtype))
 
 
 def _arguments_dry_run(model: Any, spec: Any) -> tuple[Any, tuple[int, ...], str, str | None]:
     """A several-tensor model's layers, on two random items of each ``input.arguments``
     entry (its declared shape, dtype and range) through the serving pipeline."""
-    from hookwatch._service import ArgumentsPipeline
-    from hookwatch.tools.own_model import discover_layers, example_input
+    from hookwatch.tools.own_model import discover_layers
 
-    pipeline = ArgumentsPipeline(spec)
-    inputs = {}
-    for name, part in pipeline.parts.items():
-        declared = part.spec
-        low = declared.min_value if declared.min_value is not None else 0.0
-        high = declared.max_value if declared.max_value is not None else 1.0
-        floating = declared.dtype.startswith(("float", "bfloat"))
-        x = example_input(
-            declared.shape or (), "float32" if floating else declared.dtype, low, high
-        )
-        inputs[name] = part.batch(x)
+    inputs = {
+        part.field: _example_batch(part.shape or (), part.dtype, part) for part in spec.arguments
+    }
     return discover_layers(model, inputs), (), ARGUMENTS_INPUT, None
 
 

@@ -419,29 +419,14 @@ def discover_layers(
             handle.remove()
     width = _projection_width()
     joined = joined_inputs(x, width) if isinstance(x, dict) and not tokens else None
+    shapes: tuple[tuple[int, ...], ...]
     if joined is not None and joined is not first:
         # Several arguments: the hooks read them side by side (input.arguments).
-        rows = [
-            LayerInfo(
-                INPUT_LAYER,
-                "(input)",
-                tuple(tuple(v.shape) for v in x.values()),
-                0,
-                int(joined.shape[1]),
-                0,
-            )
-        ]
+        shapes, features = tuple(tuple(v.shape) for v in x.values()), int(joined.shape[1])
     else:
-        rows = [
-            LayerInfo(
-                INPUT_LAYER,
-                "(input)",
-                (tuple(first.shape),),
-                0,
-                1 if tokens else _input_features(first, width),
-                0,
-            ),
-        ]
+        shapes = (tuple(first.shape),)
+        features = 1 if tokens else _input_features(first, width)
+    rows = [LayerInfo(INPUT_LAYER, "(input)", shapes, 0, features, 0)]
     for name, module in root.named_modules():
         if not name:
             continue
