@@ -673,8 +673,8 @@ class MonitoringConfig:
         "instance instead of a hook, and under TorchServe the model itself gets none: "
         "[architecture](architecture.md#hooks-only-around-sampled-forwards)); `always` "
         "registers them once at load (each forward then pays PyTorch's "
-        "hook dispatch; for models whose own code inspects their hooks). A `torch.compile` "
-        "model always gets `always` "
+        "hook dispatch; for models whose own code inspects their hooks). A model with "
+        "`torch.compile`d parts, or compiled whole, always gets `always` "
         "([architecture](architecture.md#hooks-only-around-sampled-forwards))",
         choices=list(HOOK_MODES),
     )

@@ -219,6 +219,13 @@ def describe_model(model: nn.Module) -> str | None:
     return None
 
 
+def _eager(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function``, never traced by ``torch.compile``: called where a compiled graph meets
+    it, it runs as plain Python between two graphs."""
+    disable: Callable[..., Callable[..., Any]] = torch.compiler.disable  # untyped in torch
+    return disable(function, recursive=True)
+
+
 def has_compiled_parts(model: nn.Module) -> bool:
     """True if ``model`` or a module inside it is compiled (``torch.compile(module)`` or
     ``module.compile()``): its hooks then run inside a traced graph."""
@@ -606,6 +613,14 @@ class LayerHook:
         self._fast_dtype: torch.dtype | None = None
         self._fast_batch = -2  # never a Gate.whole
         self._fast_units = False
+        if not host:
+            # A model with compiled parts: TorchDynamo would trace these hooks into the
+            # compiled graph with the gate's value at trace time baked in (a graph traced on an
+            # unsampled forward never captures that layer again, and guards do not see a
+            # thread-local change). Left out of the trace, each runs eagerly on every forward,
+            # where the gate is read as it is: a graph break per hooked module.
+            self._hook = _eager(self._hook)  # type: ignore[method-assign]
+            self._pre_hook = _eager(self._pre_hook)  # type: ignore[method-assign]
 
     def register(self) -> None:
         """Put the hook on its module (no-op when it is on already, faulted, removed, handed

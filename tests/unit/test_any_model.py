@@ -377,6 +377,48 @@ def test_models_with_a_compiled_part_are_watched(metrics: MetricSet, how: str) -
     assert value(metrics, "hookwatch_monitor_faults_total", model="c", layer="all") == 0
 
 
+@pytest.mark.parametrize("how", ["whole", "part", "inside a part"])
+def test_a_compiled_model_sampled_now_and_then_captures_every_watched_layer(
+    metrics: MetricSet, how: str
+) -> None:
+    """Found serving a ``torch.compile`` factory at the default sample rate: the graph was
+    traced on an unsampled forward, with the hook's closed gate traced into it, and its
+    hidden layer was never captured again while the input and output were. Each layer must
+    be captured on every sampled forward, whatever the first one was, with no recompiles."""
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    model = nn.Sequential(OrderedDict(fc=nn.Linear(4, 4), act=nn.ReLU(), out=nn.Linear(4, 2)))
+    if how == "whole":
+        watched: Any = torch.compile(model.eval(), backend="eager")
+        layers = ["act"]
+    elif how == "part":
+        model.out = torch.compile(model.out, backend="eager")  # type: ignore[assignment]
+        watched, layers = model.eval(), ["act", "out._orig_mod"]
+    else:
+        part = nn.Sequential(OrderedDict(act=nn.ReLU(), out=nn.Linear(4, 2)))
+        model = nn.Sequential(
+            OrderedDict(fc=nn.Linear(4, 4), part=torch.compile(part, backend="eager"))
+        )
+        watched, layers = model.eval(), ["part._orig_mod.act"]
+    torch._dynamo.reset()
+    counters.clear()
+    config = MonitoringConfig.from_mapping({"layers": layers, "sample_rate": 1.0})
+    monitor = Monitor(watched, plan_watch(watched, config, "c"), metrics=metrics)
+    x = torch.randn(1, 4)
+    # The first forwards unsampled (compiled then), the next ones sampled.
+    for rate, forwards in ((0.0, 3), (1.0, 5)):
+        monitor._gate.sample_rate = rate
+        for _ in range(forwards):
+            with torch.inference_mode(), monitor.request(1):
+                watched(x)
+    monitor.flush()
+    monitor.close()
+    for layer in ("input", *layers, "output"):
+        assert value(metrics, "hookwatch_captures_total", model="c", layer=layer) == 5, layer
+    assert not counters["recompiles"], dict(counters["recompiles"])
+
+
 def test_an_input_whose_length_varies_keeps_its_statistics_and_ends_only_its_drift(
     metrics: MetricSet,
 ) -> None:

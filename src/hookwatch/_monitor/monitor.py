@@ -25,7 +25,7 @@ from hookwatch._hooks import (
     HookState,
     WatchPlan,
     describe_model,
-    hookable_root,
+    has_compiled_parts,
 )
 from hookwatch._metrics import MetricSet, default_metrics
 from hookwatch._monitor.cost import HookCost
@@ -190,8 +190,10 @@ class Monitor:
         self._log = RateLimitedLog(log)
         if config.enabled:
             # A compiled model guards its graphs on the hooks of its modules: registering
-            # them per sampled forward would recompile, so there they stay registered.
-            on_demand = config.hooks == "sampled" and hookable_root(model) is model
+            # them per sampled forward would recompile (and past torch's recompile limit run
+            # that part eagerly from then on), so there they stay registered. So for a model
+            # with a compiled part too, not only a compiled whole.
+            on_demand = config.hooks == "sampled" and not has_compiled_parts(model)
             self._hooks.attach(
                 model,
                 config.layers,
