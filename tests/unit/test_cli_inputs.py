@@ -350,6 +350,20 @@ def test_layers_counts_a_wide_input_as_the_projection_will_test_it() -> None:
     assert "its first 4096 projected" in wide
 
 
+def test_layers_says_a_scripted_submodule_takes_no_hooks_not_that_it_did_not_run() -> None:
+    # An outside user's eager model with a torch.jit.script'ed encoder inside: `layers` said
+    # its modules "did not run" (they ran; hooks cannot see them), and `archive` refuses them.
+    from hookwatch.tools.own_model import discover_layers, format_layers
+
+    torch.manual_seed(0)
+    model = nn.Sequential(torch.jit.script(nn.Sequential(nn.Linear(6, 4))), nn.ReLU())
+    table = format_layers(discover_layers(model.eval(), torch.zeros(2, 6)), 256)
+    lines = {line.split()[0]: line for line in table.splitlines()[1:]}
+    for name in ("0", "0.0"):
+        assert "(TorchScript)" in lines[name] and "takes no hooks" in lines[name], lines[name]
+    assert "(did not run)" not in table and "TorchScript" not in lines["1"]
+
+
 def test_init_says_which_tensor_of_a_tuple_output_the_head_reads() -> None:
     # An outside user's (embedding [B, 8], logits [B, 5]): init proposed `head: logits` with no
     # word that the head reads the first tensor, the 8-wide embedding.

@@ -505,10 +505,16 @@ def filter_layers(
     return out
 
 
+#: The class names a TorchScript module shows in ``hookwatch layers``.
+_SCRIPTED_TYPES = frozenset({"RecursiveScriptModule", "ScriptModule", "TopLevelTracedModule"})
+
+
 def format_layers(rows: Sequence[LayerInfo], max_features: int) -> str:
-    def fmt(shapes: tuple[tuple[int, ...], ...]) -> str:
+    def fmt(row: LayerInfo) -> str:
+        shapes = row.shapes
         if not shapes:
-            return "(did not run)"
+            # A TorchScript module takes no hooks, so the dry run could not see it run.
+            return "(TorchScript)" if row.type in _SCRIPTED_TYPES else "(did not run)"
         text = ", ".join("x".join(map(str, s[1:])) or "scalar" for s in shapes)
         return text if len(text) <= 28 else text[:25] + "..."
 
@@ -529,9 +535,11 @@ def format_layers(rows: Sequence[LayerInfo], max_features: int) -> str:
             )
         if r.calls > 1:
             notes.append(f"runs {r.calls}x per forward: the last call is watched")
+        if r.type in _SCRIPTED_TYPES:
+            notes.append("TorchScript: takes no hooks, not watchable")
         note = "; ".join(notes)
         lines.append(
-            f"{r.name:<{name_w}}  {r.type:<{type_w}}  {fmt(r.shapes):<28}  "
+            f"{r.name:<{name_w}}  {r.type:<{type_w}}  {fmt(r):<28}  "
             f"{r.parameters:>10,}  {r.features:>8}  {note}".rstrip()
         )
     return "\n".join(lines)
