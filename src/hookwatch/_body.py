@@ -17,6 +17,7 @@ from typing import Any
 from hookwatch._errors import BadInputError
 
 __all__ = [
+    "IMAGE_BODY_BYTES",
     "JSON_BYTES_PER_NUMBER",
     "MAX_BODY_BYTES",
     "MAX_DERIVED_BODY_BYTES",
@@ -35,6 +36,10 @@ JSON_BYTES_PER_NUMBER = 25
 #: (``input.encoding``) or the config sets ``input.max_body_bytes``. TorchServe holds a body
 #: whole in its frontend's heap before the handler sees it.
 MAX_DERIVED_BODY_BYTES = 64 << 20
+
+#: Body limit of an image input (``input.encoding: image``) unless configured: a photo is
+#: sent as its camera wrote it (a 12-megapixel JPEG takes 3-6 MB) and is resized here.
+IMAGE_BODY_BYTES = 16 << 20
 
 #: Scalars a parsed JSON list of numbers holds; each is 3 to 24 characters as JSON ("0.5",
 #: "-1.2345678901234567e-308", "true", "null").
@@ -118,15 +123,16 @@ def over_limit(body: Any, limit: int = MAX_BODY_BYTES) -> bool:
     return _json_bounds(body, limit, exact=True)[0] > limit
 
 
-def body_limit(numel: int, configured: int | None = None) -> int:
+def body_limit(numel: int, configured: int | None = None, image: bool = False) -> int:
     """The body limit of a tensor model whose one input holds ``numel`` numbers: ``configured``
     (``input.max_body_bytes``) when set, else :data:`MAX_BODY_BYTES` or, where one input
     written out in JSON can take more, that much (a [3, 512, 512] image's numbers as JSON are
     up to ~20 MB), at most :data:`MAX_DERIVED_BODY_BYTES`: a request of the declared shape is
-    not refused for its size."""
+    not refused for its size. An ``image`` input takes at least :data:`IMAGE_BODY_BYTES`."""
     if configured is not None:
         return configured
-    return min(max(MAX_BODY_BYTES, JSON_BYTES_PER_NUMBER * numel + 64), MAX_DERIVED_BODY_BYTES)
+    derived = min(max(MAX_BODY_BYTES, JSON_BYTES_PER_NUMBER * numel + 64), MAX_DERIVED_BODY_BYTES)
+    return max(derived, IMAGE_BODY_BYTES) if image else derived
 
 
 def check_body_size(body: Any, limit: int = MAX_BODY_BYTES, setting: str = "") -> None:

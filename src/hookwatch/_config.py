@@ -36,8 +36,9 @@ __all__ = [
 ]
 #: ``input.encoding`` values. "float32": a body that TorchServe did not parse as JSON (any
 #: Content-Type but application/json) is read as raw little-endian float32 values, which keeps
-#: large inputs (3x224x224 images) from spending the request in a JSON parser.
-INPUT_ENCODINGS = ("json", "float32")
+#: large inputs (3x224x224 images) from spending the request in a JSON parser. "image": such a
+#: body is an image file (JPEG, PNG...), decoded and fitted to the shape (hookwatch._image).
+INPUT_ENCODINGS = ("json", "float32", "image")
 #: Default ``drift.fleet_detectors``: every detector (glob patterns; hidden layers and the
 #: input on ``drift.fleet_features`` features each).
 FLEET_DETECTORS = ("*",)
@@ -853,6 +854,28 @@ _SINGLE_INPUT_KEYS = frozenset(
 )
 
 
+#: What an image input's pixels may become: floats over 255, or the bytes themselves.
+_IMAGE_DTYPES = ("float32", "float64", "float16", "bfloat16", "uint8")
+
+
+def _check_image_input(shape: tuple[int, ...] | None, dtype: Any, preprocess: Any) -> None:
+    if preprocess is not None:
+        raise ConfigError(
+            "input.encoding: image decodes the body itself, got input.preprocess too (a "
+            "preprocess function takes parsed JSON: leave encoding json)"
+        )
+    if shape is None or len(shape) != 3 or shape[0] not in (1, 3, 4):
+        raise ConfigError(
+            "input.encoding: image needs input.shape [channels, height, width] with 1 "
+            f"(grey), 3 (RGB) or 4 (RGBA) channels, got {list(shape) if shape else shape}"
+        )
+    if dtype not in _IMAGE_DTYPES:
+        raise ConfigError(
+            f"input.encoding: image gives pixels over 255 as a float dtype, or uint8 bytes: "
+            f"expected input.dtype one of {list(_IMAGE_DTYPES)}, got {dtype!r}"
+        )
+
+
 @dataclass(frozen=True)
 class InputSpec:
     """What one request's payload must look like and how it becomes the model's input.
@@ -866,7 +889,8 @@ class InputSpec:
     min_value: float | None = None
     max_value: float | None = None
     field: str = "data"
-    #: How a raw (non-JSON) body is read: "json" only, or also "float32" (little-endian bytes).
+    #: How a raw (non-JSON) body is read: "json" only, or also "float32" (little-endian bytes)
+    #: or "image" (an image file; or base64 in the JSON field).
     encoding: str = "json"
     #: Largest request body, in bytes; None: 1 MiB, or more where one input of ``shape`` as
     #: JSON needs it (:func:`hookwatch._body.body_limit`).
@@ -948,6 +972,8 @@ class InputSpec:
             )
         if encoding == "float32" and parsed_shape is None:
             raise ConfigError("input.encoding: float32 bodies need input.shape, got none")
+        if encoding == "image":
+            _check_image_input(parsed_shape, raw.get("dtype", cls.dtype), preprocess)
         max_body = raw.get("max_body_bytes")
         if max_body is not None and not (
             isinstance(max_body, int)

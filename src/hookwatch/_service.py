@@ -27,6 +27,7 @@ from hookwatch._capture import RateLimitedLog
 from hookwatch._config import HandlerConfig, InputSpec, OutputSpec
 from hookwatch._errors import BadInputError, ConfigError, error_line
 from hookwatch._hooks import plan_watch, select_tensor
+from hookwatch._image import decode_image, image_bytes
 from hookwatch._metrics import MetricSet
 from hookwatch._monitor import Monitor, ReceivedRequests
 from hookwatch._profile import serving_tracker
@@ -163,16 +164,37 @@ def decode_payload(body: Any, spec: InputSpec, limit: int | None = None) -> torc
     shape = spec.shape
     if shape is None:
         raise ConfigError("input: expected a shape (or a preprocess function), got neither")
+    image = spec.encoding == "image"
     if limit is None:
-        limit = body_limit(spec.numel, spec.max_body_bytes)
-    expected_body = f'a JSON object {{"{spec.field}": <{"x".join(map(str, shape))} numbers>}}'
+        limit = body_limit(spec.numel, spec.max_body_bytes, image=image)
+    numbers = f"<{'x'.join(map(str, shape))} numbers>"
+    expected_body = f'a JSON object {{"{spec.field}": {numbers}}}'
     if spec.encoding == "float32" and isinstance(body, bytes | bytearray):
         check_body_size(body, limit, _LIMIT_SETTING)
         return _check_values(_decode_float32(body, shape), spec)
+    if image:
+        expected_body = (
+            f'an image file as the body, or a JSON object {{"{spec.field}": <the file in '
+            f"base64, or {numbers}>}}"
+        )
+        if isinstance(body, bytes | bytearray) and not _looks_like_json(body):
+            check_body_size(body, limit, _LIMIT_SETTING)
+            return _check_values(decode_image(bytes(body), shape, _DTYPES[spec.dtype]), spec)
     body = _parse_json(body, expected_body, limit)
     if not isinstance(body, dict) or spec.field not in body:
         raise BadInputError(expected_body, _describe(body), reason="missing_field")
+    if image:
+        data = image_bytes(body[spec.field])
+        if data is not None:
+            return _check_values(decode_image(data, shape, _DTYPES[spec.dtype]), spec)
     return decode_values(body[spec.field], spec)
+
+
+def _looks_like_json(body: bytes | bytearray) -> bool:
+    """A body that starts as a JSON object or array does (sent without its Content-Type):
+    no image file format starts with either."""
+    head = bytes(body[:64]).lstrip()
+    return head[:1] in (b"{", b"[")
 
 
 def decode_values(values: Any, spec: InputSpec) -> torch.Tensor:
@@ -346,7 +368,7 @@ class InputPipeline:
         self._dtype = _DTYPES[spec.dtype]
         # Decided once: a request pays a comparison for it (a preprocess model's shape, where
         # given, sizes it too; without one, 1 MiB unless configured).
-        self._limit = body_limit(spec.numel, spec.max_body_bytes)
+        self._limit = body_limit(spec.numel, spec.max_body_bytes, image=spec.encoding == "image")
         shape = spec.shape or ()
         view = (-1, *([1] * (len(shape) - 1))) if shape else (-1,)
         self._mean = (

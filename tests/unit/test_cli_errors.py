@@ -104,9 +104,14 @@ MISTAKES = [
         "hookwatch init",
     ),
     (
+        ("archive", IMAGENET, "--name", "x", "--config", CONFIG, "--reference", "{tmp}/no"),
+        "--reference: expected held-out inputs (.npy, .npz or .jsonl, or a directory of images",
+        "no such file",
+    ),
+    (
         ("archive", IMAGENET, "--name", "x", "--config", CONFIG, "--reference", "{tmp}"),
-        "--reference: expected held-out inputs (.npy, .npz or .jsonl), got {tmp}, a directory",
-        "numpy.save",
+        "reference: expected image files (.bmp, .gif, .jpeg, .jpg, .png, .tif, .tiff, .webp) in",
+        "got none",
     ),
     (
         ("init", IMAGENET, "--config", "nope.yaml"),

@@ -123,6 +123,19 @@ def test_synthesized_bodies_follow_dtype_and_range(raw: dict[str, Any], check: A
             assert check(values), values
 
 
+@pytest.mark.parametrize("channels", [1, 3, 4])
+def test_an_image_model_is_benched_on_image_files(channels: int, tmp_path: Path) -> None:
+    spec = InputSpec.from_mapping({"shape": [channels, 20, 30], "encoding": "image"})
+    bodies = ab.synthesize(spec, count=3)
+    assert len(set(bodies)) == 3 and ab.content_type(bodies) == "application/octet-stream"
+    for body in bodies:  # image files, which the serving decoder reads as such
+        assert tuple(decode_payload(body, spec).shape) == (channels, 20, 30)
+    photo = tmp_path / "photo.jpg"
+    photo.write_bytes(bodies[0])
+    assert ab.read_requests(photo) == [bodies[0]]
+    assert ab.content_type([b'{"data": [1]}']) == "application/json"
+
+
 def test_a_text_model_needs_request_bodies() -> None:
     spec = InputSpec.from_mapping(TEXT_CONFIG["handler"]["input"])
     with pytest.raises(ConfigError, match=r"expected --request FILE .* text model, got none"):

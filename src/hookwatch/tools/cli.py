@@ -191,6 +191,22 @@ _INPUTS = _file(
     "held-out inputs (.npy, .npz or .jsonl)",
     "numpy.save writes an array, or write request bodies one a line",
 )
+
+
+def _inputs_or_images(text: str) -> Path:
+    """An argparse type: held-out inputs, or a directory of image files (an image input)."""
+    path = Path(text)
+    if path.is_dir():
+        return path
+    if not path.exists():
+        raise argparse.ArgumentTypeError(
+            f"expected held-out inputs (.npy, .npz or .jsonl, or a directory of images for "
+            f"input.encoding: image), got {text}, no such file"
+        )
+    return _INPUTS(text)
+
+
+_inputs_or_images.__name__ = "held-out inputs"
 _LABELS = _file(
     "the reference's class labels (.npy)",
     "numpy.save writes one integer label per reference sample",
@@ -1223,9 +1239,10 @@ def build_parser() -> argparse.ArgumentParser:
     archive.add_argument("--config", type=_MODEL_CONFIG, required=True, help="model-config.yaml")
     archive.add_argument(
         "--reference",
-        type=_INPUTS,
+        type=_inputs_or_images,
         required=True,
-        help="held-out inputs: .npy/.npz array [N, *shape] or .jsonl request bodies",
+        help="held-out inputs: .npy/.npz array [N, *shape], .jsonl request bodies, or a "
+        "directory of image files (input.encoding: image)",
     )
     archive.add_argument(
         "--reference-labels",
@@ -1336,9 +1353,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--request",
         type=_file("request bodies (.json or .jsonl)", "write one JSON body, or one a line"),
         default=None,
-        help="request bodies: one JSON body, or .jsonl with one body a line (default: bodies "
-        "synthesized from the archived handler.input: shape, dtype, min/max; text models "
-        "need --request)",
+        help="request bodies: one JSON body, .jsonl with one body a line, or an image file "
+        "(input.encoding: image) (default: bodies synthesized from the archived handler.input: "
+        "shape, dtype, min/max, image files of its size for an image input; text models need "
+        "--request)",
     )
     bench.add_argument(
         "--seconds",

@@ -852,4 +852,4 @@ def _body_limit(mar: Path) -> int:
         # Not hookwatch's archive, or one its worker will refuse with its own message: the
         # limit is a sizing hint, never a reason to fail the start here.
         return 0
-    return body_limit(spec.numel, spec.max_body_bytes)
+    return body_limit(spec.numel, spec.max_body_bytes, image=spec.encoding == "image")

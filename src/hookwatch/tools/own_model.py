@@ -53,6 +53,7 @@ from hookwatch._model import MODEL_SPEC_FILE, ModelSpec, build_model
 from hookwatch._names import INPUT_LAYER, OUTPUT_LAYER
 from hookwatch._service import (
     ArgumentsPipeline,
+    InputPipeline,
     ModelInputs,
     Pipeline,
     batch_inputs,
@@ -631,6 +632,12 @@ def init_config(
             input_lines.append(
                 f"    argument: {_flow_scalar(argument)}   # forward(*, {argument}=...)"
             )
+        if len(shape) == 3 and shape[0] in (1, 3, 4) and dtype in ("float32", "uint8"):
+            # Looks like an image: clients may well have files, not arrays, to send.
+            input_lines += [
+                "    # encoding: image  # JPEG/PNG bodies (or base64 in the JSON field): decoded,",
+                "    #                  # resized and centre-cropped to the shape, pixels / 255",
+            ]
         input_lines += [
             "    # min: 0           # requests outside [min, max] get a 400",
             "    # max: 1",
@@ -755,8 +762,13 @@ def load_reference(path: Path, pipeline: Pipeline, batch_size: int = 64) -> Iter
 
     ``.npy``/``.npz``: an array of raw inputs ``[N, *shape]`` (as requests send them; the
     pipeline applies dtype and normalisation). ``.jsonl``: one request body per line, decoded
-    exactly as a request (a text model's reference: a JSON string per line).
+    exactly as a request (a text model's reference: a JSON string per line). A directory:
+    image files (``input.encoding: image``), each decoded as a request's body would be, in
+    the order of :func:`image_files`.
     """
+    if path.is_dir():
+        yield from _image_batches(path, pipeline, batch_size)
+        return
     if path.suffix == ".jsonl":
         items: list[Any] = []
         try:
@@ -808,6 +820,43 @@ def load_reference(path: Path, pipeline: Pipeline, batch_size: int = 64) -> Iter
     values = _reference_values(array, pipeline.spec, "handler.input")
     for start in range(0, len(values), batch_size):
         yield pipeline.batch(values[start : start + batch_size])
+
+
+#: What a reference directory's image files may be called.
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
+
+
+def image_files(directory: Path) -> list[Path]:
+    """The image files under ``directory``, its subdirectories too, sorted by their path
+    relative to it: the order ``--reference-labels`` gives their labels in."""
+    return sorted(
+        (p for p in directory.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES),
+        key=lambda p: p.relative_to(directory).as_posix(),
+    )
+
+
+def _image_batches(directory: Path, pipeline: Pipeline, batch_size: int) -> Iterator[ModelInputs]:
+    if not (isinstance(pipeline, InputPipeline) and pipeline.spec.encoding == "image"):
+        raise ConfigError(
+            f"reference: expected a .npy, .npz or .jsonl file (a directory holds images, for "
+            f"input.encoding: image), got the directory {directory}"
+        )
+    files = image_files(directory)
+    if not files:
+        raise ConfigError(
+            f"reference: expected image files ({', '.join(sorted(IMAGE_SUFFIXES))}) in "
+            f"{directory}, got none"
+        )
+    for start in range(0, len(files), batch_size):
+        items = []
+        for file in files[start : start + batch_size]:
+            try:
+                items.append(pipeline.decode(file.read_bytes()))
+            except BadInputError as error:
+                raise ConfigError(f"reference: {file}: {error}") from None
+            except OSError as error:
+                raise ConfigError(f"reference: expected a readable file, got {error}") from None
+        yield pipeline.batch(items)
 
 
 def _argument_batches(

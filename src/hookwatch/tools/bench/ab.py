@@ -12,6 +12,7 @@ as Markdown or JSON. Nothing is written anywhere else but the work directory.
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import math
 import shutil
@@ -31,6 +32,7 @@ from hookwatch._errors import ConfigError
 from hookwatch.tools.bench.loadgen import Segment, Target, closed_loop
 from hookwatch.tools.bench.stats import CONFIDENCE, PLAIN, Spread, median_interval, ratios
 from hookwatch.tools.mar import read_hookwatch_mar
+from hookwatch.tools.own_model import IMAGE_SUFFIXES
 
 MONITORED = "hookwatch"
 #: In the order even rounds run them (odd rounds reverse it).
@@ -97,10 +99,13 @@ def plain_archive(archive: Archive, out: Path) -> Path:
 
 
 def read_requests(path: Path) -> list[bytes]:
-    """Request bodies from ``--request``: a ``.jsonl`` file holds one JSON body a line, any
-    other file is one JSON body."""
+    """Request bodies from ``--request``: a ``.jsonl`` file holds one JSON body a line, an
+    image file (``input.encoding: image``) is one body as it is, any other file is one JSON
+    body."""
     if not path.is_file():
         raise ConfigError(f"--request: expected a JSON or .jsonl file at {path}, got no such file")
+    if path.suffix.lower() in IMAGE_SUFFIXES:
+        return [path.read_bytes()]
     text = path.read_text()
     lines = (
         [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
@@ -136,13 +141,43 @@ def synthesize(spec: InputSpec, count: int = SYNTHETIC_BODIES, seed: int = 0) ->
             f"expected --request FILE for a model whose input.preprocess ({spec.preprocess}) "
             "reads the requests, got none"
         )
+    rng = np.random.default_rng(seed)
+    if spec.encoding == "image":
+        # Image files, as such a model's clients send them: the image path is what is measured.
+        return [_image_file(spec, rng) for _ in range(count)]
     # Several tensors (input.arguments): a field each, each drawn as its declaration says.
     parts = spec.arguments or (spec,)
-    rng = np.random.default_rng(seed)
     return [
         json.dumps({part.field: _draw(part, rng).tolist() for part in parts}).encode()
         for _ in range(count)
     ]
+
+
+def _image_file(spec: InputSpec, rng: np.random.Generator) -> bytes:
+    """A JPEG (PNG for 4 channels) of the input's size: smooth random colours, as a photo is
+    smooth, so that it decodes as a photo does."""
+    from PIL import Image  # comes with TorchServe, as the image input does
+
+    assert spec.shape is not None
+    channels, height, width = spec.shape
+    cells = rng.random((height // 8 + 1, width // 8 + 1, channels))
+    smooth = cells.repeat(8, axis=0).repeat(8, axis=1)[:height, :width]
+    pixels = (np.clip(smooth + 0.05 * rng.standard_normal(smooth.shape), 0, 1) * 255).round()
+    array = pixels.astype(np.uint8)
+    image = Image.fromarray(array[:, :, 0] if channels == 1 else array)
+    out = io.BytesIO()
+    image.save(out, "PNG" if channels == 4 else "JPEG", quality=90)
+    return out.getvalue()
+
+
+def content_type(bodies: Sequence[bytes]) -> str:
+    """What the bodies are sent as: JSON, or (image files) raw bytes TorchServe hands over as
+    they are."""
+    try:
+        json.loads(bodies[0])
+    except ValueError:
+        return "application/octet-stream"
+    return "application/json"
 
 
 def _draw(spec: InputSpec, rng: np.random.Generator) -> np.ndarray[Any, Any]:
@@ -364,7 +399,9 @@ def run(
 
         def target(variant: str) -> Target:
             path = f"/predictions/{names[variant]}"
-            return Target("127.0.0.1", ports.inference, path, bodies, "application/json")
+            return Target("127.0.0.1", ports.inference, path, bodies, sent_as)
+
+        sent_as = content_type(bodies)
 
         for start in range(starts):
             # Consecutive rounds share a start; the variants register in turn first.

@@ -1,0 +1,232 @@
+"""``input.encoding: image``: image files as requests (a raw body, a multipart field, base64 in
+the JSON field) and as the reference (a directory), decoded alike: oriented, converted to the
+shape's channels, scaled to cover it with the aspect kept, centre-cropped, pixels over 255."""
+
+from __future__ import annotations
+
+import base64
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from PIL import Image
+
+from hookwatch._body import IMAGE_BODY_BYTES, MAX_BODY_BYTES, body_limit
+from hookwatch._config import InputSpec
+from hookwatch._errors import BadInputError, ConfigError
+from hookwatch._service import InputPipeline
+from hookwatch.tools.own_model import ModelRef, archive_model, load_reference
+from tests.fakes import archived_handler
+
+
+def _file(array: np.ndarray, fmt: str = "PNG", **save: object) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(array).save(out, fmt, **save)
+    return out.getvalue()
+
+
+def _pipeline(shape: list[int], **more: object) -> InputPipeline:
+    return InputPipeline(InputSpec.from_mapping({"shape": shape, "encoding": "image", **more}))
+
+
+#: Smooth colours (lossy formats keep them close) of distinct values in each channel.
+_ROWS, _COLUMNS = np.mgrid[0:24, 0:40]
+RGB = np.dstack([_ROWS * 10, _COLUMNS * 6, 255 - _ROWS * 5 - _COLUMNS * 3]).astype(np.uint8)
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "BMP", "TIFF", "WEBP", "JPEG", "GIF"])
+def test_each_format_decodes_to_the_shape_as_pixels_over_255(fmt: str) -> None:
+    lossless = fmt in ("PNG", "BMP", "TIFF")
+    data = _file(RGB, fmt, **({"lossless": True} if fmt == "WEBP" else {}))
+    x = _pipeline([3, 24, 40]).decode(data)
+    assert x.shape == (3, 24, 40) and x.dtype == torch.float32
+    expected = torch.from_numpy(RGB).permute(2, 0, 1).float() / 255
+    if lossless or fmt == "WEBP":
+        assert torch.equal(x, expected)
+    else:  # lossy, or a 256-colour palette: close, not equal
+        assert float((x - expected).abs().mean()) < 0.03
+
+
+def test_aspect_kept_then_the_centre_cropped() -> None:
+    # 4 rows x 8 columns to 4x4: no scaling needed, columns 2-5 kept.
+    grey = np.arange(32, dtype=np.uint8).reshape(4, 8)
+    x = _pipeline([1, 4, 4], dtype="uint8").decode(_file(grey))
+    assert x.dtype == torch.uint8
+    assert torch.equal(x[0], torch.from_numpy(grey[:, 2:6]))
+    # A wide image scaled down until its height fits (8x16 -> 4x8), then cropped: a left half
+    # of 0s and a right half of 200s gives 0s then 200s in the centre's columns.
+    halves = np.zeros((8, 16), dtype=np.uint8)
+    halves[:, 8:] = 200
+    y = _pipeline([1, 4, 4], dtype="uint8").decode(_file(halves))
+    assert int(y[0, :, 0].max()) == 0 and int(y[0, :, 3].min()) == 200
+    # A small image is scaled up to cover the input.
+    z = _pipeline([3, 64, 64]).decode(_file(RGB))
+    assert z.shape == (3, 64, 64)
+
+
+def test_a_photo_is_turned_by_its_exif_orientation() -> None:
+    tall = np.zeros((8, 4), dtype=np.uint8)
+    tall[:4] = 255  # top half white
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored rotated: displayed turned 90 degrees clockwise
+    data = _file(tall, "PNG", exif=exif.tobytes())
+    x = _pipeline([1, 4, 8], dtype="uint8").decode(data)
+    # Displayed 4 rows x 8 columns, the white half on the right.
+    assert int(x[0, :, 4:].min()) == 255 and int(x[0, :, :4].max()) == 0
+
+
+def test_channels_are_converted_to_the_shapes() -> None:
+    grey = np.full((6, 6), 51, dtype=np.uint8)
+    rgb = _pipeline([3, 6, 6]).decode(_file(grey))
+    assert rgb.shape == (3, 6, 6) and torch.allclose(rgb, torch.full((3, 6, 6), 0.2))
+    rgba = np.dstack([RGB, np.full(RGB.shape[:2], 128, np.uint8)])
+    assert _pipeline([3, 24, 40]).decode(_file(rgba)).shape == (3, 24, 40)
+    assert _pipeline([4, 24, 40]).decode(_file(rgba)).shape == (4, 24, 40)
+    assert _pipeline([1, 24, 40]).decode(_file(RGB)).shape == (1, 24, 40)
+
+
+def test_base64_in_the_json_field_and_numbers_are_taken_too() -> None:
+    pipeline = _pipeline([3, 24, 40], field="image")
+    data = _file(RGB)
+    encoded = base64.b64encode(data).decode()
+    raw = pipeline.decode(data)
+    assert torch.equal(pipeline.decode({"image": encoded}), raw)
+    assert torch.equal(pipeline.decode({"image": "data:image/png;base64," + encoded}), raw)
+    assert torch.equal(pipeline.decode({"image": raw.tolist()}), raw)
+    # JSON sent without its Content-Type arrives as bytes: read as JSON, not as an image.
+    assert torch.equal(pipeline.decode(f'{{"image": "{encoded}"}}'.encode()), raw)
+
+
+@pytest.mark.parametrize(
+    ("body", "reason", "got"),
+    [
+        (b"GIF89a not really", "not_json", "not one"),
+        (b"plain text, not a picture", "not_json", "not one"),
+        ({"data": "**not base64**"}, "not_json", "not base64"),
+        ({"data": base64.b64encode(b"abc").decode()}, "not_json", "not one"),
+        ({"other": 1}, "missing_field", "keys [other]"),
+    ],
+)
+def test_what_is_not_an_image_is_a_400_saying_so(body: object, reason: str, got: str) -> None:
+    with pytest.raises(BadInputError) as caught:
+        _pipeline([3, 8, 8]).decode(body)
+    assert caught.value.reason == reason and got in str(caught.value), str(caught.value)
+    assert "image" in str(caught.value)
+
+
+def test_a_truncated_file_is_a_400_and_a_huge_one_a_413() -> None:
+    data = _file(RGB, "PNG")
+    with pytest.raises(BadInputError) as truncated:
+        _pipeline([3, 8, 8]).decode(data[: len(data) // 2])
+    assert truncated.value.reason == "not_json" and "does not decode" in str(truncated.value)
+    # Fifty-six megapixels in a few kilobytes: refused before they are decoded.
+    out = io.BytesIO()
+    Image.new("1", (8000, 7000)).save(out, "PNG")
+    assert len(out.getvalue()) < 100_000
+    with pytest.raises(BadInputError) as huge:
+        _pipeline([3, 8, 8]).decode(out.getvalue())
+    assert huge.value.reason == "too_large" and "8000x7000" in str(huge.value)
+
+
+def test_the_body_limit_takes_a_photo() -> None:
+    assert body_limit(3 * 8 * 8) == MAX_BODY_BYTES
+    assert body_limit(3 * 8 * 8, image=True) == IMAGE_BODY_BYTES
+    assert body_limit(3 * 8 * 8, 5000, image=True) == 5000
+
+
+@pytest.mark.parametrize(
+    ("more", "message"),
+    [
+        ({"shape": [24, 40]}, r"\[channels, height, width\]"),
+        ({"shape": [2, 24, 40]}, r"1 \(grey\), 3 \(RGB\) or 4 \(RGBA\) channels, got \[2, 24"),
+        ({"dtype": "int64"}, "expected input.dtype one of"),
+        ({"preprocess": "prep:fn"}, "got input.preprocess too"),
+    ],
+)
+def test_the_config_refuses_what_an_image_cannot_be(more: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        InputSpec.from_mapping({"shape": [3, 24, 40], "encoding": "image", **more})
+
+
+def test_a_reference_directory_is_decoded_as_requests_are(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    files = {}
+    for name in ("b/2.png", "a/1.jpg", "a/0.png", "c.webp"):
+        path = tmp_path / "images" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = _file(
+            rng.integers(0, 256, (30, 30, 3), dtype=np.uint8),
+            "JPEG" if name.endswith("jpg") else ("WEBP" if name.endswith("webp") else "PNG"),
+        )
+        path.write_bytes(data)
+        files[name] = data
+    (tmp_path / "images" / "notes.txt").write_text("not an image: skipped")
+    pipeline = _pipeline([3, 16, 16], mean=[0.5], std=[0.25])
+    (batch,) = load_reference(tmp_path / "images", pipeline)
+    order = ["a/0.png", "a/1.jpg", "b/2.png", "c.webp"]  # sorted paths: the labels' order
+    expected = pipeline.batch([pipeline.decode(files[name]) for name in order])
+    assert isinstance(batch, torch.Tensor) and torch.equal(batch, expected)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="expected image files"):
+        list(load_reference(tmp_path / "empty", pipeline))
+    with pytest.raises(ConfigError, match="a directory holds images"):
+        list(load_reference(tmp_path / "images", InputPipeline(InputSpec(shape=(3, 16, 16)))))
+    (tmp_path / "images" / "broken.png").write_bytes(b"\x89PNG broken")
+    with pytest.raises(ConfigError, match=r"broken.png: expected an image file"):
+        list(load_reference(tmp_path / "images", pipeline))
+
+
+CNN = (
+    "import torch\nfrom torch import nn\n\n"
+    "class Tiny(nn.Module):\n"
+    "    def __init__(self):\n"
+    "        super().__init__()\n"
+    "        torch.manual_seed(0)\n"
+    "        self.conv = nn.Conv2d(3, 4, 3)\n"
+    "        self.act = nn.ReLU()\n"
+    "        self.out = nn.Linear(4, 3)\n\n"
+    "    def forward(self, x):\n"
+    "        return self.out(self.act(self.conv(x)).mean((2, 3)))\n"
+)
+
+
+def test_archived_from_a_directory_of_images_and_served_image_bodies(tmp_path: Path) -> None:
+    (tmp_path / "tiny.py").write_text(CNN)
+    rng = np.random.default_rng(2)
+    for i in range(80):
+        (tmp_path / "ref" / f"{i:03}.png").parent.mkdir(exist_ok=True)
+        pixels = rng.integers(0, 256, (20, 28, 3), dtype=np.uint8)
+        (tmp_path / "ref" / f"{i:03}.png").write_bytes(_file(pixels))
+    config = tmp_path / "model-config.yaml"
+    handler = {
+        "input": {"shape": [3, 16, 16], "encoding": "image", "mean": [0.5], "std": [0.25]},
+        "monitoring": {"layers": ["act"], "output": {"head": "logits"}, "sample_rate": 1.0},
+    }
+    config.write_text(yaml.safe_dump({"handler": handler}))
+    mar = archive_model(
+        ModelRef.parse(f"{tmp_path / 'tiny.py'}:Tiny"),
+        "tiny",
+        config,
+        tmp_path / "ref",
+        tmp_path / "store",
+        tmp_path / "build",
+        say=lambda _line: None,
+    )
+    photo = _file(rng.integers(0, 256, (60, 90, 3), dtype=np.uint8), "JPEG")
+    with archived_handler(mar, tmp_path / "served") as (handler_, context):
+        # A raw body (curl -T), a multipart field and base64 JSON: one answer each.
+        answers = handler_.handle(
+            [
+                {"body": bytearray(photo)},
+                {"data": bytearray(photo)},
+                {"body": {"data": base64.b64encode(photo).decode()}},
+            ],
+            context,
+        )
+        assert all(set(a) == {"class", "probabilities"} for a in answers), answers
+        assert answers[0] == answers[1] == answers[2]
+        (bad,) = handler_.handle([{"body": bytearray(b"not a picture")}], context)
+        assert bad["code"] == 400 and "an image file" in bad["expected"], bad
