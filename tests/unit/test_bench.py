@@ -116,7 +116,9 @@ def test_float32_bodies_are_decoded_and_checked_against_the_spec() -> None:
     json_only = InputSpec.from_mapping({"shape": [2, 3]})
     with pytest.raises(BadInputError, match="not JSON"):
         decode_payload(values.tobytes(), json_only)
-    with pytest.raises(ConfigError, match=r"input.encoding: expected one of \['json', 'float32'\]"):
+    with pytest.raises(
+        ConfigError, match=r"input.encoding: expected one of \['json', 'float32', 'image'\]"
+    ):
         InputSpec.from_mapping({"shape": [2], "encoding": "float16"})
 
 

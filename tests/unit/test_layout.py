@@ -78,6 +78,20 @@ def test_one_module_imports_transformers_and_only_inside_a_function() -> None:
     assert not any(str(name).startswith("transformers") for name in top)
 
 
+def test_one_module_imports_pillow_and_only_inside_a_function() -> None:
+    # In the runtime; `hookwatch bench` (a tool) also writes JPEGs to send an image model.
+    assert importers("PIL") & RUNTIME == {"hookwatch._image"}
+    tree = ast.parse((PACKAGE / "_image.py").read_text())
+    top = {
+        alias.name if isinstance(node, ast.Import) else node.module
+        for node in tree.body
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+    }
+    # Pillow comes with TorchServe: the core imports without it, until an image is decoded.
+    assert not any(str(name).startswith("PIL") for name in top)
+
+
 def test_the_runtime_never_imports_the_tools_or_the_adapter() -> None:
     for name in RUNTIME - {"hookwatch.torchserve"}:
         assert not any(i.startswith("hookwatch.tools") for i in MODULES[name]), name
@@ -98,7 +112,8 @@ def test_runtime_third_party_imports_are_the_core_dependencies() -> None:
         # tqdm: an optional progress bar in build_profile, imported only when installed;
         # threadpoolctl: one BLAS thread for the accuracy estimate, likewise optional;
         # transformers: the text extra, in hookwatch._text only.
-        extra = {"transformers"} if name == "hookwatch._text" else set()
+        # PIL: image requests, in hookwatch._image only (it comes with TorchServe).
+        extra = {"hookwatch._text": {"transformers"}, "hookwatch._image": {"PIL"}}.get(name, set())
         assert third_party <= allowed | extra, (name, third_party - allowed)
 
 
@@ -120,6 +135,7 @@ def test_dependencies_point_one_way() -> None:
         # The one body limit, for tensor and text requests alike.
         "hookwatch._body": {"hookwatch._errors"},
         "hookwatch._text": {"hookwatch._body", "hookwatch._config", "hookwatch._errors"},
+        "hookwatch._image": {"hookwatch._errors"},
         "hookwatch._profile": {
             "hookwatch._config",
             "hookwatch._drift",
