@@ -197,15 +197,16 @@ def test_archived_from_a_directory_of_images_and_served_image_bodies(tmp_path: P
     (tmp_path / "tiny.py").write_text(CNN)
     rng = np.random.default_rng(2)
     for i in range(80):
-        (tmp_path / "ref" / f"{i:03}.png").parent.mkdir(exist_ok=True)
-        pixels = rng.integers(0, 256, (20, 28, 3), dtype=np.uint8)
-        (tmp_path / "ref" / f"{i:03}.png").write_bytes(_file(pixels))
+        path = tmp_path / "ref" / "ab"[i % 2] / f"{i:03}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(_file(rng.integers(0, 256, (20, 28, 3), dtype=np.uint8)))
     config = tmp_path / "model-config.yaml"
     handler = {
         "input": {"shape": [3, 16, 16], "encoding": "image", "mean": [0.5], "std": [0.25]},
         "monitoring": {"layers": ["act"], "output": {"head": "logits"}, "sample_rate": 1.0},
     }
     config.write_text(yaml.safe_dump({"handler": handler}))
+    said: list[str] = []
     mar = archive_model(
         ModelRef.parse(f"{tmp_path / 'tiny.py'}:Tiny"),
         "tiny",
@@ -213,8 +214,10 @@ def test_archived_from_a_directory_of_images_and_served_image_bodies(tmp_path: P
         tmp_path / "ref",
         tmp_path / "store",
         tmp_path / "build",
-        say=lambda _line: None,
+        say=said.append,
     )
+    # Images in folders that name no class: unlabelled, and told how folders would label.
+    assert any("images are in folders (a, b)" in line for line in said), said
     photo = _file(rng.integers(0, 256, (60, 90, 3), dtype=np.uint8), "JPEG")
     with archived_handler(mar, tmp_path / "served") as (handler_, context):
         # A raw body (curl -T), a multipart field and base64 JSON: one answer each.
@@ -230,3 +233,44 @@ def test_archived_from_a_directory_of_images_and_served_image_bodies(tmp_path: P
         assert answers[0] == answers[1] == answers[2]
         (bad,) = handler_.handle([{"body": bytearray(b"not a picture")}], context)
         assert bad["code"] == 400 and "an image file" in bad["expected"], bad
+
+
+def _folders(root: Path, layout: dict[str, int]) -> None:
+    for folder, count in layout.items():
+        for i in range(count):
+            path = root / folder / f"{i}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(_file(RGB))
+
+
+def test_class_folders_label_their_images_where_their_names_say_the_class(
+    tmp_path: Path,
+) -> None:
+    from hookwatch.tools.images import folder_labels, image_files
+    from hookwatch.tools.labels import reference_labels
+
+    named = tmp_path / "named"
+    _folders(named, {"dog": 2, "cat": 3})
+    found = reference_labels(None, named, ("cat", "bird", "dog"))
+    assert found is not None
+    y, where = found
+    # In the files' order (sorted paths: cat/ first), each its folder's index in the labels.
+    assert [p.parent.name for p in image_files(named)] == ["cat"] * 3 + ["dog"] * 2
+    assert y.tolist() == [0, 0, 0, 2, 2] and "named as handler.labels" in where
+    with pytest.raises(ConfigError, match=r"got dog in .* that no label is"):
+        folder_labels(named, ("cat", "bird"))
+    indexed = tmp_path / "indexed"
+    _folders(indexed, {"7": 1, "10": 2})
+    found = folder_labels(indexed, None)
+    assert found is not None and found[0].tolist() == [10, 10, 7]
+    # Names that are not classes (a folder per day), or images outside folders: no labels.
+    days = tmp_path / "days"
+    _folders(days, {"2026-11-01": 1, "2026-11-02": 1})
+    assert folder_labels(days, None) is None
+    assert folder_labels(days, ("cat", "dog")) is None
+    (named / "loose.png").write_bytes(_file(RGB))
+    assert folder_labels(named, ("cat", "dog")) is None
+    # --reference-labels wins over the folders.
+    np.save(tmp_path / "y.npy", np.arange(5))
+    given = reference_labels(tmp_path / "y.npy", indexed)
+    assert given is not None and given[0].tolist() == [0, 1, 2, 3, 4]

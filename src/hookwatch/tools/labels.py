@@ -1,9 +1,10 @@
 """Reference labels for ``hookwatch archive``: the classes the accuracy estimate is fitted on.
 
-Three sources, in this order: ``--reference-labels FILE.npy`` (or an ``.npz`` holding a ``y``
+Four sources, in this order: ``--reference-labels FILE.npy`` (or an ``.npz`` holding a ``y``
 array, or one array), a ``y`` array beside the inputs in the reference ``.npz``, a ``label``
 field in every line of the reference ``.jsonl`` (``{"data": [...], "label": 3}``: the request
-body with one more key, which requests ignore). Every mistake is one line, "expected X, got Y"
+body with one more key, which requests ignore), the class folders of a reference directory of
+images (``hookwatch.tools.images``). Every mistake is one line, "expected X, got Y"
 (a :class:`~hookwatch.ConfigError`).
 """
 
@@ -11,12 +12,14 @@ from __future__ import annotations
 
 import json
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 from numpy.typing import NDArray
 
 from hookwatch._errors import ConfigError
+from hookwatch.tools.images import folder_labels
 
 __all__ = ["LABELS_ARRAY", "LABEL_FIELD", "check_labels", "reference_labels"]
 
@@ -26,14 +29,20 @@ LABELS_ARRAY = "y"
 LABEL_FIELD = "label"
 
 
-def reference_labels(labels: Path | None, reference: Path) -> tuple[NDArray[np.int64], str] | None:
+def reference_labels(
+    labels: Path | None, reference: Path, class_names: Sequence[str] | None = None
+) -> tuple[NDArray[np.int64], str] | None:
     """The reference's labels and where they came from, or None when there are none.
 
     Read before the model is built, so a bad file fails first; the count is checked against
-    the reference's samples by :func:`check_labels`.
+    the reference's samples by :func:`check_labels`. A directory of images in class folders
+    named as ``class_names`` (``handler.labels``) or by class index is labelled by them
+    (:func:`~hookwatch.tools.images.folder_labels`).
     """
     if labels is not None:
         return _array(_load(labels, "--reference-labels"), "--reference-labels"), str(labels)
+    if reference.is_dir():
+        return folder_labels(reference, class_names)
     if reference.suffix == ".npz":
         try:
             with np.load(reference, allow_pickle=False) as data:

@@ -62,6 +62,7 @@ from hookwatch._service import (
     make_pipeline,
 )
 from hookwatch._text import TextPipeline
+from hookwatch.tools.images import IMAGE_SUFFIXES, class_folders, image_files
 from hookwatch.tools.labels import LABELS_ARRAY, check_labels, reference_labels
 
 __all__ = [
@@ -822,19 +823,6 @@ def load_reference(path: Path, pipeline: Pipeline, batch_size: int = 64) -> Iter
         yield pipeline.batch(values[start : start + batch_size])
 
 
-#: What a reference directory's image files may be called.
-IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
-
-
-def image_files(directory: Path) -> list[Path]:
-    """The image files under ``directory``, its subdirectories too, sorted by their path
-    relative to it: the order ``--reference-labels`` gives their labels in."""
-    return sorted(
-        (p for p in directory.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES),
-        key=lambda p: p.relative_to(directory).as_posix(),
-    )
-
-
 def _image_batches(directory: Path, pipeline: Pipeline, batch_size: int) -> Iterator[ModelInputs]:
     if not (isinstance(pipeline, InputPipeline) and pipeline.spec.encoding == "image"):
         raise ConfigError(
@@ -972,9 +960,9 @@ def archive_model(
     if not name or not all(c.isalnum() or c in "-_." for c in name):
         raise ConfigError(f"--name: expected letters, digits, '-', '_' or '.', got {name!r}")
     # Read first: a bad labels file fails before the model is built.
-    labelled = reference_labels(labels, reference)
     model_config: ModelConfig = read_model_config(config_path)
     handler: HandlerConfig = model_config.handler
+    labelled = reference_labels(labels, reference, handler.labels)
     model, spec = load_user_model(ref, args, weights)
     if not ref.scripted:
         undeclared = undeclared_imports(Path(spec.file), extra_files)
@@ -1175,6 +1163,13 @@ def archive_model(
             "  no reference labels: no accuracy estimate; it pages on drift (HookwatchDrift). "
             "Pass --reference-labels for pages on harm"
         )
+        folders = class_folders(reference) if reference.is_dir() else []
+        if folders:
+            say(
+                f"  the reference's images are in folders ({', '.join(folders[:5])}"
+                f"{', ...' if len(folders) > 5 else ''}): name the model's classes in "
+                "handler.labels, in its class order, and folders named so label their images"
+            )
     return mar
 
 

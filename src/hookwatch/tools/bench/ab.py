@@ -31,8 +31,8 @@ from hookwatch._config import HandlerConfig, InputSpec
 from hookwatch._errors import ConfigError
 from hookwatch.tools.bench.loadgen import Segment, Target, closed_loop
 from hookwatch.tools.bench.stats import CONFIDENCE, PLAIN, Spread, median_interval, ratios
+from hookwatch.tools.images import IMAGE_SUFFIXES
 from hookwatch.tools.mar import read_hookwatch_mar
-from hookwatch.tools.own_model import IMAGE_SUFFIXES
 
 MONITORED = "hookwatch"
 #: In the order even rounds run them (odd rounds reverse it).
