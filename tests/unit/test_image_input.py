@@ -218,6 +218,14 @@ def test_archived_from_a_directory_of_images_and_served_image_bodies(tmp_path: P
     )
     # Images in folders that name no class: unlabelled, and told how folders would label.
     assert any("images are in folders (a, b)" in line for line in said), said
+    # `hookwatch profile` rebuilds the profile from the same directory.
+    from hookwatch.tools import cli
+
+    out = tmp_path / "again.npz"
+    code = cli.main(
+        ["profile", "--mar", str(mar), "--data", str(tmp_path / "ref"), "--out", str(out)]
+    )
+    assert code == 0 and out.is_file()
     photo = _file(rng.integers(0, 256, (60, 90, 3), dtype=np.uint8), "JPEG")
     with archived_handler(mar, tmp_path / "served") as (handler_, context):
         # A raw body (curl -T), a multipart field and base64 JSON: one answer each.

@@ -1150,9 +1150,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     prof.add_argument(
         "--data",
-        type=_INPUTS,
+        type=_inputs_or_images,
         default=None,
-        help=".npy/.npz array of inputs [N, *shape] (default: the demo's reference images)",
+        help=".npy/.npz array of inputs [N, *shape], .jsonl request bodies or a directory of "
+        "image files (input.encoding: image) (default: the demo's reference images)",
     )
     prof.add_argument(
         "--out",
