@@ -65,31 +65,29 @@ def test_one_module_imports_torchserve() -> None:
     assert not importers("model_archiver")
 
 
-def test_one_module_imports_transformers_and_only_inside_a_function() -> None:
-    assert importers("transformers") == {"hookwatch._text"}
-    tree = ast.parse((PACKAGE / "_text.py").read_text())
-    top = {
-        alias.name if isinstance(node, ast.Import) else node.module
-        for node in tree.body
+def top_level_imports(path: Path) -> set[str]:
+    """What ``path`` imports at its top level, not inside a function."""
+    return {
+        str(alias.name if isinstance(node, ast.Import) else node.module)
+        for node in ast.parse(path.read_text()).body
         if isinstance(node, ast.Import | ast.ImportFrom)
         for alias in node.names
     }
+
+
+def test_one_module_imports_transformers_and_only_inside_a_function() -> None:
+    assert importers("transformers") == {"hookwatch._text"}
     # The core imports without the text extra: transformers only when a tokenizer is loaded.
-    assert not any(str(name).startswith("transformers") for name in top)
+    assert not any(
+        name.startswith("transformers") for name in top_level_imports(PACKAGE / "_text.py")
+    )
 
 
 def test_one_module_imports_pillow_and_only_inside_a_function() -> None:
     # In the runtime; `hookwatch bench` (a tool) also writes JPEGs to send an image model.
     assert importers("PIL") & RUNTIME == {"hookwatch._image"}
-    tree = ast.parse((PACKAGE / "_image.py").read_text())
-    top = {
-        alias.name if isinstance(node, ast.Import) else node.module
-        for node in tree.body
-        if isinstance(node, ast.Import | ast.ImportFrom)
-        for alias in node.names
-    }
     # Pillow comes with TorchServe: the core imports without it, until an image is decoded.
-    assert not any(str(name).startswith("PIL") for name in top)
+    assert not any(name.startswith("PIL") for name in top_level_imports(PACKAGE / "_image.py"))
 
 
 def test_the_runtime_never_imports_the_tools_or_the_adapter() -> None:
