@@ -94,7 +94,9 @@ def decode_image(data: bytes, shape: tuple[int, ...], dtype: torch.dtype) -> tor
             if image.format == "JPEG":
                 # Decode at the smallest power-of-two scale that still covers the input: a
                 # 12-megapixel photo for a 224x224 model is read at an eighth of its size.
-                image.draft(IMAGE_CHANNELS[channels], _cover(image.size, (width, height)))
+                # Covering the input's longer side both ways: the EXIF turn comes after.
+                side = max(width, height)
+                image.draft(IMAGE_CHANNELS[channels], _cover(image.size, (side, side)))
             # A phone's photo stores its rotation apart from its pixels.
             image = image_ops.exif_transpose(image)
             image = image.convert(IMAGE_CHANNELS[channels])
