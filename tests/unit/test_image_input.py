@@ -12,11 +12,14 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from hookwatch._body import IMAGE_BODY_BYTES, MAX_BODY_BYTES, body_limit
 from hookwatch._config import InputSpec
 from hookwatch._errors import BadInputError, ConfigError
+from hookwatch._names import REJECT_REASONS
 from hookwatch._service import InputPipeline
 from hookwatch.tools.own_model import ModelRef, archive_model, load_reference
 from tests.fakes import archived_handler
@@ -282,3 +285,29 @@ def test_class_folders_label_their_images_where_their_names_say_the_class(
     np.save(tmp_path / "y.npy", np.arange(5))
     given = reference_labels(tmp_path / "y.npy", indexed)
     assert given is not None and given[0].tolist() == [0, 1, 2, 3, 4]
+
+
+_PNG = _file(RGB, "PNG")
+_JPEG = _file(RGB, "JPEG")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    which=st.sampled_from([_PNG, _JPEG, _file(RGB, "GIF"), _file(RGB, "WEBP")]),
+    flips=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=8),
+    cut=st.integers(0, 10_000),
+)
+def test_mutated_image_files_decode_or_get_a_named_4xx(
+    which: bytes, flips: list[tuple[int, int]], cut: int
+) -> None:
+    """Flipped bytes and truncations of real files (headers included): every one is an item of
+    the shape or a 400/413 with a reason of the vocabulary, never another exception."""
+    data = bytearray(which[: max(1, cut % (len(which) + 1))])
+    for position, value in flips:
+        data[position % len(data)] = value
+    try:
+        x = _pipeline([3, 16, 16]).decode(bytes(data))
+    except BadInputError as error:
+        assert error.reason in REJECT_REASONS and error.reason != "unreadable", error
+    else:
+        assert x.shape == (3, 16, 16) and bool(torch.isfinite(x).all())
