@@ -350,6 +350,40 @@ def test_layers_counts_a_wide_input_as_the_projection_will_test_it() -> None:
     assert "its first 4096 projected" in wide
 
 
+def test_init_bounds_ids_that_go_straight_into_an_embedding(run: Run, tmp_path: Path) -> None:
+    # An outside user's language model: an id past its vocabulary reached the forward and was
+    # a 422 naming an IndexError; init now writes the range, and such an id is a 400.
+    (tmp_path / "tokens.py").write_text(TOKENS_MODEL)
+    out = tmp_path / "model-config.yaml"
+    model = f"{tmp_path / 'tokens.py'}:build"
+    code, said, err = run("layers", model, "--input-shape", "5", "--input-dtype", "int64")
+    assert code == 0 and "ids into an embedding of 10 rows" in said, err
+    code, _, err = run(
+        "init", model, "--input-shape", "5", "--input-dtype", "int64", "--out", str(out)
+    )
+    assert code == 0, err
+    spec = read_model_config(out).handler.input
+    assert (spec.min_value, spec.max_value) == (0.0, 9.0)
+    from hookwatch._errors import BadInputError
+    from hookwatch._service import decode_payload
+
+    with pytest.raises(BadInputError, match=r"values in \[0.0, 9.0\]"):
+        decode_payload({"data": [1, 2, 3, 4, 10]}, spec)
+    # Ids the model derives itself (a float input, embedded after a cast) are not bounded.
+    rows = own_model.discover_layers(Derived().eval(), torch.zeros(2, 5))
+    assert rows[0].vocabulary == 0
+
+
+class Derived(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.emb(x.long()).mean(1)
+        return out
+
+
 def test_layers_says_a_scripted_submodule_takes_no_hooks_not_that_it_did_not_run() -> None:
     # An outside user's eager model with a torch.jit.script'ed encoder inside: `layers` said
     # its modules "did not run" (they ran; hooks cannot see them), and `archive` refuses them.

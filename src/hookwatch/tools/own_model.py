@@ -339,6 +339,9 @@ class LayerInfo:
     #: How its features are read: "256 units (mean over 63 steps)", "64 channels (mean over
     #: 8x8 positions)"; empty where each value of a sample is a feature of its own.
     reading: str = ""
+    #: The input row of a model whose input goes straight into an embedding: its row count
+    #: (ids from 0 to this less one); 0 otherwise.
+    vocabulary: int = 0
 
 
 def _shapes(value: Any, batch: int = 0) -> tuple[tuple[int, ...], ...]:
@@ -390,6 +393,7 @@ def discover_layers(
     root = hookable_root(model)
     outputs: dict[str, tuple[tuple[int, ...], ...]] = {}
     calls: dict[str, int] = {}
+    vocabulary: list[int] = []
     handles = []
     first = x if isinstance(x, torch.Tensor) else next(iter(x.values()))
     batch = int(first.shape[0]) if first.dim() else 0
@@ -402,6 +406,16 @@ def discover_layers(
                     calls[name] = calls.get(name, 0) + 1
 
                 handles.append(module.register_forward_hook(hook))
+                if isinstance(module, nn.Embedding | nn.EmbeddingBag):
+
+                    def ids(
+                        _m: nn.Module, args: tuple[Any, ...], rows: int = module.num_embeddings
+                    ) -> None:
+                        # The input itself, not ids the model derived from it.
+                        if args and args[0] is first:
+                            vocabulary.append(rows)
+
+                    handles.append(module.register_forward_pre_hook(ids))
         try:
             if isinstance(x, dict):
                 with torch.inference_mode():
@@ -428,7 +442,17 @@ def discover_layers(
     else:
         shapes = (tuple(first.shape),)
         features = 1 if tokens else _input_features(first, width)
-    rows = [LayerInfo(INPUT_LAYER, "(input)", shapes, 0, features, 0)]
+    rows = [
+        LayerInfo(
+            INPUT_LAYER,
+            "(input)",
+            shapes,
+            0,
+            features,
+            0,
+            vocabulary=min(vocabulary) if vocabulary and x is first else 0,
+        )
+    ]
     for name, module in root.named_modules():
         if not name:
             continue
@@ -539,6 +563,8 @@ def format_layers(rows: Sequence[LayerInfo], max_features: int) -> str:
             notes.append(f"runs {r.calls}x per forward: the last call is watched")
         if r.type in _SCRIPTED_TYPES:
             notes.append("TorchScript: takes no hooks, not watchable")
+        if r.vocabulary:
+            notes.append(f"ids into an embedding of {r.vocabulary} rows (init writes max)")
         note = "; ".join(notes)
         lines.append(
             f"{r.name:<{name_w}}  {r.type:<{type_w}}  {fmt(r):<28}  "
@@ -639,9 +665,22 @@ def init_config(
                 "    # encoding: image  # JPEG/PNG bodies (or base64 in the JSON field): decoded,",
                 "    #                  # resized and centre-cropped to the shape, pixels / 255",
             ]
+        vocabulary = rows[0].vocabulary if rows and rows[0].name == INPUT_LAYER else 0
+        if vocabulary:
+            # Ids past the embedding would reach the forward and fail there (a 422 naming an
+            # IndexError): refused up front, as the ids the model takes.
+            input_lines += [
+                "    min: 0             # the input goes straight into an embedding of "
+                f"{vocabulary} rows:",
+                f"    max: {vocabulary - 1}{' ' * max(1, 14 - len(str(vocabulary - 1)))}"
+                "# other ids get a 400 saying so",
+            ]
+        else:
+            input_lines += [
+                "    # min: 0           # requests outside [min, max] get a 400",
+                "    # max: 1",
+            ]
         input_lines += [
-            "    # min: 0           # requests outside [min, max] get a 400",
-            "    # max: 1",
             "    # mean: [0.485, 0.456, 0.406]   # normalisation the model expects, per channel:",
             "    # std: [0.229, 0.224, 0.225]    # requests and reference data come un-normalised",
         ]
