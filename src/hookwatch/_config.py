@@ -474,7 +474,9 @@ class OutputSpec:
         "label as `values` are; per-position logits "
         "`[batch, positions, classes]` (token "
         "classification, CTC) give each sample's class shares over its positions, the mean "
-        "confidence and entropy over them and its most frequent class; `values` (regression) "
+        "confidence and entropy over them and its most frequent class, and so does a class "
+        "map `[batch, classes, height, width]` (segmentation, classes first as a convolution "
+        "gives them) over its pixels, answered per pixel as `[H][W]` lists; `values` (regression) "
         "and `embedding` are one detector of their "
         "features, projected like a layer when wider than `max_features`; `none`: statistics "
         "only",

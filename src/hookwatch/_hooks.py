@@ -513,18 +513,6 @@ def feature_reading(root: nn.Module, path: str) -> FeatureReading:
     return FeatureReading(False, "default")
 
 
-def sequence_logits_error(shape: Sequence[int]) -> ConfigError:
-    """The refusal of a ``logits`` head whose output is neither ``[batch, classes]`` nor
-    per-position ``[batch, positions, classes]``."""
-    per_sample = ", ".join(map(str, shape[1:]))
-    return ConfigError(
-        "monitoring.output.head: expected logits [batch, classes] or per-position logits "
-        f"[batch, positions, classes] for head 'logits', got an output of [batch, {per_sample}]; "
-        "set output.head to 'embedding' or 'values' (drift of each value averaged over the "
-        "dimensions after the first) or 'none'"
-    )
-
-
 class _Entry(NamedTuple):
     """One registered hook as :meth:`HookSet.arm` puts it back: ``table[key] = function``
     (and ``kwargs_table[key] = True`` for a pre-hook that takes keyword arguments), or, for
@@ -574,8 +562,8 @@ class LayerHook:
         # A channels-first module by its own class is never a hidden state of tokens.
         self._tokens = not (self.reading.by == "type" and not self.reading.units_last)
         #: The output of a ``logits`` head: ``[batch, classes]`` is read as any layer,
-        #: ``[batch, positions, classes]`` by :func:`position_summary`, more dimensions are
-        #: refused (:func:`sequence_logits_error`).
+        #: ``[batch, positions, classes]`` by :func:`position_summary`, a class map
+        #: ``[batch, classes, *spatial]`` (segmentation) as the positions of its pixels.
         self._logits = logits
         #: Hand host tensors off as numpy arrays (see :func:`hold`).
         self._host = host
@@ -822,7 +810,10 @@ class LayerHook:
             mask = gate.mask
             if self._logits and dims > 2:
                 if dims > 3:
-                    raise sequence_logits_error(shape)
+                    # A class map [B, C, *spatial] (segmentation: classes first, as a
+                    # convolution gives them): per-position logits over its pixels.
+                    tensor = tensor.flatten(2).transpose(1, 2)
+                    shape = tensor.shape
                 # Per-position logits [B, T, C]: reduced here, never copied raw (the capture
                 # thread reads a raw copy's rows as a layer's features).
                 positions = mask if mask is not None and mask.shape == shape[:2] else None
@@ -1128,8 +1119,8 @@ class HookSet:
         output's tensor to watch, ``mask`` names the forward's attention-mask argument
         (keyword or position) for token activations, ``output_head`` the output's head (a
         ``logits`` output ``[batch, positions, classes]`` is read per position by
-        :func:`position_summary`; more dimensions fault the output's hook with
-        :func:`sequence_logits_error` instead of being read flattened).
+        :func:`position_summary`, and so is a class map ``[batch, classes, *spatial]``, per
+        pixel).
 
         Which dimension of each layer's activations holds its features is decided here,
         once per module (:func:`feature_reading`); the input keeps dimension 1."""

@@ -890,6 +890,16 @@ class ModelService:
         ]
         return {"classes": classes, "confidence": confidence}
 
+    def _map_answer(self, row: torch.Tensor) -> dict[str, Any]:
+        """A class map ``[C, *spatial]`` (segmentation): per pixel, as per position, the
+        class and its probability, nested as the map is (``[H][W]`` for an image)."""
+        spatial = tuple(row.shape[1:])
+        flat = self._positions_answer(row.flatten(1).transpose(0, 1))
+        return {
+            key: np.array(values, dtype=object).reshape(spatial).tolist()
+            for key, values in flat.items()
+        }
+
     def _non_finite_answer(self, row: torch.Tensor) -> dict[str, Any]:
         """An output row holding NaN or Infinity, in valid JSON: no class (a softmax of it
         has none), null where a value is not a number. The output's non-finite counts show
@@ -918,9 +928,12 @@ class ModelService:
             )
             sizes = result.sizes or [1] * len(result.positions)
             answer, non_finite_answer = self._answer, self._non_finite_answer
-            if self.output.head == "logits" and _row_dims(outputs) == 2:
-                # Per-position logits: decided once per batch, so a [B, C] row pays nothing.
-                answer = non_finite_answer = self._positions_answer
+            if self.output.head == "logits" and _row_dims(outputs) >= 2:
+                # Per-position logits, or a class map: decided once per batch, so a [B, C]
+                # row pays nothing.
+                answer = non_finite_answer = (
+                    self._positions_answer if _row_dims(outputs) == 2 else self._map_answer
+                )
             # One check per batch: only a batch with a NaN or an Infinity takes the slow path.
             finite = isinstance(outputs, torch.Tensor) and _all_finite(outputs)
             row = 0

@@ -117,8 +117,8 @@ def with_accuracy(
     if collector.positions:
         raise ConfigError(
             "reference labels: expected logits [batch, classes], got per-position logits "
-            "[batch, positions, classes]: the accuracy estimate is per sample; archive it "
-            "without labels"
+            "([batch, positions, classes], or a class map): the accuracy estimate is per "
+            "sample; archive it without labels"
         )
     rows = reservoir.take()
     harm = config.harm

@@ -215,13 +215,14 @@ def _captured(
                             f"'logits', got {str(logits.dtype).removeprefix('torch.')} values "
                             "(class ids?); set output.head to 'values' or 'none'"
                         )
-                    collector.positions = logits is not None and logits.dim() == 3
+                    # Per position: [B, T, C], or a class map [B, C, *spatial] (per pixel).
+                    collector.positions = logits is not None and logits.dim() >= 3
             finally:
                 gate.set(False)
             if collector.faults:
                 layer, error = collector.faults[0]
                 if isinstance(error, ConfigError):
-                    raise error  # the config does not fit the model (logits of 4+ dimensions)
+                    raise error  # the config does not fit the model
                 raise RuntimeError(f"capturing layer {layer!r} failed: {error!r}")
             yield collector.commit()
 

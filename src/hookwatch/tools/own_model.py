@@ -635,8 +635,18 @@ def guess_head(rows: Sequence[LayerInfo]) -> str:
         return "logits" if shape[1] > 1 else "values"
     if len(shape) == 3 and shape[2] > 1 and _ends_in_classifier(rows):
         return "logits"
+    if _pixel_map(rows):
+        return "logits"
     # [B]: one value per sample (a squeezed regression output, class ids): not logits.
     return "values" if len(shape) == 1 else "embedding"
+
+
+def _pixel_map(rows: Sequence[LayerInfo]) -> bool:
+    """An output ``[B, C, H, W]`` of a few channels over the input image's own pixels: a
+    segmentation net's class map (classes first, as its last convolution gives them)."""
+    out = rows[-1].shapes[0] if rows and rows[-1].shapes else ()
+    given = rows[0].shapes[0] if rows and rows[0].shapes else ()
+    return len(out) == 4 and len(given) == 4 and out[2:] == given[2:] and 1 < out[1] <= 1000
 
 
 def init_config(
@@ -695,6 +705,14 @@ def init_config(
             "    # each value averaged over the positions is watched.",
         ]
         if len(out) == 3
+        else [
+            f"    # The output is [batch, {', '.join(map(str, out[1:]))}] over the input's "
+            "pixels: a class map",
+            "    # (segmentation) takes head logits: a class and its probability per pixel, class",
+            "    # shares, mean confidence and entropy over the pixels. As embedding, each",
+            "    # channel averaged over the pixels is watched.",
+        ]
+        if _pixel_map(rows)
         else []
     )
     parts = rows[-1].shapes if rows else ()
@@ -766,7 +784,10 @@ def _check_class_names(labels: Sequence[str], logits: torch.Tensor, head: str) -
     """``handler.labels`` name every class of the logits (every label of a ``multilabel``
     head), no more: an answer names them by index (a binary classifier's one logit has two
     classes)."""
-    classes = int(logits.shape[-1]) if logits.dim() >= 2 else 1
+    # Classes last ([B, C], [B, T, C]), or first in a class map [B, C, H, W].
+    classes = (
+        int(logits.shape[1] if logits.dim() >= 4 else logits.shape[-1]) if logits.dim() >= 2 else 1
+    )
     if head == "multilabel":
         if len(labels) != classes:
             raise ConfigError(
