@@ -19,7 +19,6 @@ from torch import nn
 import hookwatch
 from hookwatch._config import HandlerConfig, MonitoringConfig
 from hookwatch._drift import derive
-from hookwatch._errors import ConfigError
 from hookwatch._hooks import Capture, Gate, HookSet, as_array, feature_reading, resolve_layers
 from hookwatch._metrics import MetricSet
 from hookwatch._names import OUTPUT_LAYER, STATISTICS, level_of
@@ -345,9 +344,12 @@ def test_a_logits_head_over_positions_is_read_per_position() -> None:
     assert derived["class_mix"][:, 0].tolist() == hand["most_frequent"].tolist()
     # The row's argmax, which class-conditioned statistics are keyed by, is that class too.
     assert features.argmax(axis=1).tolist() == hand["most_frequent"].tolist()
-    # More dimensions than [batch, positions, classes] are still refused, never flattened.
-    with pytest.raises(ConfigError, match=r"got an output of \[batch, 2, 15, 11\]"):
-        build_profile(Unsqueezed(model), {"layers": ["inner.rnn"]}, images(2), "crnn")
+    # More dimensions are a class map [batch, classes, *spatial] (segmentation), never read
+    # flattened: here 2 classes over 15 x 11 positions (equal ones: every pixel's confidence
+    # is one half, constant, so only the class mix is tested).
+    profile = build_profile(Unsqueezed(model), {"layers": ["inner.rnn"]}, images(2), "crnn")
+    assert profile.positions and "class_mix" in profile.references
+    assert "constant" in profile.left_out["confidence"]
 
 
 def test_padded_positions_are_left_out_and_a_non_finite_position_has_no_class() -> None:
