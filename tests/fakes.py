@@ -56,13 +56,26 @@ class FakeContext:
         self.model_yaml_config = model_yaml_config
         self.metrics = FakeMetrics()
         self.statuses: dict[int, tuple[int, str]] = {}
+        self.content_types: dict[int, str] = {}
         self.request_ids: dict[int, str] = {}
 
     def set_response_status(self, code: int = 200, phrase: str = "", idx: int = 0) -> None:
         self.statuses[idx] = (code, phrase)
 
+    def set_response_content_type(self, idx: int, value: str) -> None:
+        self.content_types[idx] = value
+
     def get_request_header(self, idx: int, key: str) -> str | None:
         return None
+
+
+def handled(handler: Any, rows: list[dict[str, Any]], context: FakeContext) -> list[Any]:
+    """``handler.handle(rows, context)``'s answers as a client reads them: each is JSON, sent
+    as such (every answer's Content-Type is set)."""
+    context.content_types.clear()
+    encoded = handler.handle(rows, context)
+    assert context.content_types == dict.fromkeys(range(len(rows)), "application/json")
+    return [json.loads(answer) for answer in encoded]
 
 
 @contextmanager

@@ -182,10 +182,15 @@ class WorkerContext:
         self.metrics = _NoMetrics()
         self.request_ids = {0: "bench"}
         self.request_processor = None
+        self.content_types: dict[int, str] = {}
 
     def set_response_status(self, code: int = 200, phrase: str = "", idx: int = 0) -> None:
         if code != 200:
             raise RuntimeError(f"request {idx} answered {code} {phrase}")
+
+    def set_response_content_type(self, idx: int, value: str) -> None:
+        # As TorchServe's context keeps it: one entry a request.
+        self.content_types[idx] = value
 
     def get_request_header(self, idx: int, key: str) -> str | None:
         return None

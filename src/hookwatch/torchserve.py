@@ -14,6 +14,7 @@ Nothing else in hookwatch imports TorchServe: replacing it means another adapter
 
 from __future__ import annotations
 
+import json
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any, ClassVar
@@ -33,6 +34,11 @@ from hookwatch._model import MODEL_SPEC_FILE, ModelSpec, build_model
 from hookwatch._service import BatchResult, DecodedBatch, ModelService
 
 __all__ = ["HookwatchHandler", "UnmonitoredHandler"]
+
+
+#: The Content-Type of every answer.
+JSON = "application/json"
+_compact = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def _body(row: dict[str, Any]) -> Any:
@@ -96,9 +102,16 @@ class HookwatchHandler(BaseHandler):  # type: ignore[misc]
 
     def postprocess(self, data: BatchResult) -> list[Any]:
         # Per-item status codes: one bad request in a batch gets its 4xx, the rest are served.
+        context = self.context
         for index, error in data.errors.items():
-            self.context.set_response_status(error.status, HTTPStatus(error.status).phrase, index)
-        return self.service.encode(data)
+            context.set_response_status(error.status, HTTPStatus(error.status).phrase, index)
+        answers = self.service.encode(data)
+        # Encoded here, compact, and said to be JSON: TorchServe writes an object it is handed
+        # through json.dumps(indent=2), Python's pure encoder (~3x the time of the C one, a
+        # third more bytes) and sends it with no Content-Type at all.
+        for index in range(len(answers)):
+            context.set_response_content_type(index, JSON)
+        return [_compact(answer).encode() for answer in answers]
 
 
 class UnmonitoredHandler(HookwatchHandler):

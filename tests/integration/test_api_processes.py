@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import hookwatch
 from hookwatch._metrics import MetricSet
 from hookwatch.tools.devstack import Ports
-from tests.fakes import FakeContext, load_handler
+from tests.fakes import FakeContext, handled, load_handler
 
 pytestmark = pytest.mark.integration
 
@@ -250,8 +250,8 @@ def test_the_api_example_serves_and_exports_what_the_torchserve_handler_does(
     try:
         for body in bodies:
             rows = json.loads(body)["data"]
-            handler.handle([{"body": {"data": row}} for row in rows], context)
-        handler.handle([{"body": {"data": [1, 2, 3]}}], context)
+            handled(handler, [{"body": {"data": row}} for row in rows], context)
+        handled(handler, [{"body": {"data": [1, 2, 3]}}], context)
         handler.service.monitor.flush()
     finally:
         handler.service.close()

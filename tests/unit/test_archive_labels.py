@@ -15,7 +15,7 @@ import yaml
 from hookwatch._errors import ConfigError
 from hookwatch._profile import DriftProfile
 from hookwatch.tools.own_model import ModelRef, archive_model
-from tests.fakes import archived_handler
+from tests.fakes import archived_handler, handled
 
 MODEL = (
     "import torch\nfrom torch import nn\n\n"
@@ -87,7 +87,7 @@ def test_labels_file_gives_the_archived_profile_an_estimator_a_worker_loads(
     with archived_handler(mar, tmp_path / "extracted") as (handler, context):
         profile = DriftProfile.load(tmp_path / "extracted" / "drift-profile.npz")
         assert profile.accuracy is not None and profile.accuracy_layer == "act"
-        handler.handle([{"body": {"data": [0.5] * 6}}], context)
+        handled(handler, [{"body": {"data": [0.5] * 6}}], context)
         drift = handler.service.monitor._drift
         assert drift is not None and drift.accuracy is not None
 

@@ -18,7 +18,7 @@ import yaml
 
 from hookwatch._errors import ConfigError
 from hookwatch.tools.own_model import ModelRef, archive_model
-from tests.fakes import FakeContext, load_handler
+from tests.fakes import FakeContext, handled, load_handler
 
 # torch warns that its quantized tensors and torch.ao.quantization are deprecated: the models
 # users serve today still use them.
@@ -96,7 +96,7 @@ def test_a_seeded_quantized_factory_is_archived_without_weights_and_served(
     handler.initialize(context)
     try:
         tokens = [3, 14, 15, 92, 65, 35]
-        (answer,) = handler.handle([{"body": {"data": tokens}}], context)
+        (answer,) = handled(handler, [{"body": {"data": tokens}}], context)
         answer = json.loads(answer) if isinstance(answer, str | bytes) else answer
         # The factory's own model, built here: the worker serves exactly it.
         torch.manual_seed(0)

@@ -24,7 +24,7 @@ from hookwatch._service import ArgumentsPipeline, make_pipeline
 from hookwatch.tools import cli
 from hookwatch.tools.bench.ab import synthesize
 from hookwatch.tools.own_model import ModelRef, archive_model
-from tests.fakes import archived_handler
+from tests.fakes import archived_handler, handled
 from tests.unit.test_any_model import monitored, value
 
 #: A two-input model: a signal and its valid length (a mask built from it), as sequence
@@ -149,12 +149,12 @@ def test_archived_from_an_npz_and_served(archive: Archive, tmp_path: Path) -> No
         assert watched.n_features + len(watched.dropped) == 16
         good = _body([[0.5, 1, 2]] * 5, [2])
         bad = _body([[0.5, 1, 2]] * 5, [0])
-        answers = handler.handle([{"body": good}, {"body": bad}, {"body": good}], context)
+        answers = handled(handler, [{"body": good}, {"body": bad}, {"body": good}], context)
         assert answers[0] == answers[2] and len(answers[0]["probabilities"]) == 4
         assert answers[1]["code"] == 400 and answers[1]["expected"].startswith("lengths: ")
         # The length reaches the forward: padding past it does not change the answer.
         padded = _body([[0.5, 1, 2]] * 2 + [[9, 9, 9]] * 3, [2])
-        assert handler.handle([{"body": padded}], context)[0] == answers[0]
+        assert handled(handler, [{"body": padded}], context)[0] == answers[0]
 
 
 def test_a_jsonl_reference_is_decoded_as_requests(archive: Archive, tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from dev.bench.switch_handler import SWITCH_FILE
 from hookwatch.tools.bench.loadgen import Segment
 from hookwatch.tools.demo import digits_cnn
 from hookwatch.tools.demo.data import load_split
-from tests.fakes import FakeContext, load_handler
+from tests.fakes import FakeContext, handled, load_handler
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,14 +38,14 @@ def test_the_byte_binds_and_unbinds_the_monitored_path(
     tally = handler.service.monitor._tally
     rows = [{"body": {"data": x.tolist()}} for x in load_split().x_test[:3]]
     try:
-        handler.handle(rows, context)
+        handled(handler, rows, context)
         assert tally.counts().requests == 0 and handler.service._path is None
         inworker._set(switch, True)
-        answers = handler.handle(rows, context)
+        answers = handled(handler, rows, context)
         assert len(answers) == 3 and all("class" in a for a in answers)
         assert tally.counts().requests == 3 and tally.counts().sampled == 3
         inworker._set(switch, False)
-        handler.handle(rows, context)
+        handled(handler, rows, context)
         assert tally.counts().requests == 3
     finally:
         handler.service.close()

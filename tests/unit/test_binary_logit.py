@@ -16,7 +16,7 @@ from hookwatch._drift import AccuracyEstimator, class_logits, derive, softmax
 from hookwatch._errors import ConfigError
 from hookwatch._profile import DriftProfile
 from hookwatch.tools.own_model import ModelRef, archive_model
-from tests.fakes import archived_handler
+from tests.fakes import archived_handler, handled
 
 MODEL = (
     "import torch\nfrom torch import nn\n\n"
@@ -112,7 +112,8 @@ def test_archived_served_and_estimated(tmp_path: Path, squeeze: bool) -> None:
         assert profile.accuracy is not None and profile.accuracy.classes == 2
         assert profile.accuracy.reference_accuracy == 1.0
         assert {"confidence", "entropy", "class_mix"} <= set(profile.references)
-        answers = handler.handle(
+        answers = handled(
+            handler,
             [{"body": {"data": [2.0, 0, 0, 0, 0, 0]}}, {"body": {"data": [-2.0, 0, 0, 0, 0, 0]}}],
             context,
         )

@@ -18,7 +18,7 @@ from hookwatch._profile import DriftProfile, build_profile
 from hookwatch._service import ModelService
 from hookwatch.tools import own_model
 from hookwatch.tools.own_model import ModelRef, archive_model
-from tests.fakes import archived_handler
+from tests.fakes import archived_handler, handled
 from tests.unit.test_any_model import monitored, value
 
 MODEL = (
@@ -85,7 +85,7 @@ def test_archived_and_served_per_pixel(tmp_path: Path) -> None:
         assert profile.positions
         assert {"output", "confidence", "entropy", "class_mix"} <= set(profile.references)
         image = np.random.default_rng(1).random((3, 16, 16)).round(3).tolist()
-        answers = handler.handle([{"body": {"data": image}}] * 3, context)
+        answers = handled(handler, [{"body": {"data": image}}] * 3, context)
         classes = answers[0]["classes"]
         assert len(classes) == 16 and all(len(row) == 16 for row in classes)
         assert {c for row in classes for c in row} <= {"a", "b", "c", "d"}

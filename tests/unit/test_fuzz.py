@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hookwatch._names import REJECT_REASONS
 from hookwatch.tools.demo import digits_cnn
 from hookwatch.tools.demo.data import load_split
-from tests.fakes import FakeContext, load_handler
+from tests.fakes import FakeContext, handled, load_handler
 from tests.payloads import EDGES, as_delivered, oversized, payloads, valid_body
 from tests.unit.test_handler import make_config
 
@@ -47,7 +47,7 @@ def _check(instance: Any, context: FakeContext, content_type: str, body: bytes) 
     context.statuses.clear()
     too_large = instance.service.monitor._counts().rejected_by.get("too_large", 0)
     good = {"body": as_delivered("application/json", VALID)}
-    out = instance.handle([good, {"body": as_delivered(content_type, body)}, good], context)
+    out = handled(instance, [good, {"body": as_delivered(content_type, body)}, good], context)
     assert len(out) == 3
     # The valid neighbours are always served, whatever their batch mate.
     assert "class" in out[0] and out[0] == out[2]

@@ -16,7 +16,7 @@ import yaml
 from hookwatch._errors import ConfigError
 from hookwatch.tools.demo import digits_cnn
 from hookwatch.tools.demo.data import load_split
-from tests.fakes import FakeContext, load_handler
+from tests.fakes import FakeContext, handled, load_handler
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = yaml.safe_load((ROOT / "models/digits/model-config.yaml").read_text())
@@ -57,7 +57,7 @@ def digit(i: int = 0) -> list[Any]:
 def test_valid_requests_get_class_and_probabilities(handler: tuple[Any, FakeContext]) -> None:
     instance, context = handler
     body = json.dumps({"data": digit()}).encode()
-    out = instance.handle([{"body": body}, {"body": {"data": digit(1)}}], context)
+    out = handled(instance, [{"body": body}, {"body": {"data": digit(1)}}], context)
     assert len(out) == 2
     for answer in out:
         assert 0 <= answer["class"] <= 9
@@ -83,7 +83,7 @@ def test_bad_items_get_a_clear_4xx_and_the_rest_of_the_batch_is_served(
 ) -> None:
     instance, context = handler
     good = {"body": {"data": digit()}}
-    out = instance.handle([good, {"body": payload}, good], context)
+    out = handled(instance, [good, {"body": payload}, good], context)
     assert context.statuses == {1: (400, "Bad Request")}
     assert out[1]["code"] == 400
     assert expected in out[1]["expected"], out[1]
@@ -99,7 +99,7 @@ def test_bad_items_get_a_clear_4xx_and_the_rest_of_the_batch_is_served(
 
 def test_a_batch_of_only_bad_items_runs_no_forward(handler: tuple[Any, FakeContext]) -> None:
     instance, context = handler
-    out = instance.handle([{"body": b""}, {"data": None}], context)
+    out = handled(instance, [{"body": b""}, {"data": None}], context)
     assert [a["code"] for a in out] == [400, 400]
     counts = instance.service.monitor._counts()
     # Both received and rejected; no forward ran, so none was sampled.
@@ -148,7 +148,7 @@ def test_an_archive_from_hookwatch_archive_is_built_by_the_handler(tmp_path: Pat
     handler = load_handler("hookwatch_handler")()
     handler.initialize(context)
     try:
-        out = handler.handle([{"body": {"data": [0.5] * 8}}, {"body": {"data": [1]}}], context)
+        out = handled(handler, [{"body": {"data": [0.5] * 8}}, {"body": {"data": [1]}}], context)
         assert set(out[0]) == {"values"} and out[1]["code"] == 400
         monitor = handler.service.monitor
         assert monitor._drift is not None  # the archived profile loaded
@@ -236,7 +236,7 @@ def test_an_archive_carries_the_modules_and_packages_its_model_file_imports(
     handler = load_handler("hookwatch_handler")()
     handler.initialize(context)
     try:
-        out = handler.handle([{"body": {"data": [0.5] * 6}}], context)
+        out = handled(handler, [{"body": {"data": [0.5] * 6}}], context)
         assert set(out[0]) == {"class", "probabilities"}
         assert sys.modules["nets"].__file__ == str(model_dir / "nets" / "__init__.py")
     finally:

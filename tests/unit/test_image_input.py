@@ -22,7 +22,7 @@ from hookwatch._errors import BadInputError, ConfigError
 from hookwatch._names import REJECT_REASONS
 from hookwatch._service import InputPipeline
 from hookwatch.tools.own_model import ModelRef, archive_model, load_reference
-from tests.fakes import archived_handler
+from tests.fakes import archived_handler, handled
 
 
 def _file(array: np.ndarray, fmt: str = "PNG", **save: object) -> bytes:
@@ -232,7 +232,8 @@ def test_archived_from_a_directory_of_images_and_served_image_bodies(tmp_path: P
     photo = _file(rng.integers(0, 256, (60, 90, 3), dtype=np.uint8), "JPEG")
     with archived_handler(mar, tmp_path / "served") as (handler_, context):
         # A raw body (curl -T), a multipart field and base64 JSON: one answer each.
-        answers = handler_.handle(
+        answers = handled(
+            handler_,
             [
                 {"body": bytearray(photo)},
                 {"data": bytearray(photo)},
@@ -242,7 +243,7 @@ def test_archived_from_a_directory_of_images_and_served_image_bodies(tmp_path: P
         )
         assert all(set(a) == {"class", "probabilities"} for a in answers), answers
         assert answers[0] == answers[1] == answers[2]
-        (bad,) = handler_.handle([{"body": bytearray(b"not a picture")}], context)
+        (bad,) = handled(handler_, [{"body": bytearray(b"not a picture")}], context)
         assert bad["code"] == 400 and "an image file" in bad["expected"], bad
 
 

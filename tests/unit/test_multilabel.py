@@ -17,7 +17,7 @@ from hookwatch._errors import ConfigError
 from hookwatch._profile import DriftProfile
 from hookwatch._service import ModelService
 from hookwatch.tools.own_model import ModelRef, archive_model
-from tests.fakes import archived_handler
+from tests.fakes import archived_handler, handled
 
 MODEL = (
     "import torch\nfrom torch import nn\n\n"
@@ -79,7 +79,7 @@ def test_archived_and_served(tmp_path: Path) -> None:
         profile = DriftProfile.load(tmp_path / "served" / "drift-profile.npz")
         # Tested per label, as values: no softmax-derived detectors.
         assert "output" in profile.references and "confidence" not in profile.references
-        (answer,) = handler.handle([{"body": {"data": [0.3, -1, 2, 0.5, 1]}}], context)
+        (answer,) = handled(handler, [{"body": {"data": [0.3, -1, 2, 0.5, 1]}}], context)
         assert set(answer) == {"labels", "probabilities"} and len(answer["probabilities"]) == 4
         above = [n for n, p in zip(names, answer["probabilities"], strict=True) if p > 0.5]
         assert answer["labels"] == above
