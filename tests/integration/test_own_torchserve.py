@@ -35,6 +35,12 @@ EXPORTER_JOB, TORCHSERVE_JOB, NAMESPACE = "hw-exporter", "ts-metrics", "serving"
 
 
 def _http(method: str, url: str, body: bytes | None = None) -> tuple[int, bytes]:
+    status, answer, _ = _http_typed(method, url, body)
+    return status, answer
+
+
+def _http_typed(method: str, url: str, body: bytes | None = None) -> tuple[int, bytes, str]:
+    """Status, body and Content-Type of one request."""
     import urllib.error
     import urllib.request
 
@@ -43,9 +49,9 @@ def _http(method: str, url: str, body: bytes | None = None) -> tuple[int, bytes]
     )
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, response.read()
+            return response.status, response.read(), response.headers.get("Content-Type", "")
     except urllib.error.HTTPError as error:
-        return error.code, error.read()
+        return error.code, error.read(), error.headers.get("Content-Type", "")
 
 
 def _eventually(check: Callable[[], Any], timeout: float, what: str, logs: list[Path]) -> Any:
@@ -236,8 +242,12 @@ def test_hookwatch_added_to_a_plain_torchserve(tmp_path: Path, processes: Proces
     def send(rows: np.ndarray) -> None:
         url = f"http://127.0.0.1:{ports.inference}/predictions/{MODEL}"
         for row in rows:
-            status, body = _http("POST", url, json.dumps({"data": row.tolist()}).encode())
-            assert status == 200, body[:300]
+            status, body, kind = _http_typed(
+                "POST", url, json.dumps({"data": row.tolist()}).encode()
+            )
+            # Answers are JSON and say so (TorchServe alone sends no Content-Type).
+            assert status == 200 and kind == "application/json", (kind, body[:300])
+            assert "values" in json.loads(body)
 
     rng = np.random.default_rng(1)
     loc = np.array([0, 1, 2, 3, 0, 0, -1, 5], dtype=float)
