@@ -201,7 +201,8 @@ def _inputs_or_images(text: str) -> Path:
     if not path.exists():
         raise argparse.ArgumentTypeError(
             f"expected held-out inputs (.npy, .npz or .jsonl, or a directory of images for "
-            f"input.encoding: image), got {text}, no such file"
+            f"input.encoding: image), got {text}, no such file: numpy.save writes an array, or "
+            "write request bodies one a line"
         )
     return _INPUTS(text)
 
