@@ -150,11 +150,17 @@ def test_fleet_score_in_promql_equals_the_offline_score_on_both_instances_traffi
     assert fleet["output"] > a_scores["output"]
 
     # The 10-minute variant runs too (increase() extrapolates, so only its presence is exact).
-    window = {
-        r["metric"]["detector"]: float(r["value"][1])
-        for r in a.query("model_detector:hookwatch_drift_fleet_score:increase10m")
-    }
-    assert set(window) == set(union_scores) and all(math.isfinite(v) for v in window.values())
+    # It has a value once its rule has met two scrapes of the counts: waited for, not assumed
+    # (a CI run queried it the moment the cumulative score matched, and found none yet).
+    def windowed() -> None:
+        window = {
+            r["metric"]["detector"]: float(r["value"][1])
+            for r in a.query("model_detector:hookwatch_drift_fleet_score:increase10m")
+        }
+        assert set(window) == set(union_scores), sorted(window)
+        assert all(math.isfinite(v) for v in window.values()), window
+
+    eventually(windowed, timeout=30)
 
     # Every rule, the alerts on the recorded series included, evaluates without error.
     def healthy() -> None:
