@@ -37,7 +37,16 @@ def image_files(directory: Path) -> list[Path]:
 def class_folders(directory: Path) -> list[str]:
     """The first-level folders of ``directory`` when every image lies inside one (sorted),
     else none."""
-    parts = [p.relative_to(directory).parts for p in image_files(directory)]
+    return _folders(_first_parts(directory))
+
+
+def _first_parts(directory: Path) -> list[tuple[str, ...]]:
+    """Each image file's path relative to ``directory``, as parts, in :func:`image_files`'
+    order."""
+    return [p.relative_to(directory).parts for p in image_files(directory)]
+
+
+def _folders(parts: list[tuple[str, ...]]) -> list[str]:
     if not parts or any(len(p) < 2 for p in parts):
         return []
     return sorted({p[0] for p in parts})
@@ -49,7 +58,8 @@ def folder_labels(
     """Each image's class from its first-level folder, in :func:`image_files`' order, and
     where they came from; None where the images are not all in folders, or where the folders'
     names are neither ``class_names`` (``handler.labels``) nor class indices."""
-    folders = class_folders(directory)
+    parts = _first_parts(directory)  # the directory walked once, for the folders and labels
+    folders = _folders(parts)
     if not folders:
         return None
     if class_names is not None and set(folders) & set(class_names):
@@ -67,7 +77,5 @@ def folder_labels(
         how = "named by class index"
     else:
         return None
-    y = np.array(
-        [index[p.relative_to(directory).parts[0]] for p in image_files(directory)], np.int64
-    )
+    y = np.array([index[p[0]] for p in parts], np.int64)
     return y, f"the class folders of {directory.name}/ ({how})"
