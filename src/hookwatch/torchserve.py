@@ -107,8 +107,8 @@ class HookwatchHandler(BaseHandler):  # type: ignore[misc]
             context.set_response_status(error.status, HTTPStatus(error.status).phrase, index)
         answers = self.service.encode(data)
         # Encoded here, compact, and said to be JSON: TorchServe writes an object it is handed
-        # through json.dumps(indent=2), Python's pure encoder (~3x the time of the C one, a
-        # third more bytes) and sends it with no Content-Type at all.
+        # through json.dumps(indent=2), Python's pure encoder rather than its C one (and more
+        # bytes) and sends it with no Content-Type at all.
         for index in range(len(answers)):
             context.set_response_content_type(index, JSON)
         return [_compact(answer).encode() for answer in answers]
