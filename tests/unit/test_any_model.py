@@ -563,6 +563,36 @@ def test_hookwatch_layers_shows_sequence_first_layers_batch_first() -> None:
     assert guess_head(discover_layers(squeezed, example_input((6,)))) == "values"
 
 
+def test_hookwatch_layers_notes_experts_and_init_leaves_them_out() -> None:
+    """A routed expert's rows are not one per sample: `layers` says so, for the experts that
+    did not run on the dry run's inputs' siblings too, and `init` proposes other layers."""
+    from hookwatch.tools.own_model import choose_layers, discover_layers, format_layers
+
+    class Experts(nn.Module):
+        def __init__(self, split: bool) -> None:
+            super().__init__()
+            self.split = split
+            self.inp = nn.Sequential(nn.Linear(6, 8), nn.ReLU())
+            self.experts = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in "ab")
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.inp(x)
+            if self.split:  # one sample each: other row counts than the batch's
+                return torch.cat([self.experts[0](h[:1]), self.experts[1](h[1:])])
+            return self.experts[0](h)  # both to the first: the second did not run
+
+    for split in (True, False):
+        rows = discover_layers(Experts(split), torch.rand(2, 6))
+        by_name = {r.name: r for r in rows}
+        assert by_name["experts.0.1"].partial, split
+        assert not by_name["inp.1"].partial and not by_name["output"].partial
+        assert choose_layers(rows) == ["inp.1"]
+        assert "not one per sample" in format_layers(rows, 64)
+    assert by_name["experts.0"].partial == "not all of experts ran: chosen per input"
+    split_rows = {r.name: r for r in discover_layers(Experts(True), torch.rand(2, 6))}
+    assert split_rows["experts.1.1"].partial == "output has 1 rows, the batch 2"
+
+
 def test_a_sequence_first_layer_cut_short_by_the_cap_keeps_only_the_captured_rows(
     metrics: MetricSet, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -191,6 +191,44 @@ def test_torchs_words_for_wanting_indices_get_the_hint(call: Callable[[Any], Any
     )
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize(
+    "layer",
+    [nn.Linear(3, 4), nn.Conv1d(2, 4, 1), nn.LSTM(3, 4, batch_first=True), nn.LayerNorm(3)],
+    ids=["linear", "conv", "lstm", "layernorm"],
+)
+def test_torchs_words_for_a_dtype_mismatch_name_the_models_dtype(
+    layer: nn.Module, dtype: torch.dtype
+) -> None:
+    model = layer.to(dtype)
+    floats = torch.rand(2, 2, 3)
+    error = _error_of(lambda: model(floats))
+    name = str(dtype).removeprefix("torch.")
+    hint = own_model.dtype_hint(error, model, floats, "X={}")
+    assert hint == f"; the model's parameters are {name}: try X={name}", (error, hint)
+    # Given its dtype already, integers, a float32 model, or another complaint: no hint.
+    assert own_model.dtype_hint(error, model, floats.to(dtype), "X={}") == ""
+    assert own_model.dtype_hint(error, model, floats.long(), "X={}") == ""
+    assert own_model.dtype_hint(error, layer.float(), floats, "X={}") == ""
+    other = RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+    assert own_model.dtype_hint(other, model.to(dtype), floats, "X={}") == ""
+
+
+def test_a_half_precision_model_is_tried_on_its_own_dtype(run: Run, tmp_path: Path) -> None:
+    """Unsaid, the input dtype of `layers` and `init` is the model's own (float32 failed a
+    bfloat16 model's first layer); a config's or --input-dtype's stands, with the hint."""
+    (tmp_path / "half.py").write_text(
+        "import torch\nfrom torch import nn\n\n\ndef build():\n"
+        "    return nn.Sequential(nn.Linear(5, 4), nn.ReLU()).to(torch.bfloat16)\n"
+    )
+    code, out, err = run("init", "half.py:build", "--input-shape", "5", "--out", "h.yaml")
+    assert code == 0, err
+    assert read_model_config(tmp_path / "h.yaml").handler.input.dtype == "bfloat16"
+    code, _, err = run("layers", "half.py:build", "--input-shape", "5", "--input-dtype", "float32")
+    assert code == 2
+    assert _one_error_line(err, "layers").endswith("try --input-dtype bfloat16")
+
+
 # a worker that cannot load the model
 
 WORKER = "2026-11-26T18:14:17,581 [INFO ] W-9000-{model}_1.0-stdout MODEL_LOG - {text}"

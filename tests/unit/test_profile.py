@@ -514,6 +514,56 @@ def test_reference_data_that_skips_a_layer_or_has_empty_batches(
         build_profile(model, config, [torch.randn(0, 4)], "branch")
 
 
+class Routed(nn.Module):
+    """A mixture of experts: each sample goes to the expert its router scores highest, so an
+    expert sees only the rows routed to it (another row count than the batch's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.router = nn.Linear(4, 3)
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 4)) for _ in range(3)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        choice = self.router(x).argmax(-1)
+        out = torch.zeros_like(x)
+        for i, expert in enumerate(self.experts):
+            if bool((choice == i).any()):
+                out[choice == i] = expert(x[choice == i])
+        return out
+
+
+def test_an_expert_given_only_its_routed_rows_is_watched_without_drift(
+    metrics: MetricSet,
+) -> None:
+    """An expert's rows are not the batch's samples: the profile leaves its drift out and says
+    why (the archive failed on it, "expected 64 rows"); its statistics are built and served,
+    and so is every other detector."""
+    torch.manual_seed(0)
+    model = Routed().eval()
+    batches = [torch.randn(32, 4) for _ in range(8)]
+    config = {"layers": ["router", "experts.*.1"], "sample_rate": 1.0, "drift": {"window": 20}}
+    profile = build_profile(model, config, batches, "moe")
+    for expert in ("experts.0.1", "experts.1.1", "experts.2.1"):
+        assert "rows for a reference batch of 32 samples" in profile.left_out[expert]
+        assert expert in profile.statistics
+    assert {"input", "router", "output"} <= set(profile.references)
+    monitor = hookwatch.watch(model, config, "moe", profile=profile, metrics=metrics)
+    with monitor, torch.inference_mode():
+        for x in batches * 3:
+            with monitor.request(len(x)):
+                model(x)
+    values = metrics.sample_values()
+
+    def series(name: str, **labels: str) -> float:
+        return values[(name, tuple(sorted({"model": "moe", **labels}.items())))]
+
+    assert series("hookwatch_captures_total", layer="experts.1.1") > 0
+    assert series("hookwatch_monitor_faults_total", layer="experts.1.1") == 0
+    assert series("hookwatch_drift_windows_total", level="activation", detector="router") > 0
+
+
 def test_watch_resolves_patterns_before_matching_the_profile(metrics: MetricSet) -> None:
     model = _model()
     config = {"layers": ["act*"], "sample_rate": 1.0, "drift": {"window": 20}}

@@ -33,7 +33,7 @@ from hookwatch._hooks import (
     plan_watch,
     select_tensor,
 )
-from hookwatch._names import OUTPUT_LAYER, STATISTICS, level_of, unit_layers
+from hookwatch._names import INPUT_LAYER, OUTPUT_LAYER, STATISTICS, level_of, unit_layers
 from hookwatch._profile.format import DriftProfile
 from hookwatch._stats import INF_COLUMN, NAN_COLUMN
 from hookwatch._views import UnitReference
@@ -96,6 +96,17 @@ class _Collector:
         self.faults.append((layer, error))
 
 
+_CONDITIONAL = (
+    "the layer did not run on every reference batch (a module on a conditional path); its "
+    "statistics are watched, its drift is not"
+)
+_ROUTED = (
+    "the layer gave {rows} rows for a reference batch of {batch} samples (an expert given the "
+    "rows routed to it, or a tensor not batch-first): its rows are not the samples', so its "
+    "statistics are watched, its drift is not"
+)
+
+
 class _Reservoir:
     """A uniform sample of at most ``size`` rows, aligned across layers (Vitter's algorithm R)."""
 
@@ -103,24 +114,34 @@ class _Reservoir:
         self.size = size
         self.rows: dict[str, NDArray[np.float32]] = {}
         self.seen = 0
-        #: Layers missing from some batch with rows (a module on a conditional path): their
-        #: rows are not aligned with the others', and some slots were never written.
-        self.partial: set[str] = set()
+        #: Layers whose rows are not aligned with the others', and why: missing from some
+        #: batch with rows (a module on a conditional path: some slots were never written), or
+        #: with another row count than the batch (an expert given the rows routed to it).
+        self.partial: dict[str, str] = {}
         self._rng = np.random.default_rng(seed)
 
     def add(self, batch: Mapping[str, NDArray[np.float32]]) -> None:
         sizes = {len(x) for x in batch.values()}
         if not sizes or sizes == {0}:
             return  # an empty reference batch: nothing to add
-        n = len(next(iter(batch.values())))
-        for layer, x in batch.items():
+        # The batch's samples: the input's or the output's row count where one is watched,
+        # else the layers' most common; a layer with another count ran on some samples
+        # only, or is not batch-first.
+        known = [batch[k] for k in (INPUT_LAYER, OUTPUT_LAYER) if k in batch]
+        counts = [len(x) for x in batch.values()]
+        n = len(known[0]) if known else max(set(counts), key=counts.count)
+        batch = dict(batch)
+        for layer, x in list(batch.items()):
             if len(x) != n:
-                raise ValueError(f"expected {n} rows for layer {layer!r}, got {len(x)}")
-            if layer not in self.rows:
+                self.partial.setdefault(layer, _ROUTED.format(rows=len(x), batch=n))
+                del batch[layer]
+            elif layer not in self.rows:
                 if self.seen:
-                    self.partial.add(layer)  # did not run on an earlier batch
+                    self.partial.setdefault(layer, _CONDITIONAL)  # not on an earlier batch
                 self.rows[layer] = np.empty((self.size, x.shape[1]), dtype=np.float32)
-        self.partial.update(layer for layer in self.rows if layer not in batch)
+        for layer in self.rows:
+            if layer not in batch:
+                self.partial.setdefault(layer, _CONDITIONAL)
         for i in range(n):
             t = self.seen + i
             slot = t if t < self.size else int(self._rng.integers(0, t + 1))
@@ -321,6 +342,8 @@ class _Reference:
     statistics: dict[str, tuple[float, ...]]
     #: The output was per-position logits ``[B, T, C]``.
     positions: bool
+    #: Watched layers without aligned rows, and why (see ``_Reservoir.partial``).
+    partial: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -373,6 +396,7 @@ def _collect_reference(
         kept=kept,
         statistics=collector.statistics(),
         positions=collector.positions,
+        partial=dict(reservoir.partial),
     )
 
 
@@ -456,13 +480,7 @@ def _fit_detectors(
         if layer not in reference.rows:
             # Its rows are not every reference sample's: bins and a calibration built from
             # them would describe other data than the detector would be tested on.
-            _leave_out(
-                fitted,
-                plan,
-                layer,
-                "the layer did not run on every reference batch (a module on a conditional "
-                "path); its statistics are watched, its drift is not",
-            )
+            _leave_out(fitted, plan, layer, reference.partial.get(layer, _CONDITIONAL))
             continue
         head, positions = config.output.head, reference.positions
         rows = reference.rows[layer]
@@ -688,7 +706,7 @@ def verify_stored(
         stored = DriftProfile.load(profile.save(Path(tmp) / "profile.npz"))
     for layer in profile.layers:
         if layer not in rows:
-            continue  # left out: it did not run on every reference batch
+            continue  # left out: its rows are not every reference sample's
         values: NDArray[Any] = rows[layer]
         projection = stored.projections.get(layer)
         if projection is not None:

@@ -660,6 +660,7 @@ def _dry_run_rows(args: argparse.Namespace) -> tuple[Any, tuple[int, ...], str, 
         ModelRef,
         discover_layers,
         load_user_model,
+        parameter_dtype,
         parse_shape,
     )
 
@@ -676,7 +677,8 @@ def _dry_run_rows(args: argparse.Namespace) -> tuple[Any, tuple[int, ...], str, 
         raise ConfigError(
             "expected --input-shape (e.g. 3,224,224) or --config with input.shape, got neither"
         )
-    dtype = args.input_dtype or (spec.dtype if spec else "float32")
+    # Unsaid, a half-precision or float64 model's own dtype: float32 would fail its first layer.
+    dtype = args.input_dtype or (spec.dtype if spec else parameter_dtype(model) or "float32")
     argument = args.argument or (spec.argument if spec else None)
     x = _example_batch(shape, dtype, spec)
     return discover_layers(model, x, argument), shape, dtype, argument

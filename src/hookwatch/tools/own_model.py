@@ -246,6 +246,36 @@ def arguments_hint(error: BaseException, model: nn.Module) -> str:
     )
 
 
+def parameter_dtype(model: nn.Module) -> str | None:
+    """The floating dtype all of ``model``'s floating parameters share where it is not float32
+    (a model cast with ``.half()``, ``.to(torch.bfloat16)``, ``.double()``): the input dtype a
+    dry run tries when none is given; None otherwise."""
+    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    if len(dtypes) != 1:
+        return None
+    (dtype,) = dtypes
+    return None if dtype == torch.float32 else str(dtype).removeprefix("torch.")
+
+
+#: What torch says when an input's floating dtype is not its weights'.
+_DTYPE_MISMATCH = re.compile(
+    r"same dtype|[Ee]xpected scalar type|expect parameter to have scalar type|"
+    r"[Ii]nput type .* should be the same|dtype .* does not match weight dtype"
+)
+
+
+def dtype_hint(error: BaseException, model: nn.Module, given: ModelInputs, fix: str) -> str:
+    """What a dry-run error ends with when a floating input met weights of another floating
+    dtype (``; the model's parameters are bfloat16: try FIX``), else nothing."""
+    wanted = parameter_dtype(model)
+    first = given if isinstance(given, torch.Tensor) else next(iter(given.values()), None)
+    if wanted is None or first is None or not _DTYPE_MISMATCH.search(str(error)):
+        return ""
+    if not first.is_floating_point() or str(first.dtype).removeprefix("torch.") == wanted:
+        return ""
+    return f"; the model's parameters are {wanted}: try {fix.format(wanted)}"
+
+
 def integer_hint(error: BaseException, given: ModelInputs, fix: str) -> str:
     """What a dry-run error ends with when the model wanted integers and was ``given`` floats
     (``; the model wants integer inputs: try FIX``), else nothing: torch's words alone do
@@ -342,6 +372,9 @@ class LayerInfo:
     #: The input row of a model whose input goes straight into an embedding: its row count
     #: (ids from 0 to this less one); 0 otherwise.
     vocabulary: int = 0
+    #: Why its rows may not be every sample's (a routed expert, a branch some inputs
+    #: take); empty when it ran once per sample of the dry run's batch.
+    partial: str = ""
 
 
 def _shapes(value: Any, batch: int = 0) -> tuple[tuple[int, ...], ...]:
@@ -361,6 +394,33 @@ def _shapes(value: Any, batch: int = 0) -> tuple[tuple[int, ...], ...]:
     if isinstance(items, list | tuple) or isinstance(value, Mapping):
         return tuple(s for item in items for s in _shapes(item, batch))
     return ()
+
+
+def _mark_partial(rows: list[LayerInfo], root: nn.Module, batch: int) -> None:
+    """Note the layers whose rows are not the batch's samples on every forward: one whose
+    output had another row count than the batch (an expert given the rows routed to it, a
+    ``[batch x tokens, H]`` view), and every element, with what it holds, of a
+    ``ModuleList``/``ModuleDict`` some of whose elements did not run (experts chosen per
+    input: the one that ran here may not run on the next)."""
+    ran = {row.name for row in rows if row.shapes}
+    skipped: list[str] = []
+    for name, module in root.named_modules():
+        if isinstance(module, nn.ModuleList | nn.ModuleDict):
+            elements = [f"{name}.{key}" if name else key for key, _ in module.named_children()]
+            if any(e in ran for e in elements) and not all(e in ran for e in elements):
+                skipped.append(name)
+    for i, row in enumerate(rows):
+        if not row.shapes:
+            continue
+        head = row.shapes[0]
+        if batch and head and head[0] != batch:
+            why = f"output has {head[0]} rows, the batch {batch}"
+        else:
+            owner = next((n for n in skipped if row.name.startswith(n + ".")), None)
+            if owner is None:
+                continue
+            why = f"not all of {owner} ran: chosen per input"
+        rows[i] = dataclasses.replace(row, partial=why)
 
 
 def _features(shape: tuple[int, ...]) -> int:
@@ -428,6 +488,7 @@ def discover_layers(
                 f"(batch of {first.shape[0]}, dtype {str(first.dtype).removeprefix('torch.')}), "
                 f"got {type(error).__name__}: {error_line(error)}"
                 + integer_hint(error, first, "--input-dtype int64")
+                + dtype_hint(error, model, first, "--input-dtype {}")
                 + arguments_hint(error, model)
             ) from None
     finally:
@@ -470,6 +531,7 @@ def discover_layers(
                 reading,
             )
         )
+    _mark_partial(rows, root, batch)
     out_shapes = _shapes(result, batch)
     count, reading = _layer_features(out_shapes, tokens, root, "")
     rows.append(
@@ -563,6 +625,8 @@ def format_layers(rows: Sequence[LayerInfo], max_features: int) -> str:
             notes.append(f"runs {r.calls}x per forward: the last call is watched")
         if r.type in _SCRIPTED_TYPES:
             notes.append("TorchScript: takes no hooks, not watchable")
+        if r.partial:
+            notes.append(f"{r.partial}: rows not one per sample, init leaves it out")
         if r.vocabulary:
             notes.append(f"ids into an embedding of {r.vocabulary} rows (init writes max)")
         note = "; ".join(notes)
@@ -597,7 +661,9 @@ def choose_layers(rows: Sequence[LayerInfo], count: int = 4) -> list[str]:
     """A starting set of layers, in model order: the recurrent and attention blocks where the
     model has them (spread over its depth), then activation modules spread over the depth of
     the model up to ``count``, or else the model's top-level blocks (the output aside)."""
-    ran = [r for r in rows if r.shapes and r.name not in (INPUT_LAYER, OUTPUT_LAYER)]
+    ran = [
+        r for r in rows if r.shapes and not r.partial and r.name not in (INPUT_LAYER, OUTPUT_LAYER)
+    ]
     sequence = _spread(_sequence_blocks(ran), count)
     candidates = [r.name for r in ran if r.type in ACTIVATIONS and r.name not in sequence]
     if not candidates and not sequence:
@@ -1070,6 +1136,7 @@ def archive_model(
             f"dry run: expected the model to accept inputs of {_describe_inputs(first)} "
             f"(handler.input), got {type(error).__name__}: {error_line(error)}"
             + integer_hint(error, first, "input.dtype: int64 in the model-config")
+            + dtype_hint(error, model, first, "input.dtype: {} in the model-config")
             + arguments_hint(error, model)
         ) from None
     selected = select_tensor(output, config.output.select)
