@@ -29,6 +29,7 @@ from typing import Any, Final, NamedTuple, Protocol, TypeAlias
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 from torch.utils.hooks import RemovableHandle
 
@@ -236,6 +237,26 @@ def has_compiled_parts(model: nn.Module) -> bool:
     )
 
 
+def watchable_modules(root: nn.Module) -> dict[str, nn.Module]:
+    """``root``'s named modules but itself and the parametrizations of a parametrized module
+    (``weight_norm``, ``spectral_norm``: they compute its weight, not an activation)."""
+    modules = {}
+    hidden: tuple[str, ...] = ()
+    for name, module in root.named_modules():
+        if not name or f"{name}.".startswith(hidden):
+            continue
+        modules[name] = module
+        if parametrize.is_parametrized(module):
+            hidden = (*hidden, f"{name}.parametrizations.")
+    return modules
+
+
+def module_type(module: nn.Module) -> str:
+    """A module's class name as its author wrote it: ``Linear`` for the ``ParametrizedLinear``
+    that ``weight_norm`` makes of one."""
+    return parametrize.type_before_parametrizations(module).__name__
+
+
 def hookable_root(model: nn.Module) -> nn.Module:
     """The module whose ``named_modules()`` names the layers: for a ``torch.compile`` model,
     the original module it wraps (its hooks fire in the compiled forward too)."""
@@ -254,7 +275,7 @@ def resolve_layers(
     ``max_layers`` layers fail the load with what was expected and what came.
     """
     root = hookable_root(model)
-    modules = {name: module for name, module in root.named_modules() if name}
+    modules = watchable_modules(root)
     chosen: list[str] = []
     for entry in config.layers:
         if GLOB_CHARS & set(entry):
@@ -269,9 +290,9 @@ def resolve_layers(
             resolve_layer(root, entry)
             chosen.append(entry)
     for type_name in config.layer_types:
-        matches = [name for name, m in modules.items() if type(m).__name__ == type_name]
+        matches = [name for name, m in modules.items() if module_type(m) == type_name]
         if not matches:
-            present = sorted({type(m).__name__ for m in modules.values()})
+            present = sorted({module_type(m) for m in modules.values()})
             raise ConfigError(
                 f"monitoring.layer_types: expected a module class of the model, got "
                 f"{type_name!r} (the model has: {', '.join(present)})"

@@ -108,6 +108,49 @@ def test_layer_patterns_and_types_resolve_in_model_order_and_are_bounded() -> No
         resolve_layers(model, MonitoringConfig.from_mapping({"layer_types": ["Conv2d"]}))
 
 
+def test_a_weight_normalised_layer_is_its_own_type_and_its_parametrizations_are_not_layers(
+    metrics: MetricSet,
+) -> None:
+    """``weight_norm``/``spectral_norm`` make a ``ParametrizedLinear`` with modules that compute
+    its weight: ``layer_types: [Linear]`` missed it, globs and `layers` offered the weight's
+    modules as if they were activations."""
+    from torch.nn.utils.parametrizations import spectral_norm, weight_norm
+
+    import hookwatch
+    from hookwatch.tools.own_model import discover_layers
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        weight_norm(nn.Linear(4, 8)), nn.Tanh(), spectral_norm(nn.Linear(8, 8)), nn.Linear(8, 3)
+    ).eval()
+    typed = resolve_layers(model, MonitoringConfig.from_mapping({"layer_types": ["Linear"]}))
+    assert typed.layers == ("0", "2", "3")
+    globbed = resolve_layers(model, MonitoringConfig.from_mapping({"layers": ["*"]}))
+    assert globbed.layers == ("0", "1", "2", "3")
+    rows = discover_layers(model, torch.rand(2, 4))
+    assert [(r.name, r.type) for r in rows[1:-1]] == [
+        ("0", "Linear"),
+        ("1", "Tanh"),
+        ("2", "Linear"),
+        ("3", "Linear"),
+    ]
+    config = {"layer_types": ["Linear"], "sample_rate": 1.0, "drift": {"window": 20}}
+    profile = build_profile(model, config, [torch.randn(32, 4) for _ in range(4)], "wn")
+    assert {"0", "2", "3"} <= set(profile.references)
+    monitor = hookwatch.watch(model, config, "wn", profile=profile, metrics=metrics)
+    with monitor, torch.inference_mode():
+        for _ in range(30):
+            with monitor.request(4):
+                model(torch.randn(4, 4))
+    windows = metrics.sample_values()
+    assert windows[
+        (
+            "hookwatch_drift_windows_total",
+            (("detector", "0"), ("level", "activation"), ("model", "wn")),
+        )
+    ]
+
+
 def test_layers_are_resolved_once_per_watch_profile_and_service(
     metrics: MetricSet, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -46,8 +46,10 @@ from hookwatch._hooks import (
     feature_reading,
     hookable_root,
     joined_inputs,
+    module_type,
     plan_watch,
     select_tensor,
+    watchable_modules,
 )
 from hookwatch._model import MODEL_SPEC_FILE, ModelSpec, build_model
 from hookwatch._names import INPUT_LAYER, OUTPUT_LAYER
@@ -458,8 +460,8 @@ def discover_layers(
     first = x if isinstance(x, torch.Tensor) else next(iter(x.values()))
     batch = int(first.shape[0]) if first.dim() else 0
     try:
-        for name, module in root.named_modules():
-            if name and not isinstance(module, torch.jit.ScriptModule):
+        for name, module in watchable_modules(root).items():
+            if not isinstance(module, torch.jit.ScriptModule):
 
                 def hook(_m: nn.Module, _a: Any, out: Any, name: str = name) -> None:
                     outputs[name] = _shapes(out, batch)  # the last call is what a hook watches
@@ -514,15 +516,13 @@ def discover_layers(
             vocabulary=min(vocabulary) if vocabulary and x is first else 0,
         )
     ]
-    for name, module in root.named_modules():
-        if not name:
-            continue
+    for name, module in watchable_modules(root).items():
         shapes = outputs.get(name, ())
         count, reading = _layer_features(shapes, tokens, root, name)
         rows.append(
             LayerInfo(
                 name,
-                type(module).__name__,
+                module_type(module),
                 shapes,
                 sum(p.numel() for p in module.parameters()),
                 count,
