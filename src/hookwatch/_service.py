@@ -114,8 +114,9 @@ def _check_values(tensor: torch.Tensor, spec: InputSpec) -> torch.Tensor:
         vmin, vmax = float(tensor.min()), float(tensor.max())
         if (lo is not None and vmin < lo) or (hi is not None and vmax > hi):
             raise BadInputError(
-                f"values in [{lo if lo is not None else -math.inf}, "
-                f"{hi if hi is not None else math.inf}]",
+                # 6, not 6.0, for a bound the config gave as a whole number (an id's range).
+                f"values in [{lo if lo is not None else -math.inf:g}, "
+                f"{hi if hi is not None else math.inf:g}]",
                 f"values in [{vmin:g}, {vmax:g}]",
                 reason="out_of_range",
             )

@@ -221,7 +221,7 @@ def test_a_half_precision_model_is_tried_on_its_own_dtype(run: Run, tmp_path: Pa
         "import torch\nfrom torch import nn\n\n\ndef build():\n"
         "    return nn.Sequential(nn.Linear(5, 4), nn.ReLU()).to(torch.bfloat16)\n"
     )
-    code, out, err = run("init", "half.py:build", "--input-shape", "5", "--out", "h.yaml")
+    code, _, err = run("init", "half.py:build", "--input-shape", "5", "--out", "h.yaml")
     assert code == 0, err
     assert read_model_config(tmp_path / "h.yaml").handler.input.dtype == "bfloat16"
     code, _, err = run("layers", "half.py:build", "--input-shape", "5", "--input-dtype", "float32")

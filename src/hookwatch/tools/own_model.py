@@ -798,6 +798,13 @@ def init_config(
             "    # logit (logits: class 1 where it is positive, with probability sigmoid(z)).",
         ]
         if len(out) == 1 or (len(out) == 2 and out[1] == 1)
+        else [
+            f"    # [batch, {out[1]}] read as {out[1]} classes' logits (softmax, class mix); "
+            "several values a",
+            "    # sample (a forecast, coordinates, scores) are head values; one logit a "
+            "label, multilabel.",
+        ]
+        if len(out) == 2 and head == "logits"
         else []
     )
     return "\n".join(
@@ -1045,7 +1052,8 @@ def _reference_values(
         hi is not None and float(values.max()) > hi
     ):
         raise ConfigError(
-            f"{what}: expected values in [{lo}, {hi}] ({where}), got "
+            f"{what}: expected values in [{-math.inf if lo is None else lo:g}, "
+            f"{math.inf if hi is None else hi:g}] ({where}), got "
             f"[{float(values.min()):g}, {float(values.max()):g}]: pass raw inputs, as requests "
             "send them"
         )
