@@ -253,7 +253,11 @@ def watchable_modules(root: nn.Module) -> dict[str, nn.Module]:
 
 def module_type(module: nn.Module) -> str:
     """A module's class name as its author wrote it: ``Linear`` for the ``ParametrizedLinear``
-    that ``weight_norm`` makes of one."""
+    that ``weight_norm`` makes of one, and for a ``torch.export`` program's submodule the
+    class it was exported from (its ``hookwatch_type``)."""
+    authored = getattr(module, "hookwatch_type", None)
+    if isinstance(authored, str):
+        return authored
     return parametrize.type_before_parametrizations(module).__name__
 
 

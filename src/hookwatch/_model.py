@@ -2,7 +2,8 @@
 
 ``hookwatch archive`` writes ``hookwatch-model.json`` into the archive beside the model's files:
 which Python file and name build the model (an ``nn.Module`` class with constructor arguments,
-or a factory function), or which TorchScript file is the model, and which state_dict to load.
+or a factory function), or which TorchScript or ``torch.export`` file is the model, and which
+state_dict to load.
 The TorchServe adapter builds the model from it instead of TorchServe's own loader, which takes
 only one no-argument class per file.
 """
@@ -12,6 +13,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+import warnings
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,11 +31,12 @@ __all__ = [
     "ScriptedModel",
     "build_model",
     "load_state",
+    "serialized_kind",
 ]
 
 MODEL_SPEC_FILE = "hookwatch-model.json"
 _FORMAT = "hookwatch-model"
-KINDS = ("class", "factory", "torchscript")
+KINDS = ("class", "factory", "torchscript", "exported")
 
 
 @dataclass(frozen=True)
@@ -40,9 +44,10 @@ class ModelSpec:
     """How to build the model: a file in the model directory and what to call in it."""
 
     kind: str
-    #: The Python file (class, factory) or TorchScript file, relative to the model directory.
+    #: The Python file (class, factory), TorchScript file or ``torch.export`` program
+    #: (exported), relative to the model directory.
     file: str
-    #: The class or factory function in ``file`` (empty for TorchScript).
+    #: The class or factory function in ``file`` (empty for a serialized model).
     name: str = ""
     #: Keyword arguments for the class or factory.
     args: Mapping[str, Any] = field(default_factory=dict)
@@ -103,6 +108,67 @@ class ScriptedModel(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.scripted(*args, **kwargs)
+
+
+def serialized_kind(path: Path) -> str:
+    """``exported`` for a ``torch.export.save`` archive (``.pt2``: a zip with an
+    ``archive_format`` record), else ``torchscript``."""
+    if path.suffix == ".pt2":
+        return "exported"
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return "torchscript"
+    return "exported" if any(n.endswith("/archive_format") for n in names) else "torchscript"
+
+
+def _load_exported(path: Path, device: torch.device) -> nn.Module:
+    """A ``torch.export`` program as a module with its authored hierarchy
+    (``torch.export.unflatten``): hooks on its submodules fire, under their original paths.
+
+    Each submodule is an ``InterpreterModule`` to torch; the class it was exported from (the
+    program's ``nn_module_stack`` records) is kept as its ``hookwatch_type``, what
+    ``layer_types`` and ``hookwatch layers`` go by. A program traced for a fixed batch size
+    fails the load: every batch of another size would fail its forward.
+    """
+    try:
+        with warnings.catch_warnings():
+            # torch's own deprecations inside its loader (a pytree LeafSpec check): not the
+            # user's to act on.
+            warnings.simplefilter("ignore", FutureWarning)
+            program = torch.export.load(str(path))
+    except Exception as error:
+        raise ConfigError(
+            f"model: expected a torch.export file (.pt2) at {path}, got "
+            f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        ) from None
+    user_inputs = set(program.graph_signature.user_inputs)
+    for node in program.graph.nodes:
+        value = node.meta.get("val")
+        if node.op != "placeholder" or node.name not in user_inputs:
+            continue
+        if isinstance(value, torch.Tensor) and value.dim() and isinstance(value.shape[0], int):
+            raise ConfigError(
+                f"model: expected {path.name} exported with a dynamic batch dimension, got "
+                f"input {node.name!r} traced for a batch of exactly {value.shape[0]}: export "
+                "it with dynamic_shapes giving dimension 0 torch.export.Dim('batch')"
+            )
+    types: dict[str, str] = {}
+    for node in program.graph.nodes:
+        for module_path, qualified in (node.meta.get("nn_module_stack") or {}).values():
+            types.setdefault(str(module_path), str(qualified).rsplit(".", 1)[-1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        module = torch.export.unflatten(program)
+    for name, submodule in module.named_modules():
+        if name in types:
+            submodule.hookwatch_type = types[name]
+        if hasattr(submodule, "_run_with_interpreter"):
+            # The graphs' generated code, not torch.fx's Interpreter walking them node by
+            # node (there for readable stack traces): several times faster per forward.
+            submodule._run_with_interpreter = False
+    return module.to(device).eval()
 
 
 def _import_file(path: Path) -> Any:
@@ -188,6 +254,8 @@ def build_model(spec: ModelSpec, directory: Path, device: torch.device | None = 
                 f"{str(error).splitlines()[0] if str(error) else ''}"
             ) from None
         return ScriptedModel(scripted).eval()
+    if spec.kind == "exported":
+        return _load_exported(directory / spec.file, device)
     module = _import_file(directory / spec.file)
     target = getattr(module, spec.name, None)
     if target is None:

@@ -1181,7 +1181,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     def model_options(cmd: argparse.ArgumentParser) -> None:
         cmd.add_argument(
-            "model", help="path/file.py:Name (an nn.Module class or factory) or a TorchScript file"
+            "model",
+            help="path/file.py:Name (an nn.Module class or factory), a TorchScript file or a "
+            "torch.export program (.pt2)",
         )
         cmd.add_argument(
             "--model-args", default="{}", help="JSON object of constructor/factory arguments"

@@ -51,7 +51,7 @@ from hookwatch._hooks import (
     select_tensor,
     watchable_modules,
 )
-from hookwatch._model import MODEL_SPEC_FILE, ModelSpec, build_model
+from hookwatch._model import MODEL_SPEC_FILE, ModelSpec, build_model, serialized_kind
 from hookwatch._names import INPUT_LAYER, OUTPUT_LAYER
 from hookwatch._service import (
     ArgumentsPipeline,
@@ -121,7 +121,8 @@ class Handler(HookwatchHandler):
 
 @dataclass(frozen=True)
 class ModelRef:
-    """``path/file.py:Name`` (an nn.Module class or a factory) or a TorchScript file."""
+    """``path/file.py:Name`` (an nn.Module class or a factory), a TorchScript file or a
+    ``torch.export`` program (``.pt2``)."""
 
     path: Path
     name: str = ""
@@ -151,10 +152,11 @@ class ModelRef:
         if self.scripted:
             if args or weights is not None:
                 raise ConfigError(
-                    "model: a TorchScript file holds its weights and takes no arguments; got "
+                    "model: a TorchScript or torch.export file holds its weights and takes no "
+                    "arguments; got "
                     "--model-args or --weights"
                 )
-            return ModelSpec("torchscript", str(self.path.resolve()))
+            return ModelSpec(serialized_kind(self.path), str(self.path.resolve()))
         return ModelSpec(
             "class",  # "factory" is told apart once the name is imported
             str(self.path.resolve()),
@@ -1179,9 +1181,9 @@ def archive_model(
     if directories:
         # torch-model-archiver copies a directory's contents into the model directory.
         files.append(staged)
-    if spec.kind == "torchscript":
+    if spec.kind in ("torchscript", "exported"):
         serialized = Path(spec.file)
-        archived = ModelSpec("torchscript", serialized.name)
+        archived = ModelSpec(spec.kind, serialized.name)
     else:
         source = Path(spec.file)
         shutil.copy(source, build / source.name)
