@@ -165,8 +165,8 @@ def _load_exported(path: Path, device: torch.device) -> nn.Module:
         if name in types:
             submodule.hookwatch_type = types[name]
         if hasattr(submodule, "_run_with_interpreter"):
-            # The graphs' generated code, not torch.fx's Interpreter walking them node by
-            # node (there for readable stack traces): several times faster per forward.
+            # The graphs' generated code, as torch.compile runs them, not torch.fx's
+            # Interpreter walking them node by node in Python (there for stack traces).
             submodule._run_with_interpreter = False
     return module.to(device).eval()
 
