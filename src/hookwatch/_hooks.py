@@ -263,8 +263,13 @@ def module_type(module: nn.Module) -> str:
 
 def hookable_root(model: nn.Module) -> nn.Module:
     """The module whose ``named_modules()`` names the layers: for a ``torch.compile`` model,
-    the original module it wraps (its hooks fire in the compiled forward too)."""
+    the original module it wraps (its hooks fire in the compiled forward too); for a wrapper
+    that names its own (``hookwatch_root``: a ``torch.export`` program's), that one."""
     inner = getattr(model, "_orig_mod", None)
+    if isinstance(inner, nn.Module):
+        return inner
+    attribute = getattr(type(model), "hookwatch_root", None)
+    inner = getattr(model, attribute, None) if isinstance(attribute, str) else None
     return inner if isinstance(inner, nn.Module) else model
 
 

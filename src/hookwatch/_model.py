@@ -27,6 +27,7 @@ from hookwatch._errors import ConfigError
 
 __all__ = [
     "MODEL_SPEC_FILE",
+    "ExportedModel",
     "ModelSpec",
     "ScriptedModel",
     "build_model",
@@ -162,13 +163,55 @@ def _load_exported(path: Path, device: torch.device) -> nn.Module:
         warnings.simplefilter("ignore", FutureWarning)
         module = torch.export.unflatten(program)
     for name, submodule in module.named_modules():
-        if name in types:
-            submodule.hookwatch_type = types[name]
+        if name:
+            # A module the program never called as one (a ModuleList of blocks) has no record:
+            # a plain Module, not torch's InterpreterModule.
+            submodule.hookwatch_type = types.get(name, "Module")
         if hasattr(submodule, "_run_with_interpreter"):
             # The graphs' generated code, as torch.compile runs them, not torch.fx's
             # Interpreter walking them node by node in Python (there for stack traces).
             submodule._run_with_interpreter = False
-    return module.to(device).eval()
+    return ExportedModel(module, _positional_names(program)).to(device).eval()
+
+
+class ExportedModel(nn.Module):
+    """A ``torch.export`` program's restored module tree, called as its author's module was.
+
+    A program takes its inputs as it was exported, positionally as a rule; a forward of
+    several tensors is called with keyword arguments (``input.arguments``), which go to the
+    positions of the forward's parameters of those names. Its layers are named from
+    ``program`` (see ``_hooks.hookable_root``): ``features.1``, as on the eager model.
+    """
+
+    #: The attribute whose ``named_modules()`` name the layers.
+    hookwatch_root = "program"
+
+    def __init__(self, program: nn.Module, positional: tuple[str, ...]) -> None:
+        super().__init__()
+        self.program = program
+        self.positional = positional
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs and self.positional:
+            named = [name for name in self.positional[len(args) :] if name in kwargs]
+            args = (*args, *(kwargs.pop(name) for name in named))
+        return self.program(*args, **kwargs)
+
+
+def _positional_names(program: Any) -> tuple[str, ...]:
+    """The names of the forward's positional parameters a program was exported with, where
+    each is one tensor (its graph's user inputs are then named after them); else none."""
+    try:
+        spec = program.module_call_graph[0].signature.in_spec
+        # children() where torch has it (children_specs is deprecated there).
+        children = spec.children() if callable(getattr(spec, "children", None)) else None
+        given = (children or spec.children_specs)[0]
+    except (AttributeError, IndexError, TypeError):
+        return ()
+    names = tuple(program.graph_signature.user_inputs)
+    if given.num_leaves != given.num_children or len(names) < given.num_children:
+        return ()
+    return tuple(str(name) for name in names[: given.num_children])
 
 
 def _import_file(path: Path) -> Any:

@@ -16,7 +16,7 @@ from torch import nn
 
 from hookwatch import ConfigError
 from hookwatch._config import MonitoringConfig
-from hookwatch._hooks import module_type, resolve_layers, watchable_modules
+from hookwatch._hooks import hookable_root, module_type, resolve_layers, watchable_modules
 from hookwatch._metrics import MetricSet
 from hookwatch._model import ModelSpec, build_model, serialized_kind
 from hookwatch._profile import build_profile
@@ -55,9 +55,10 @@ def test_an_exported_program_keeps_its_layers_types_and_answers(
     eager = _export(tmp_path / "net.pt2")
     model = build_model(ModelSpec("exported", "net.pt2"), tmp_path)
     eager_paths = {name for name, _ in eager.named_modules() if name}
-    assert eager_paths <= set(watchable_modules(model))
-    assert module_type(model.get_submodule("features.1")) == "ReLU"
-    assert module_type(model.get_submodule("head.1")) == "Linear"
+    root = hookable_root(model)
+    assert set(watchable_modules(root)) == eager_paths
+    assert module_type(root.get_submodule("features.1")) == "ReLU"
+    assert module_type(root.get_submodule("head.1")) == "Linear"
     typed = resolve_layers(model, MonitoringConfig.from_mapping({"layer_types": ["ReLU", "GELU"]}))
     assert set(typed.layers) == {"features.1", "head.2"}
     with torch.inference_mode():
@@ -132,3 +133,38 @@ def test_an_exported_program_is_archived_and_served(tmp_path: Path) -> None:
     with torch.inference_mode():
         expected = torch.softmax(eager(torch.from_numpy(x)[None]), dim=1)[0]
     assert answer["probabilities"] == pytest.approx(expected.tolist(), abs=1e-5)
+
+
+class TwoInputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(7, 4)
+        self.mlp = nn.Sequential(nn.Linear(4 + 5, 8), nn.ReLU(), nn.Linear(8, 2))
+
+    def forward(self, cats: torch.Tensor, nums: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.mlp(torch.cat([self.emb(cats).mean(1), nums], dim=1))
+        return out
+
+
+def test_a_program_of_several_tensors_takes_them_by_their_names(tmp_path: Path) -> None:
+    """``input.arguments`` calls the forward with keyword arguments; a program exported with
+    positional ones refused them ("a kwarg keyword mismatch"). They go to the positions of
+    the forward's parameters of those names; layers are named from the program."""
+    eager = TwoInputs().eval()
+    batch = torch.export.Dim("batch")
+    example = (torch.randint(0, 7, (2, 3)), torch.rand(2, 5))
+    program = torch.export.export(eager, example, dynamic_shapes=({0: batch}, {0: batch}))
+    torch.export.save(program, str(tmp_path / "two.pt2"))
+    model = build_model(ModelSpec("exported", "two.pt2"), tmp_path)
+    cats, nums = torch.randint(0, 7, (5, 3)), torch.rand(5, 5)
+    with torch.inference_mode():
+        expected = eager(cats, nums)
+        torch.testing.assert_close(model(cats=cats, nums=nums), expected)
+        torch.testing.assert_close(model(nums=nums, cats=cats), expected)
+        torch.testing.assert_close(model(cats, nums=nums), expected)
+        torch.testing.assert_close(model(cats, nums), expected)
+    assert hookable_root(model) is model.get_submodule("program")
+    rows = {r.name: r for r in discover_layers(model, {"cats": cats, "nums": nums})}
+    assert rows["mlp.1"].type == "ReLU" and rows["mlp.1"].shapes == ((5, 8),)
+    assert rows["input"].features == 8
