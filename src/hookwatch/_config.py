@@ -479,13 +479,17 @@ class OutputSpec:
         "gives them) over its pixels, answered per pixel as `[H][W]` lists; `values` (regression) "
         "and `embedding` are one detector of their "
         "features, projected like a layer when wider than `max_features`; `none`: statistics "
-        "only",
+        "only. A detector's output, one dict of tensors a sample (`[{boxes, scores, labels}, "
+        "...]`), is answered as each sample's dict whatever the head; under `values` its "
+        "features are each entry's count and mean per sample (how many objects, how sure); "
+        "`logits` and `multilabel` are refused for it",
         choices=list(HEADS),
     )
     select: int | str | None = _option(
         None,
         "which part of a tuple/list (index) or dict/`ModelOutput` (key) output to watch and "
-        "answer; null: the output itself if it is a tensor, else its first tensor",
+        "answer; null: the output itself if it is a tensor, else its first tensor. Over a "
+        "detector's one dict a sample, a key watches that entry alone",
         check=lambda v: v is None or _index(v) or (isinstance(v, str) and bool(v)),
         expected="a tuple index (integer >= 0), a dict key (string) or null",
         type_doc="int, string or null",

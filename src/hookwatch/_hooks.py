@@ -1053,6 +1053,10 @@ def select_tensor(value: Any, select: int | str | None = None) -> torch.Tensor |
     first tensor (nested items and dataclass fields included, a few levels down). None when
     there is no such tensor.
     """
+    if per_sample_items(value):
+        # One dict a sample (a detector's boxes, scores, labels): read per sample, each
+        # entry's count and mean (``select`` naming an entry keeps that one).
+        return per_sample_summary(value, select if isinstance(select, str) else None)
     if select is not None:
         try:
             if isinstance(select, int) or isinstance(value, Mapping):
@@ -1062,6 +1066,50 @@ def select_tensor(value: Any, select: int | str | None = None) -> torch.Tensor |
         except (IndexError, KeyError, AttributeError, TypeError):
             return None
     return _first_tensor(value, 3)
+
+
+def per_sample_items(value: Any) -> bool:
+    """True for a list or tuple of one dict of tensors per sample, as torchvision's detectors
+    answer (``[{"boxes": [K, 4], "scores": [K], "labels": [K]}, ...]``, K varying): its
+    tensors are no batch's rows."""
+    return (
+        isinstance(value, list | tuple)
+        and bool(value)
+        and all(
+            isinstance(item, Mapping)
+            and bool(item)
+            and all(isinstance(t, torch.Tensor) for t in item.values())
+            for item in value
+        )
+    )
+
+
+def per_sample_summary(items: Sequence[Mapping[str, Any]], key: str | None = None) -> torch.Tensor:
+    """``[samples, 2 x entries]``: per sample, each entry's count (its first dimension: how
+    many boxes) and the mean of its values (0 when empty), in the first sample's key order;
+    ``key`` keeps that entry alone (None where it is missing). A detector's drift then reads
+    as how many objects it finds and how sure it is."""
+    keys = [key] if key is not None else list(items[0])
+    device = next(iter(items[0].values())).device
+    # Counts are shapes (known on the host); means stay on the tensors' device, so a hook on
+    # a GPU model does not wait for it here.
+    counts: list[float] = []
+    means: list[torch.Tensor] = []
+    for item in items:
+        for name in keys:
+            t = item.get(name)
+            if not isinstance(t, torch.Tensor):
+                counts.append(math.nan)
+                means.append(torch.full((), math.nan, device=device))
+                continue
+            counts.append(float(t.shape[0]) if t.dim() else 1.0)
+            means.append(
+                t.detach().float().mean() if t.numel() else t.new_zeros((), dtype=torch.float32)
+            )
+    shape = (len(items), len(keys))
+    count = torch.tensor(counts, dtype=torch.float32).to(device, non_blocking=True)
+    mean = torch.stack([m.to(device) for m in means])
+    return torch.stack([count.view(shape), mean.view(shape)], dim=2).flatten(1)
 
 
 def _first_tensor(value: Any, depth: int) -> torch.Tensor | None:

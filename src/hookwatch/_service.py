@@ -26,7 +26,7 @@ from hookwatch._body import MAX_BODY_BYTES, NoPayload, body_limit, check_body_si
 from hookwatch._capture import RateLimitedLog
 from hookwatch._config import HandlerConfig, InputSpec, OutputSpec
 from hookwatch._errors import BadInputError, ConfigError, error_line
-from hookwatch._hooks import plan_watch, select_tensor
+from hookwatch._hooks import per_sample_items, plan_watch, select_tensor
 from hookwatch._image import decode_image, image_bytes
 from hookwatch._metrics import MetricSet
 from hookwatch._monitor import Monitor, ReceivedRequests
@@ -517,7 +517,25 @@ def _nulls(value: Any) -> Any:
     return value if not isinstance(value, float) or math.isfinite(value) else None
 
 
-def _row_dims(outputs: torch.Tensor | list[torch.Tensor]) -> int:
+def _items_to_host(item: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {key: value.detach().cpu() for key, value in item.items()}
+
+
+def _items_answer(item: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """A sample's dict of tensors as JSON: each entry's values nested as its shape, integers
+    exact, NaN and Infinity as null."""
+    answer: dict[str, Any] = {}
+    for key, value in item.items():
+        if value.is_floating_point():
+            answer[str(key)] = _nulls(value.float().tolist())
+        elif value.is_complex():
+            answer[str(key)] = _nulls(value.abs().float().tolist())
+        else:
+            answer[str(key)] = value.tolist()
+    return answer
+
+
+def _row_dims(outputs: torch.Tensor | list[Any]) -> int:
     """Dimensions of one output row: of ``[B, C]`` 1, of per-position ``[B, T, C]`` 2."""
     if isinstance(outputs, torch.Tensor):
         return outputs.dim() - 1
@@ -588,8 +606,9 @@ class DecodedBatch:
 @dataclass
 class BatchResult:
     size: int
-    #: The forward's output rows: a tensor, or a list of rows where requests ran alone.
-    outputs: torch.Tensor | list[torch.Tensor] | None
+    #: The forward's output rows: a tensor, or a list of rows where requests ran alone, or
+    #: of one dict of tensors a sample (a detector's).
+    outputs: torch.Tensor | list[Any] | None
     positions: list[int]
     errors: dict[int, BadInputError]
     sizes: list[int] | None = None
@@ -739,7 +758,7 @@ class ModelService:
                     raise
                 return self._rerun_each_alone(batch, error)
             rows = sum(batch.sizes) if batch.sizes else len(batch.positions)
-            outputs = self._batch_first(self._output_tensor(raw), rows)
+            outputs = self._output_rows(raw, rows)
         return BatchResult(
             batch.size,
             outputs,
@@ -750,6 +769,13 @@ class ModelService:
             batch.received,
             sampled,
         )
+
+    def _output_rows(self, raw: Any, rows: int) -> torch.Tensor | list[Any]:
+        """The forward's output, a row per sample: its (selected) tensor batch-first, or
+        the list of one dict a sample a detector gives, answered as each sample's dict."""
+        if per_sample_items(raw):
+            return list(raw)
+        return self._batch_first(self._output_tensor(raw), rows)
 
     def _output_tensor(self, raw: Any) -> torch.Tensor:
         outputs = select_tensor(raw, self.output.select)
@@ -778,7 +804,7 @@ class ModelService:
         was dropped with the forward). A request the model refuses alone gets a 422 with the
         model's error; the others are answered as if the batch had run."""
         errors = dict(batch.errors)
-        rows: list[torch.Tensor] = []
+        rows: list[Any] = []
         positions: list[int] = []
         sizes: list[int] = []
         each = batch.sizes or [1] * len(batch.positions)
@@ -790,8 +816,11 @@ class ModelService:
                     inputs = to_device(batch_inputs(self.pipeline, [item]), self.device)
                     with torch.inference_mode():
                         raw = call_model(self.pipeline, self.model, inputs)
-                    out = self._batch_first(self._output_tensor(raw), size)
-                    if out.dim() == 0 or out.shape[0] != size:
+                    out = self._output_rows(raw, size)
+                    if isinstance(out, list):
+                        if len(out) != size:
+                            raise TypeError(f"expected {size} output items, got {len(out)}")
+                    elif out.dim() == 0 or out.shape[0] != size:
                         raise TypeError(f"expected {size} output rows, got shape {list(out.shape)}")
                 except Exception as failed:
                     if _out_of_resources(failed):
@@ -922,21 +951,26 @@ class ModelService:
         for index, error in result.errors.items():
             answers[index] = error.as_dict()
         if result.outputs is not None:
-            outputs: torch.Tensor | list[torch.Tensor] = (
-                [row.detach().cpu() for row in result.outputs]
+            items = isinstance(result.outputs, list) and per_sample_items(result.outputs)
+            outputs: torch.Tensor | list[Any] = (
+                [_items_to_host(row) if items else row.detach().cpu() for row in result.outputs]
                 if isinstance(result.outputs, list)
                 else result.outputs.detach().cpu()
             )
             sizes = result.sizes or [1] * len(result.positions)
-            answer, non_finite_answer = self._answer, self._non_finite_answer
-            if self.output.head == "logits" and _row_dims(outputs) >= 2:
+            answer: Callable[[Any], dict[str, Any]] = self._answer
+            non_finite_answer: Callable[[Any], dict[str, Any]] = self._non_finite_answer
+            if items:
+                # One dict a sample (a detector's): answered as it is, whatever the head.
+                answer = non_finite_answer = _items_answer
+            elif self.output.head == "logits" and _row_dims(outputs) >= 2:
                 # Per-position logits, or a class map: decided once per batch, so a [B, C]
                 # row pays nothing.
                 answer = non_finite_answer = (
                     self._positions_answer if _row_dims(outputs) == 2 else self._map_answer
                 )
             # One check per batch: only a batch with a NaN or an Infinity takes the slow path.
-            finite = isinstance(outputs, torch.Tensor) and _all_finite(outputs)
+            finite = items or (isinstance(outputs, torch.Tensor) and _all_finite(outputs))
             row = 0
             for index, size in zip(result.positions, sizes, strict=True):
                 rows = [

@@ -479,8 +479,10 @@ def _fit_detectors(
     for layer in config.watched:
         if layer not in reference.rows:
             # Its rows are not every reference sample's: bins and a calibration built from
-            # them would describe other data than the detector would be tested on.
-            _leave_out(fitted, plan, layer, reference.partial.get(layer, _CONDITIONAL))
+            # them would describe other data than the detector would be tested on. (An
+            # output under head none has no detector to leave out.)
+            if layer != OUTPUT_LAYER or config.output.head != "none":
+                _leave_out(fitted, plan, layer, reference.partial.get(layer, _CONDITIONAL))
             continue
         head, positions = config.output.head, reference.positions
         rows = reference.rows[layer]

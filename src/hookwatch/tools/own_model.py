@@ -47,6 +47,7 @@ from hookwatch._hooks import (
     hookable_root,
     joined_inputs,
     module_type,
+    per_sample_items,
     plan_watch,
     select_tensor,
     watchable_modules,
@@ -379,6 +380,9 @@ class LayerInfo:
     #: Why its rows may not be every sample's (a routed expert, a branch some inputs
     #: take); empty when it ran once per sample of the dry run's batch.
     partial: str = ""
+    #: The output row of a model answering one dict of tensors a sample (a detector's
+    #: boxes, scores, labels): the dicts' keys; empty otherwise.
+    items: tuple[str, ...] = ()
 
 
 def _shapes(value: Any, batch: int = 0) -> tuple[tuple[int, ...], ...]:
@@ -534,8 +538,15 @@ def discover_layers(
             )
         )
     _mark_partial(rows, root, batch)
-    out_shapes = _shapes(result, batch)
-    count, reading = _layer_features(out_shapes, tokens, root, "")
+    items: tuple[str, ...] = ()
+    if per_sample_items(result):
+        # One dict a sample (a detector's): watched as each entry's count and mean.
+        items = tuple(str(key) for key in result[0])
+        out_shapes: tuple[tuple[int, ...], ...] = ((len(result), 2 * len(items)),)
+        count, reading = 2 * len(items), f"count and mean of each sample's {', '.join(items)}"
+    else:
+        out_shapes = _shapes(result, batch)
+        count, reading = _layer_features(out_shapes, tokens, root, "")
     rows.append(
         LayerInfo(
             OUTPUT_LAYER,
@@ -545,6 +556,7 @@ def discover_layers(
             count,
             0,
             reading=reading,
+            items=items,
         )
     )
     return rows
@@ -698,6 +710,8 @@ def guess_head(rows: Sequence[LayerInfo]) -> str:
     shapes = rows[-1].shapes
     if not shapes:
         return "none"
+    if rows[-1].items:
+        return "values"  # each entry's count and mean, one detector
     shape = shapes[0]
     if len(shape) == 2:
         return "logits" if shape[1] > 1 else "values"
@@ -794,6 +808,17 @@ def init_config(
         if len(parts) > 1
         else []
     )
+    items = rows[-1].items if rows else ()
+    items_note = (
+        [
+            f"    # The output is one dict a sample ({', '.join(items)}: a detector's): each "
+            "sample is",
+            "    # answered as its dict; head values watches each entry's count and mean per",
+            "    # sample (how many objects, how sure) as one drift detector.",
+        ]
+        if items
+        else []
+    )
     one_value_note = (
         [
             "    # One value a sample: a regression output (values), or a binary classifier's",
@@ -806,7 +831,7 @@ def init_config(
             "    # sample (a forecast, coordinates, scores) are head values; one logit a "
             "label, multilabel.",
         ]
-        if len(out) == 2 and head == "logits"
+        if len(out) == 2 and head == "logits" and not items
         else []
     )
     return "\n".join(
@@ -826,7 +851,8 @@ def init_config(
             "    # class names; see `hookwatch layers` for the candidates.",
             f"    layers: [{', '.join(map(_flow_scalar, layers))}]",
             *sequence_note,
-            *select_note,
+            *([] if items else select_note),
+            *items_note,
             *one_value_note,
             f"    output: {{head: {head}}}   # {heads}",
             "    # sample_rate unset: 10 % of requests, at most max_sampled_per_s (20) a second",
@@ -1155,6 +1181,13 @@ def archive_model(
             f"monitoring.output.select: expected it to pick a tensor of the output, got "
             f"{type(output).__name__} with select={config.output.select!r}"
             f"{_select_choices(output)}"
+        )
+    if per_sample_items(output) and config.output.head in ("logits", "multilabel"):
+        raise ConfigError(
+            f"monitoring.output.head: expected values (or none) for an output of one dict a "
+            f"sample ({', '.join(map(str, output[0]))}: a detector's, answered as each "
+            f"sample's dict), got {config.output.head}: no tensor of it holds a sample's "
+            "class scores"
         )
     if handler.labels is not None and config.output.head in ("logits", "multilabel"):
         _check_class_names(handler.labels, selected, config.output.head)
