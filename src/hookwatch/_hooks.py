@@ -407,6 +407,19 @@ def resolve_layer(model: nn.Module, path: str) -> nn.Module:
         found: nn.Module = modules[path]
         return found
     names = [n for n in modules if n]
+    try:
+        alias = model.get_submodule(path) if path else None
+    except AttributeError:
+        alias = None
+    if alias is not None:
+        # One module registered under two names: named_modules() gives it its first only,
+        # and hooks (hence metrics) go by that one.
+        canonical = next(n for n, m in modules.items() if m is alias)
+        raise ConfigError(
+            f"monitoring.layers: expected a module's first name, got {path!r}, which is the "
+            f"module {canonical!r} registered again under another name: watch it as "
+            f"{canonical!r} (it runs under both)"
+        )
     close = difflib.get_close_matches(path, names, n=5, cutoff=0.5)
     hint = f"; close matches: {', '.join(close)}" if close else ""
     sample = ", ".join(names[:12]) + (" ..." if len(names) > 12 else "")

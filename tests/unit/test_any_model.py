@@ -106,6 +106,10 @@ def test_layer_patterns_and_types_resolve_in_model_order_and_are_bounded() -> No
         resolve_layers(model, MonitoringConfig.from_mapping({"layers": ["blok*"]}))
     with pytest.raises(ConfigError, match=r"got 'Conv2d' \(the model has: Linear, ReLU, "):
         resolve_layers(model, MonitoringConfig.from_mapping({"layer_types": ["Conv2d"]}))
+    # One module under two names: named by its second, it is pointed to its first.
+    model.add_module("again", model.block1)
+    with pytest.raises(ConfigError, match=r"got 'again.1', which is the module 'block1.1'"):
+        resolve_layers(model, MonitoringConfig.from_mapping({"layers": ["again.1"]}))
 
 
 def test_a_weight_normalised_layer_is_its_own_type_and_its_parametrizations_are_not_layers(
