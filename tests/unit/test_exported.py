@@ -5,6 +5,8 @@ their eager paths and class names, archived and served like any other model."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import zipfile
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from hookwatch._metrics import MetricSet
 from hookwatch._model import ModelSpec, build_model, serialized_kind
 from hookwatch._profile import build_profile
 from hookwatch.tools.own_model import ModelRef, archive_model, discover_layers
+from tests.conftest import require
 from tests.fakes import archived_handler, handled
 
 
@@ -168,3 +171,52 @@ def test_a_program_of_several_tensors_takes_them_by_their_names(tmp_path: Path) 
     rows = {r.name: r for r in discover_layers(model, {"cats": cats, "nums": nums})}
     assert rows["mlp.1"].type == "ReLU" and rows["mlp.1"].shapes == ((5, 8),)
     assert rows["input"].features == 8
+
+
+def test_an_exported_text_model_is_archived_with_its_tokenizer(tmp_path: Path) -> None:
+    """A serialized model takes no constructor arguments, so a tokenizer directory could not
+    be given (`--model-args` refused): directories are now taken, archived beside the
+    program for ``input.text``, and never passed to it."""
+    require(importlib.util.find_spec("transformers") is not None, "transformers (hookwatch[text])")
+    from tests.tiny_text import TinyEncoder, encode, save_tokenizer, words
+
+    tokenizer = save_tokenizer(tmp_path / "tokenizer")
+    eager = TinyEncoder().eval()
+    example = encode([[4, 5, 6], [7, 8]])
+    batch, tokens = torch.export.Dim("batch"), torch.export.Dim("tokens", max=64)
+    dims = {"input_ids": {0: batch, 1: tokens}, "attention_mask": {0: batch, 1: tokens}}
+    program = torch.export.export(eager, (), kwargs=example, dynamic_shapes=dims)
+    torch.export.save(program, str(tmp_path / "text.pt2"))
+    config = tmp_path / "model-config.yaml"
+    handler = {
+        "input": {"text": {"tokenizer": "pretrained", "max_tokens": 32}},
+        "monitoring": {
+            "layers": ["encoder.layer.1"],
+            "output": {"head": "embedding", "select": "pooler_output"},
+        },
+    }
+    config.write_text(yaml.safe_dump({"handler": handler}))
+    reference = tmp_path / "reference.jsonl"
+    reference.write_text("\n".join(json.dumps(t) for t in words(60, seed=4)) + "\n")
+    ref = ModelRef.parse(str(tmp_path / "text.pt2"))
+    with pytest.raises(
+        ConfigError, match=r"takes no arguments but directories .* got --model-args seed"
+    ):
+        ref.spec({"pretrained": str(tokenizer), "seed": 1}, None)
+    mar = archive_model(
+        ref,
+        "text",
+        config,
+        reference,
+        tmp_path / "store",
+        tmp_path / "build",
+        args={"pretrained": str(tokenizer)},
+        say=lambda _line: None,
+    )
+    with zipfile.ZipFile(mar) as archived:
+        assert "pretrained/tokenizer_config.json" in archived.namelist()
+    with archived_handler(mar, tmp_path / "extracted") as (served, context):
+        (answer,) = handled(served, [{"body": "w1 w2 w3"}], context)
+    with torch.inference_mode():
+        expected = eager(**encode([[5, 6, 7]]))["pooler_output"][0]
+    assert answer["embedding"] == pytest.approx(expected.tolist(), abs=1e-5)

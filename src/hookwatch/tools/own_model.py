@@ -151,13 +151,25 @@ class ModelRef:
         if not self.path.is_file():
             raise ConfigError(f"model: expected a file at {self.path}, got no such file")
         if self.scripted:
-            if args or weights is not None:
+            # Directories only: archived beside the model for what reads them (a tokenizer
+            # for input.text), never passed to it.
+            others = sorted(
+                key
+                for key, value in args.items()
+                if not (isinstance(value, str) and Path(value).is_dir())
+            )
+            if others or weights is not None:
                 raise ConfigError(
                     "model: a TorchScript or torch.export file holds its weights and takes no "
-                    "arguments; got "
-                    "--model-args or --weights"
+                    "arguments but directories (a tokenizer for input.text); got "
+                    + ("--weights" if weights is not None else f"--model-args {', '.join(others)}")
                 )
-            return ModelSpec(serialized_kind(self.path), str(self.path.resolve()))
+            return ModelSpec(
+                serialized_kind(self.path),
+                str(self.path.resolve()),
+                args=dict(args),
+                directories=tuple(args),
+            )
         return ModelSpec(
             "class",  # "factory" is told apart once the name is imported
             str(self.path.resolve()),
@@ -1216,7 +1228,7 @@ def archive_model(
         files.append(staged)
     if spec.kind in ("torchscript", "exported"):
         serialized = Path(spec.file)
-        archived = ModelSpec(spec.kind, serialized.name)
+        archived = ModelSpec(spec.kind, serialized.name, directories=directories)
     else:
         source = Path(spec.file)
         shutil.copy(source, build / source.name)
