@@ -908,7 +908,8 @@ class InputSpec:
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
     #: Pass the input as this keyword argument (``forward(self, *, features)``) instead of
-    #: positionally.
+    #: positionally; beside ``arguments``, pass them together as one dict under this
+    #: keyword (``forward(self, batch)`` reading ``batch["ids"]``) rather than each as its own.
     argument: str | None = None
     #: ``module:function`` in the model directory: payload -> tensor of one item (raise
     #: ValueError for a payload it cannot take). Replaces shape/dtype/range/normalisation.
@@ -1024,11 +1025,12 @@ class InputSpec:
 
     @classmethod
     def _from_arguments(cls, raw: Mapping[str, Any]) -> InputSpec:
-        others = sorted(set(raw) - {"arguments", "max_body_bytes"})
+        others = sorted(set(raw) - {"arguments", "max_body_bytes", "argument"})
         if others:
             raise ConfigError(
-                f"input: expected only 'arguments' and 'max_body_bytes' beside input.arguments "
-                f"(each argument declares its own shape, dtype and range), got also {others}"
+                f"input: expected only 'arguments', 'argument' and 'max_body_bytes' beside "
+                f"input.arguments (each argument declares its own shape, dtype and range), got "
+                f"also {others}"
             )
         arguments = raw["arguments"]
         if not (isinstance(arguments, Mapping) and arguments):

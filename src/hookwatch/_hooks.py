@@ -1032,6 +1032,10 @@ def joined_inputs(kwargs: Mapping[str, Any], max_features: int = 256) -> torch.T
     input would be (a map of at most ``max_features`` values whole, a larger one by its
     channels' means), so a drift in any of them is the input's (``input.arguments``). Where
     they do not all have the batch first, the first tensor, as for any other call."""
+    if len(kwargs) == 1:
+        (only,) = kwargs.values()
+        if isinstance(only, Mapping):
+            kwargs = only  # the arguments as one dict (input.argument beside input.arguments)
     tensors = [value for value in kwargs.values() if isinstance(value, torch.Tensor)]
     if len(tensors) < 2:
         return tensors[0] if tensors else None

@@ -565,8 +565,12 @@ def _refused(error: BaseException) -> BadInputError:
 
 
 def call_model(pipeline: Pipeline, model: nn.Module, inputs: ModelInputs) -> Any:
-    """The forward pass: keyword arguments as they are, a tensor as the input spec says."""
+    """The forward pass: keyword arguments as they are (``input.arguments`` with
+    ``input.argument``: together as one dict under that keyword), a tensor as the input spec
+    says."""
     if isinstance(inputs, dict):
+        if isinstance(pipeline, ArgumentsPipeline) and pipeline.spec.argument is not None:
+            return model(**{pipeline.spec.argument: inputs})
         return model(**inputs)
     assert isinstance(pipeline, InputPipeline)
     return pipeline.call(model, inputs)

@@ -362,3 +362,54 @@ def test_each_argument_is_read_as_a_lone_input_would_be_then_side_by_side() -> N
     # One tensor is the input as it is; arguments without the batch first, the first one.
     assert joined_inputs({"image": image}) is image
     assert joined_inputs({"a": small, "b": torch.rand(3, 4)}) is small
+
+
+#: The same model taking its tensors as one dict, as training code written around a data
+#: loader's batch often does: forward(self, batch) reading batch["signal"].
+PACKED_MODEL = MODEL.replace(
+    "def forward(self, signal, lengths):",
+    "def forward(self, batch):\n        signal, lengths = batch['signal'], batch['lengths']",
+)
+
+
+def test_the_arguments_go_together_as_one_dict_under_input_argument(tmp_path: Path) -> None:
+    """``input.argument`` beside ``input.arguments``: the forward gets one dict under that
+    keyword (a forward(batch) was refused: "unexpected keyword argument 'signal'", and
+    `argument` beside `arguments` was a config error). The input detector reads the dict's
+    tensors side by side as it reads separate arguments; answers are the unpacked model's."""
+    # Apart: each archive checks that its model imports nothing else from its directory.
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "packed.py").write_text(PACKED_MODEL)
+    (tmp_path / "masked.py").write_text(MODEL)
+    base = tmp_path / "base.yaml"
+    base.write_text(yaml.safe_dump({"handler": {"input": {**INPUT, "argument": "batch"}}}))
+    code = cli.main(["init", f"{tmp_path / 'p' / 'packed.py'}:Masked", "--config", str(base),
+                     "--out", str(tmp_path / "packed-config.yaml")])  # fmt: skip
+    assert code == 0
+    written = (tmp_path / "packed-config.yaml").read_text()
+    assert "argument: batch" in written
+    handler = HandlerConfig.from_mapping(yaml.safe_load(written)["handler"])
+    assert handler.input.argument == "batch" and len(handler.input.arguments) == 2
+    np.savez(tmp_path / "ref.npz", **_reference())
+    mars = {}
+    models = {"packed": tmp_path / "p" / "packed.py", "masked": tmp_path / "masked.py"}
+    configs = {"packed": tmp_path / "packed-config.yaml", "masked": _config(tmp_path)}
+    for name, file in models.items():
+        mars[name] = archive_model(
+            ModelRef.parse(f"{file}:Masked"),
+            name,
+            configs[name],
+            tmp_path / "ref.npz",
+            tmp_path / f"store-{name}",
+            tmp_path / f"build-{name}",
+            say=lambda _line: None,
+        )
+    bodies = [{"body": _body([[0.5, 1, 2]] * 5, [n])} for n in (1, 3, 5)]
+    answers = {}
+    for name, mar in mars.items():
+        with archived_handler(mar, tmp_path / f"served-{name}") as (served, context):
+            profile = DriftProfile.load(tmp_path / f"served-{name}" / "drift-profile.npz")
+            watched = profile.references["input"]
+            assert watched.n_features + len(watched.dropped) == 16, name
+            answers[name] = handled(served, bodies, context)
+    assert answers["packed"] == answers["masked"]

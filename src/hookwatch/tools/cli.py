@@ -709,7 +709,7 @@ def _arguments_dry_run(model: Any, spec: Any) -> tuple[Any, tuple[int, ...], str
     inputs = {
         part.field: _example_batch(part.shape or (), part.dtype, part) for part in spec.arguments
     }
-    return discover_layers(model, inputs), (), ARGUMENTS_INPUT, None
+    return discover_layers(model, inputs, spec.argument), (), ARGUMENTS_INPUT, spec.argument
 
 
 def _text_dry_run(

@@ -338,14 +338,12 @@ def call(model: nn.Module, x: torch.Tensor, argument: str | None) -> Any:
 
 def forward_batches(
     batches: Iterable[ModelInputs], argument: str | None
-) -> Iterator[torch.Tensor | Mapping[str, torch.Tensor]]:
+) -> Iterator[torch.Tensor | Mapping[str, Any]]:
     """Reference batches as the profile builder calls the model: keyword arguments (a text
-    model's tokens, ``input.argument``) or one positional tensor."""
+    model's tokens, ``input.arguments``), one positional tensor, or under ``input.argument``
+    the tensor, or the arguments together as one dict, as that keyword."""
     for batch in batches:
-        if isinstance(batch, dict) or argument is None:
-            yield batch
-        else:
-            yield {argument: batch}
+        yield batch if argument is None else {argument: batch}
 
 
 def _select_choices(output: Any) -> str:
@@ -499,7 +497,8 @@ def discover_layers(
         try:
             if isinstance(x, dict):
                 with torch.inference_mode():
-                    result = model(**x)
+                    # Under input.argument, the arguments together as one dict.
+                    result = model(**{argument: x}) if argument else model(**x)
             else:
                 result = call(model, x, argument)
         except Exception as error:
@@ -757,6 +756,12 @@ def init_config(
     head = guess_head(rows)
     if arguments:
         input_lines = _argument_lines(arguments)
+        if argument:
+            input_lines[0:1] = [
+                f"    argument: {_flow_scalar(argument)}   # the arguments together as one dict: "
+                f"forward({argument})",
+                "    # one JSON field a tensor, each a key of that dict",
+            ]
     else:
         input_lines = [f"    shape: [{', '.join(map(str, shape))}]", f"    dtype: {dtype}"]
         if argument:
