@@ -147,6 +147,12 @@ def test_init_proposes_logits_for_a_map_over_the_input_s_pixels(tmp_path: Path) 
     assert own_model.guess_head(rows) == "logits"
     written = own_model.init_config(rows, (3, 16, 16), "float32", None, "seg.py:Seg")
     assert "a class map" in written and "output: {head: logits}" in written
+    # An image out (a denoiser's, ending in a sigmoid) is not a class map.
+    denoiser = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Conv2d(8, 3, 3, padding=1), torch.nn.Sigmoid()
+    )
+    rows = own_model.discover_layers(denoiser, torch.zeros(2, 3, 16, 16))
+    assert own_model.guess_head(rows) == "embedding"
     # A feature map of another size (an encoder's) stays an embedding.
     encoder = torch.nn.Conv2d(3, 8, 3, stride=2, padding=1)
     assert own_model.guess_head(own_model.discover_layers(encoder, torch.zeros(2, 3, 16, 16))) == (

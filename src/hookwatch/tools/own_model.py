@@ -734,12 +734,21 @@ def guess_head(rows: Sequence[LayerInfo]) -> str:
     return "values" if len(shape) == 1 else "embedding"
 
 
+#: Activations a model's last module may be when it answers an image, not class scores.
+_IMAGE_OUT = frozenset({"Sigmoid", "Tanh", "Hardtanh", "Hardsigmoid", "ReLU", "ReLU6", "Softplus"})
+
+
 def _pixel_map(rows: Sequence[LayerInfo]) -> bool:
     """An output ``[B, C, H, W]`` of a few channels over the input image's own pixels: a
     segmentation net's class map (classes first, as its last convolution gives them)."""
     out = rows[-1].shapes[0] if rows and rows[-1].shapes else ()
     given = rows[0].shapes[0] if rows and rows[0].shapes else ()
-    return len(out) == 4 and len(given) == 4 and out[2:] == given[2:] and 1 < out[1] <= 1000
+    if not (len(out) == 4 and len(given) == 4 and out[2:] == given[2:] and 1 < out[1] <= 1000):
+        return False
+    # An image out (a denoiser's, an upscaler's, a colouriser's) ends in a bounded activation
+    # more often than not; logits never do.
+    last = next((r for r in reversed(rows[1:-1]) if r.shapes and r.shapes[0] == out), None)
+    return last is None or last.type not in _IMAGE_OUT
 
 
 def init_config(
