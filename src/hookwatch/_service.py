@@ -791,16 +791,18 @@ class ModelService:
         return outputs
 
     def _batch_first(self, outputs: torch.Tensor, rows: int) -> torch.Tensor:
-        """A logits head's sequence-first output ``[T, B, C]`` (the layout ``nn.CTCLoss``
-        takes) as ``[B, T, C]``, when its second dimension alone is the batch's ``rows``; the
-        output's hook reads it the same way. A sequence as long as the batch stays as it is."""
-        if (
-            outputs.dim() == 3
-            and self.output.head == "logits"
-            and outputs.shape[0] != rows
-            and outputs.shape[1] == rows
-        ):
+        """A sequence-first output ``[T, B, ...]`` (the layout ``nn.CTCLoss`` takes, an
+        ``nn.Transformer``'s by default) as ``[B, T, ...]``, when its second dimension alone is
+        the batch's ``rows``; the output's hook reads it the same way. A sequence as long as
+        the batch stays as it is. An output with no row per sample fails the batch: answered
+        row by row, each request would get another's answer."""
+        if outputs.dim() > 2 and outputs.shape[0] != rows and outputs.shape[1] == rows:
             return outputs.transpose(0, 1)
+        if outputs.dim() == 0 or outputs.shape[0] != rows:
+            raise RuntimeError(
+                f"expected the model's output to have a row per sample ({rows}), got shape "
+                f"{list(outputs.shape)}"
+            )
         return outputs
 
     def _rerun_each_alone(self, batch: DecodedBatch, error: Exception) -> BatchResult:

@@ -165,3 +165,54 @@ def test_init_proposes_values_and_archive_refuses_a_class_head(tmp_path: Path) -
             tmp_path / "build",
             say=lambda _line: None,
         )
+
+
+FLAT_MODEL = (
+    "import torch\nfrom torch import nn\n\n"
+    "class Flat(nn.Module):\n"
+    "    def __init__(self):\n"
+    "        super().__init__()\n"
+    "        self.proj = nn.Linear(4, 3)\n\n"
+    "    def forward(self, x):\n"
+    "        return self.proj(x).reshape(-1, 3)  # [batch x 5 positions, 3]\n"
+)
+
+
+def test_an_output_without_a_row_per_sample_is_refused_not_misanswered(tmp_path: Path) -> None:
+    """Answers go out row i to request i: a flattened ``[batch x positions, C]`` would answer
+    each request with another's rows. `archive` refuses it, saying how to fix it; a worker
+    fails such a batch rather than answer it. A sequence-first ``[T, B, H]`` under any head
+    is answered batch-first (only logits heads were: an embedding got time steps)."""
+    (tmp_path / "flat.py").write_text(FLAT_MODEL)
+    config = tmp_path / "model-config.yaml"
+    monitoring = {"layers": [], "output": {"head": "embedding"}}
+    config.write_text(
+        yaml.safe_dump({"handler": {"input": {"shape": [5, 4]}, "monitoring": monitoring}})
+    )
+    np.save(tmp_path / "ref.npy", np.random.default_rng(0).random((40, 5, 4), dtype=np.float32))
+    with pytest.raises(ConfigError, match=r"expected a row per sample, got shape \[10, 3\]"):
+        archive_model(
+            ModelRef.parse(f"{tmp_path / 'flat.py'}:Flat"),
+            "flat",
+            config,
+            tmp_path / "ref.npy",
+            tmp_path / "store",
+            tmp_path / "build",
+            say=lambda _line: None,
+        )
+    flat = ModelService(
+        torch.nn.Flatten(0, 1), InputSpec(shape=(2, 3)), None, output=OutputSpec(head="values")
+    )
+    with pytest.raises(RuntimeError, match=r"a row per sample \(2\), got shape \[4, 3\]"):
+        flat.handle([{"data": [[1, 2, 3], [4, 5, 6]]}] * 2)
+
+    class SequenceFirst(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.transpose(0, 1)  # [B, T, H] -> [T, B, H]
+
+    service = ModelService(
+        SequenceFirst(), InputSpec(shape=(3, 2)), None, output=OutputSpec(head="embedding")
+    )
+    rows = [[[float(i), float(i)]] * 3 for i in range(2)]
+    answers = service.handle([{"data": row} for row in rows])
+    assert [a["embedding"] for a in answers] == [[0.0] * 6, [1.0] * 6]

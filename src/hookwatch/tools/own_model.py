@@ -1208,6 +1208,22 @@ def archive_model(
             f"{type(output).__name__} with select={config.output.select!r}"
             f"{_select_choices(output)}"
         )
+    samples = next(
+        (int(v.shape[0]) for v in (first.values() if isinstance(first, dict) else [first])),
+        0,
+    )
+    if not per_sample_items(output) and not (
+        selected.dim()
+        and (selected.shape[0] == samples or (selected.dim() > 2 and selected.shape[1] == samples))
+    ):
+        # Answers go out a row per request: rows that are not the samples' would answer
+        # each request with another's, silently.
+        raise ConfigError(
+            f"model output: expected a row per sample, got shape {list(selected.shape)} for a "
+            f"dry run of {samples} samples (the tensor output.select picks is answered, row i "
+            "to request i): reshape a flattened [batch x positions, ...] to [batch, positions, "
+            "...] in the model, or select another part of the output"
+        )
     if per_sample_items(output) and config.output.head in ("logits", "multilabel"):
         raise ConfigError(
             f"monitoring.output.head: expected values (or none) for an output of one dict a "
