@@ -193,8 +193,11 @@ class ExportedModel(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs and self.positional:
-            named = [name for name in self.positional[len(args) :] if name in kwargs]
-            args = (*args, *(kwargs.pop(name) for name in named))
+            # The positions after those given, in order, up to the first not named.
+            for name in self.positional[len(args) :]:
+                if name not in kwargs:
+                    break
+                args = (*args, kwargs.pop(name))
         return self.program(*args, **kwargs)
 
 
