@@ -5,7 +5,9 @@ from __future__ import annotations
 import copy
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -464,6 +466,29 @@ def test_a_profile_that_would_bin_its_reference_differently_once_stored_is_refus
         verify_stored(tampered, rows, pick)
 
 
+def _served(
+    model: nn.Module,
+    config: dict[str, Any],
+    name: str,
+    profile: DriftProfile,
+    metrics: MetricSet,
+    batches: list[torch.Tensor],
+) -> Callable[..., float]:
+    """``batches`` through ``model`` watched with ``profile``, three times over; a reader of
+    the model's series: ``series(metric, **labels)``."""
+    monitor = hookwatch.watch(model, config, name, profile=profile, metrics=metrics)
+    with monitor, torch.inference_mode():
+        for x in batches * 3:
+            with monitor.request(len(x)):
+                model(x)
+    values = metrics.sample_values()
+
+    def series(metric: str, **labels: str) -> float:
+        return values[(metric, tuple(sorted({"model": name, **labels}.items())))]
+
+    return series
+
+
 class Branching(nn.Module):
     """A module on a conditional path: ``wide`` runs only on batches whose mean is positive."""
 
@@ -496,16 +521,7 @@ def test_reference_data_that_skips_a_layer_or_has_empty_batches(
     assert "act" in profile.references and "output" in profile.references
     assert {"narrow", "wide"} <= set(profile.statistics)
     assert sum("conditional path" in r.message for r in caplog.records) == 2
-    monitor = hookwatch.watch(model, config, "branch", profile=profile, metrics=metrics)
-    with monitor, torch.inference_mode():
-        for x in batches * 3:
-            with monitor.request(len(x)):
-                model(x)
-    values = metrics.sample_values()
-
-    def series(name: str, **labels: str) -> float:
-        return values[(name, tuple(sorted({"model": "branch", **labels}.items())))]
-
+    series = _served(model, config, "branch", profile, metrics, batches)
     assert series("hookwatch_captures_total", layer="wide") > 0
     assert series("hookwatch_monitor_faults_total", layer="wide") == 0
     assert series("hookwatch_drift_detector_usable", level="activation", detector="wide") == 0
@@ -549,16 +565,7 @@ def test_an_expert_given_only_its_routed_rows_is_watched_without_drift(
         assert "rows for a reference batch of 32 samples" in profile.left_out[expert]
         assert expert in profile.statistics
     assert {"input", "router", "output"} <= set(profile.references)
-    monitor = hookwatch.watch(model, config, "moe", profile=profile, metrics=metrics)
-    with monitor, torch.inference_mode():
-        for x in batches * 3:
-            with monitor.request(len(x)):
-                model(x)
-    values = metrics.sample_values()
-
-    def series(name: str, **labels: str) -> float:
-        return values[(name, tuple(sorted({"model": "moe", **labels}.items())))]
-
+    series = _served(model, config, "moe", profile, metrics, batches)
     assert series("hookwatch_captures_total", layer="experts.1.1") > 0
     assert series("hookwatch_monitor_faults_total", layer="experts.1.1") == 0
     assert series("hookwatch_drift_windows_total", level="activation", detector="router") > 0
