@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -69,6 +70,25 @@ def _detector() -> torch.nn.Module:
     exec(compile(MODEL, "det.py", "exec"), namespace)
     model: torch.nn.Module = namespace["Detector"]().eval()  # type: ignore[operator]
     return model
+
+
+def _archive(tmp_path: Path, model: str, shape: list[int], monitoring: dict[str, Any]) -> Path:
+    """``hookwatch archive`` of ``model`` (``file.py:Name`` in ``tmp_path``) with this input
+    shape and monitoring section, on 40 random reference samples."""
+    config = tmp_path / "model-config.yaml"
+    config.write_text(
+        yaml.safe_dump({"handler": {"input": {"shape": shape}, "monitoring": monitoring}})
+    )
+    np.save(tmp_path / "ref.npy", np.random.default_rng(0).random((40, *shape), dtype=np.float32))
+    return archive_model(
+        ModelRef.parse(str(tmp_path / model)),
+        "model",
+        config,
+        tmp_path / "ref.npy",
+        tmp_path / "store",
+        tmp_path / "build",
+        say=lambda _line: None,
+    )
 
 
 def test_each_request_is_answered_with_its_own_sample_s_dict() -> None:
@@ -149,22 +169,9 @@ def test_init_proposes_values_and_archive_refuses_a_class_head(tmp_path: Path) -
     written = own_model.init_config(rows, (3, 8, 8), "float32", None, "det.py:Detector")
     assert "one dict a sample (boxes, scores, labels" in written
     assert "output: {head: values}" in written and "classes' logits" not in written
-    config = tmp_path / "model-config.yaml"
     monitoring = {"layers": ["backbone.1"], "output": {"head": "logits"}}
-    config.write_text(
-        yaml.safe_dump({"handler": {"input": {"shape": [3, 8, 8]}, "monitoring": monitoring}})
-    )
-    np.save(tmp_path / "ref.npy", np.random.default_rng(0).random((50, 3, 8, 8), dtype=np.float32))
     with pytest.raises(ConfigError, match=r"expected values \(or none\) for an output of one dict"):
-        archive_model(
-            ModelRef.parse(f"{tmp_path / 'det.py'}:Detector"),
-            "det",
-            config,
-            tmp_path / "ref.npy",
-            tmp_path / "store",
-            tmp_path / "build",
-            say=lambda _line: None,
-        )
+        _archive(tmp_path, "det.py:Detector", [3, 8, 8], monitoring)
 
 
 FLAT_MODEL = (
@@ -184,22 +191,9 @@ def test_an_output_without_a_row_per_sample_is_refused_not_misanswered(tmp_path:
     fails such a batch rather than answer it. A sequence-first ``[T, B, H]`` under any head
     is answered batch-first (only logits heads were: an embedding got time steps)."""
     (tmp_path / "flat.py").write_text(FLAT_MODEL)
-    config = tmp_path / "model-config.yaml"
     monitoring = {"layers": [], "output": {"head": "embedding"}}
-    config.write_text(
-        yaml.safe_dump({"handler": {"input": {"shape": [5, 4]}, "monitoring": monitoring}})
-    )
-    np.save(tmp_path / "ref.npy", np.random.default_rng(0).random((40, 5, 4), dtype=np.float32))
     with pytest.raises(ConfigError, match=r"expected a row per sample, got shape \[10, 3\]"):
-        archive_model(
-            ModelRef.parse(f"{tmp_path / 'flat.py'}:Flat"),
-            "flat",
-            config,
-            tmp_path / "ref.npy",
-            tmp_path / "store",
-            tmp_path / "build",
-            say=lambda _line: None,
-        )
+        _archive(tmp_path, "flat.py:Flat", [5, 4], monitoring)
     flat = ModelService(
         torch.nn.Flatten(0, 1), InputSpec(shape=(2, 3)), None, output=OutputSpec(head="values")
     )
