@@ -1222,7 +1222,8 @@ def archive_model(
             f"model output: expected a row per sample, got shape {list(selected.shape)} for a "
             f"dry run of {samples} samples (the tensor output.select picks is answered, row i "
             "to request i): reshape a flattened [batch x positions, ...] to [batch, positions, "
-            "...] in the model, or select another part of the output"
+            "...] in the model, return a detector's per-image tensors as one dict each "
+            "([{'boxes': ..., 'scores': ...}, ...]), or select another part of the output"
         )
     if per_sample_items(output) and config.output.head in ("logits", "multilabel"):
         raise ConfigError(
