@@ -494,9 +494,24 @@ class OutputSpec:
         expected="a tuple index (integer >= 0), a dict key (string) or null",
         type_doc="int, string or null",
     )
+    probabilities: bool = _option(
+        False,
+        "the output is probabilities already (the model ends in a softmax or a sigmoid): "
+        "hookwatch reads log(p) (a softmax's) or log(p / (1 - p)) (a sigmoid's: `multilabel`, "
+        "a binary classifier's one value) as the logits its head takes, for answers and "
+        "detectors alike (else the softmax or sigmoid were applied twice: every binary "
+        "answer class 1, every label on). `hookwatch init` sets it for a model whose last "
+        "module is `Softmax` or `Sigmoid`; `archive` refuses `logits` over rows that sum to "
+        "1 without it. `logits` and `multilabel` heads only",
+    )
 
     def __post_init__(self) -> None:
         _validate(self, "monitoring.output")
+        if self.probabilities and self.head not in ("logits", "multilabel"):
+            raise ConfigError(
+                f"monitoring.output.probabilities: expected a logits or multilabel head, got "
+                f"head {self.head}: only class scores are read as probabilities"
+            )
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any] | None) -> OutputSpec:

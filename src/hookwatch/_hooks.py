@@ -596,6 +596,7 @@ class LayerHook:
         reading: FeatureReading | None = None,
         logits: bool = False,
         joins: bool = False,
+        probabilities: str | None = None,
     ) -> None:
         self.name = name
         #: Activations of 3 to ``_last_dims`` dimensions are read by their last one (units);
@@ -624,6 +625,9 @@ class LayerHook:
         #: side by side (:func:`joined_inputs`), not the first alone (no mask configured: a
         #: text model's ids are read with their mask instead).
         self._joins = joins
+        #: The output's head where its values are probabilities (``output.probabilities``):
+        #: read through :func:`as_logits`.
+        self._probabilities = probabilities
         #: The id torch gave this hook at its first registration, kept for the next ones.
         self._id: int | None = None
         self._on = False
@@ -823,6 +827,10 @@ class LayerHook:
             if tensor.is_quantized:
                 # A statically quantized model's (quint8, qint8): its real values, a new tensor.
                 tensor = tensor.dequantize()
+                owned = True
+            if self._probabilities is not None:
+                # The output's probabilities read as the logits its head takes.
+                tensor = as_logits(tensor, self._probabilities)
                 owned = True
             shape = tensor.shape
             dims = len(shape)
@@ -1085,6 +1093,17 @@ def select_tensor(value: Any, select: int | str | None = None) -> torch.Tensor |
     return _first_tensor(value, 3)
 
 
+def as_logits(probabilities: torch.Tensor, head: str) -> torch.Tensor:
+    """Probabilities as the logits a head takes (``output.probabilities``): ``log(p)`` for a
+    softmax's (the softmax of it is ``p`` again), ``log(p / (1 - p))`` for a sigmoid's (a
+    ``multilabel`` head's, or a binary classifier's one value a sample), clamped off 0 and 1
+    so a saturated probability stays finite."""
+    p = probabilities.float()
+    if head == "multilabel" or p.dim() == 1 or (p.dim() == 2 and p.shape[1] == 1):
+        return torch.logit(p, eps=1e-7)
+    return torch.log(p.clamp_min(1e-7))
+
+
 def per_sample_items(value: Any) -> bool:
     """True for a list or tuple of one dict of tensors per sample, as torchvision's detectors
     answer (``[{"boxes": [K, 4], "scores": [K], "labels": [K]}, ...]``, K varying): its
@@ -1208,6 +1227,7 @@ class HookSet:
         mask: int | str | None = None,
         on_demand: bool = False,
         output_head: str | None = None,
+        output_probabilities: bool = False,
     ) -> HookSet:
         """Build the hooks and, unless ``on_demand``, register them; ``widths`` overrides
         ``max_features`` per layer (projected ones, the output), ``output_select`` picks the
@@ -1215,7 +1235,8 @@ class HookSet:
         (keyword or position) for token activations, ``output_head`` the output's head (a
         ``logits`` output ``[batch, positions, classes]`` is read per position by
         :func:`position_summary`, and so is a class map ``[batch, classes, *spatial]``, per
-        pixel).
+        pixel), ``output_probabilities`` that the output is probabilities, read through
+        :func:`as_logits`.
 
         Which dimension of each layer's activations holds its features is decided here,
         once per module (:func:`feature_reading`); the input keeps dimension 1."""
@@ -1255,6 +1276,9 @@ class HookSet:
                 else feature_reading(root, "" if name == OUTPUT_LAYER else name),
                 logits=name == OUTPUT_LAYER and output_head == "logits",
                 joins=on_input and mask is None,
+                probabilities=output_head
+                if name == OUTPUT_LAYER and output_probabilities and output_head
+                else None,
             )
         self.on_demand = on_demand
         self.state = HookState.ATTACHED

@@ -26,7 +26,7 @@ from hookwatch._body import MAX_BODY_BYTES, NoPayload, body_limit, check_body_si
 from hookwatch._capture import RateLimitedLog
 from hookwatch._config import HandlerConfig, InputSpec, OutputSpec
 from hookwatch._errors import BadInputError, ConfigError, error_line
-from hookwatch._hooks import per_sample_items, plan_watch, select_tensor
+from hookwatch._hooks import as_logits, per_sample_items, plan_watch, select_tensor
 from hookwatch._image import decode_image, image_bytes
 from hookwatch._metrics import MetricSet
 from hookwatch._monitor import Monitor, ReceivedRequests
@@ -788,6 +788,8 @@ class ModelService:
                 f"expected the model's output to hold a tensor (monitoring.output.select="
                 f"{self.output.select!r}), got {type(raw).__name__}"
             )
+        if self.output.probabilities:
+            return as_logits(outputs, self.output.head)
         return outputs
 
     def _batch_first(self, outputs: torch.Tensor, rows: int) -> torch.Tensor:

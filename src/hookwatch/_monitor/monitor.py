@@ -204,6 +204,7 @@ class Monitor:
                 mask=config.mask,
                 on_demand=on_demand,
                 output_head=config.output.head,
+                output_probabilities=config.output.probabilities,
             )
             if on_demand:
                 self._gate.arm_with(self._hooks.arm, self._hooks.disarm, self._hooks.hold)

@@ -218,6 +218,7 @@ def _captured(
         output_select=config.output.select,
         mask=config.mask,
         output_head=config.output.head,
+        output_probabilities=config.output.probabilities,
     ):
         for batch in batches:
             # The batch's rows, as serving's gate has them: the hooks learn from them which

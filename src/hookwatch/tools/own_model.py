@@ -714,6 +714,17 @@ def _ends_in_classifier(rows: Sequence[LayerInfo]) -> bool:
     return False
 
 
+def final_activation(rows: Sequence[LayerInfo]) -> str | None:
+    """``Softmax`` or ``Sigmoid`` when the model's output is what such a module gave (the
+    last module, in model order, whose output has the output's shape): its output is then
+    probabilities, not logits; else None."""
+    out = rows[-1].shapes[0] if rows and rows[-1].shapes else None
+    for row in reversed(rows[1:-1]):
+        if row.shapes and row.shapes[0] == out and row.type not in ("Dropout", "Identity"):
+            return row.type if row.type in ("Softmax", "Sigmoid") else None
+    return None
+
+
 def guess_head(rows: Sequence[LayerInfo]) -> str:
     """The ``output.head`` to propose: ``logits`` for ``[B, C]`` (C > 1), and for ``[B, T, C]``
     where a ``Linear`` over the C classes gives the output (token classification, CTC: read per
@@ -724,6 +735,9 @@ def guess_head(rows: Sequence[LayerInfo]) -> str:
     if rows[-1].items:
         return "values"  # each entry's count and mean, one detector
     shape = shapes[0]
+    if final_activation(rows) == "Sigmoid" and len(shape) in (1, 2):
+        # Independent probabilities, one a label; one a sample: a binary classifier's.
+        return "multilabel" if len(shape) == 2 and shape[1] > 1 else "logits"
     if len(shape) == 2:
         return "logits" if shape[1] > 1 else "values"
     if len(shape) == 3 and shape[2] > 1 and _ends_in_classifier(rows):
@@ -834,6 +848,17 @@ def init_config(
         if len(parts) > 1
         else []
     )
+    ending = final_activation(rows) if rows else None
+    probabilities = ending is not None and head in ("logits", "multilabel")
+    probabilities_note = (
+        [
+            f"    # The model ends in {ending}: its output is probabilities, read as such "
+            "(probabilities: true),",
+            "    # not passed through a softmax or sigmoid a second time.",
+        ]
+        if probabilities
+        else []
+    )
     items = rows[-1].items if rows else ()
     items_note = (
         [
@@ -850,14 +875,14 @@ def init_config(
             "    # One value a sample: a regression output (values), or a binary classifier's",
             "    # logit (logits: class 1 where it is positive, with probability sigmoid(z)).",
         ]
-        if len(out) == 1 or (len(out) == 2 and out[1] == 1)
+        if (len(out) == 1 or (len(out) == 2 and out[1] == 1)) and not probabilities
         else [
             f"    # [batch, {out[1]}] read as {out[1]} classes' logits (softmax, class mix); "
             "several values a",
             "    # sample (a forecast, coordinates, scores) are head values; one logit a "
             "label, multilabel.",
         ]
-        if len(out) == 2 and head == "logits" and not items
+        if len(out) == 2 and head == "logits" and not items and not probabilities
         else []
     )
     return "\n".join(
@@ -880,7 +905,9 @@ def init_config(
             *([] if items else select_note),
             *items_note,
             *one_value_note,
-            f"    output: {{head: {head}}}   # {heads}",
+            *probabilities_note,
+            f"    output: {{head: {head}{', probabilities: true' if probabilities else ''}}}"
+            f"   # {heads}",
             "    # sample_rate unset: 10 % of requests, at most max_sampled_per_s (20) a second",
             "    # and their hooks at most max_overhead (0.005) of the worker's time",
             "    drift: {window: 200}",
@@ -905,6 +932,18 @@ def _argument_lines(arguments: Sequence[InputSpec]) -> list[str]:
         flow = yaml.safe_dump(declared, default_flow_style=True, sort_keys=False).strip()
         lines.append(f"      {_flow_scalar(part.field)}: {flow}")
     return lines
+
+
+def _sums_to_one(output: torch.Tensor) -> bool:
+    """Every row of several classes in [0, 1] and summing to 1: a softmax's output (classes
+    last, or first in a class map ``[B, C, H, W]``)."""
+    if output.dim() < 2 or not output.is_floating_point() or not output.numel():
+        return False
+    x = output.detach().float()
+    x = x.movedim(1, -1) if x.dim() >= 4 else x
+    if x.shape[-1] < 2 or bool((x < 0).any()) or bool((x > 1).any()):
+        return False
+    return bool(torch.allclose(x.sum(dim=-1), torch.ones(()), atol=1e-4))
 
 
 def _check_class_names(labels: Sequence[str], logits: torch.Tensor, head: str) -> None:
@@ -1224,6 +1263,18 @@ def archive_model(
             "to request i): reshape a flattened [batch x positions, ...] to [batch, positions, "
             "...] in the model, return a detector's per-image tensors as one dict each "
             "([{'boxes': ..., 'scores': ...}, ...]), or select another part of the output"
+        )
+    if (
+        config.output.head == "logits"
+        and not config.output.probabilities
+        and not per_sample_items(output)
+        and _sums_to_one(selected)
+    ):
+        raise ConfigError(
+            "monitoring.output: expected logits under head logits, got probabilities (each "
+            "row of the output is in [0, 1] and sums to 1: the model ends in a softmax); set "
+            "probabilities: true under monitoring.output, or a softmax of them answers and is "
+            "watched"
         )
     if per_sample_items(output) and config.output.head in ("logits", "multilabel"):
         raise ConfigError(
