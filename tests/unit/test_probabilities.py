@@ -139,6 +139,8 @@ def test_init_reads_the_last_module_and_archive_the_rows(tmp_path: Path) -> None
         assert own_model.final_activation(rows) == name
         written = own_model.init_config(rows, (4,), "float32", None, "m")
         assert f"output: {{head: {head}, probabilities: true}}" in written, written
+        # The final activation is the output itself: not proposed as a hidden layer too.
+        assert own_model.choose_layers(rows) == ["1"]
     binary = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())
     written = own_model.init_config(
         own_model.discover_layers(binary, torch.rand(2, 4)), (4,), "float32", None, "b"

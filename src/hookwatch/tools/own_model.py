@@ -686,8 +686,15 @@ def choose_layers(rows: Sequence[LayerInfo], count: int = 4) -> list[str]:
     """A starting set of layers, in model order: the recurrent and attention blocks where the
     model has them (spread over its depth), then activation modules spread over the depth of
     the model up to ``count``, or else the model's top-level blocks (the output aside)."""
+    last = _final_module(rows) if final_activation(rows) else None
     ran = [
-        r for r in rows if r.shapes and not r.partial and r.name not in (INPUT_LAYER, OUTPUT_LAYER)
+        r
+        for r in rows
+        if r.shapes
+        and not r.partial
+        and r.name not in (INPUT_LAYER, OUTPUT_LAYER)
+        # A final softmax or sigmoid is the output, watched as such.
+        and r is not last
     ]
     sequence = _spread(_sequence_blocks(ran), count)
     candidates = [r.name for r in ran if r.type in ACTIVATIONS and r.name not in sequence]
@@ -714,15 +721,21 @@ def _ends_in_classifier(rows: Sequence[LayerInfo]) -> bool:
     return False
 
 
-def final_activation(rows: Sequence[LayerInfo]) -> str | None:
-    """``Softmax`` or ``Sigmoid`` when the model's output is what such a module gave (the
-    last module, in model order, whose output has the output's shape): its output is then
-    probabilities, not logits; else None."""
+def _final_module(rows: Sequence[LayerInfo]) -> LayerInfo | None:
+    """The module that gave the model's output, as far as shapes tell: the last one, in
+    model order, whose output has the output's shape (a dropout or identity skipped)."""
     out = rows[-1].shapes[0] if rows and rows[-1].shapes else None
     for row in reversed(rows[1:-1]):
         if row.shapes and row.shapes[0] == out and row.type not in ("Dropout", "Identity"):
-            return row.type if row.type in ("Softmax", "Sigmoid") else None
+            return row
     return None
+
+
+def final_activation(rows: Sequence[LayerInfo]) -> str | None:
+    """``Softmax`` or ``Sigmoid`` when the model's output is what such a module gave: its
+    output is then probabilities, not logits; else None."""
+    last = _final_module(rows)
+    return last.type if last is not None and last.type in ("Softmax", "Sigmoid") else None
 
 
 def guess_head(rows: Sequence[LayerInfo]) -> str:
