@@ -711,22 +711,20 @@ _AFTER_CLASSIFIER = frozenset({"LogSoftmax", "Dropout", "Identity"})
 
 def _ends_in_classifier(rows: Sequence[LayerInfo]) -> bool:
     """Whether the model's output is what a ``Linear`` gave (then only the modules of
-    :data:`_AFTER_CLASSIFIER`): the last module in model order whose output has the output's
-    shape, skipping those."""
-    out = rows[-1].shapes[0]
-    for row in reversed(rows[1:-1]):
-        if not row.shapes or row.shapes[0] != out or row.type in _AFTER_CLASSIFIER:
-            continue
-        return row.type in ("Linear", "LazyLinear")
-    return False
+    :data:`_AFTER_CLASSIFIER`)."""
+    last = _final_module(rows, _AFTER_CLASSIFIER)
+    return last is not None and last.type in ("Linear", "LazyLinear")
 
 
-def _final_module(rows: Sequence[LayerInfo]) -> LayerInfo | None:
+def _final_module(
+    rows: Sequence[LayerInfo], skip: frozenset[str] = frozenset({"Dropout", "Identity"})
+) -> LayerInfo | None:
     """The module that gave the model's output, as far as shapes tell: the last one, in
-    model order, whose output has the output's shape (a dropout or identity skipped)."""
+    model order, whose output has the output's shape, those of a type in ``skip`` passed
+    over."""
     out = rows[-1].shapes[0] if rows and rows[-1].shapes else None
     for row in reversed(rows[1:-1]):
-        if row.shapes and row.shapes[0] == out and row.type not in ("Dropout", "Identity"):
+        if row.shapes and row.shapes[0] == out and row.type not in skip:
             return row
     return None
 
@@ -774,7 +772,7 @@ def _pixel_map(rows: Sequence[LayerInfo]) -> bool:
         return False
     # An image out (a denoiser's, an upscaler's, a colouriser's) ends in a bounded activation
     # more often than not; logits never do.
-    last = next((r for r in reversed(rows[1:-1]) if r.shapes and r.shapes[0] == out), None)
+    last = _final_module(rows, frozenset())
     return last is None or last.type not in _IMAGE_OUT
 
 
