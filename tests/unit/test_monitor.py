@@ -511,6 +511,20 @@ def test_a_new_sample_rate_holds_from_the_next_request() -> None:
     assert gate.request(0).picked == 0 and gate.request(0).requests == 0
 
 
+def test_a_gate_that_is_off_samples_nothing_whatever_another_thread_left_half_done() -> None:
+    """Two request threads at once: one has cleared the redraw flag and not yet drawn the
+    countdown (still 0) when the other decides. At rate 0 that one must not sample (a CI run
+    of the threaded count test saw it picked: its thread's assertion killed it)."""
+    from hookwatch._monitor.gate import RequestGate
+    from hookwatch._monitor.tally import RequestTally
+
+    gate = RequestGate("m", 0.0, lambda record: True, RequestTally("m", MetricSet()))
+    gate._redraw, gate._skip = False, 0  # the other thread's state between its two writes
+    assert gate.decide(1).picked == 0 and gate.request(3).picked == 0
+    gate.sample_rate = 0.25  # a rate set again is taken at once
+    assert sum(bool(gate.request(1).picked) for _ in range(400)) > 40
+
+
 class _Clock:
     """time.monotonic for the monitor module, moved by hand."""
 

@@ -256,6 +256,11 @@ class RequestGate:
         if self._redraw:
             self._redraw = False
             self._skip = self._draw_skip()
+        if rate <= 0.0:
+            # Off (capture gone off, or never on): never sampled. The countdown alone does not
+            # say so to a second request thread that reads it between another's two writes
+            # above (``_redraw`` cleared, ``_skip`` not yet drawn): it read 0, due.
+            return self._unsampled_scope(count)
         skip = self._skip
         if skip >= 1:
             self._skip = skip - 1
