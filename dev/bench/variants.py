@@ -150,7 +150,7 @@ def _resnet_extra(root: Path, build: Path) -> Path:
     def batches() -> Iterator[torch.Tensor]:
         for _ in range(0, RESNET_REFERENCE_IMAGES, 32):
             images = rng.standard_normal((32, 3, 224, 224), dtype=np.float32)
-            yield pipeline.batch(torch.from_numpy(images))
+            yield pipeline.stacked(torch.from_numpy(images))
 
     profile = build_profile(
         model,

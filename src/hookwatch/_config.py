@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -935,12 +935,36 @@ class InputSpec:
     #: object and a keyword argument of forward(), named alike, declared as one input is
     #: (shape, dtype, range, normalisation). Replaces the single input's keys.
     arguments: tuple[InputSpec, ...] = ()
+    #: The dimension of ``shape`` whose length each request chooses (``null`` in the
+    #: model-config), from 1 to ``shape[length_dim]`` (``input.max_length``, substituted into
+    #: ``shape``: every size bound, dry run and synthetic request uses the longest). None: a
+    #: fixed shape. A batch is padded to its longest with ``pad_value``.
+    length_dim: int | None = None
+    #: Pass each sample's length (int64 ``[batch]``) as this keyword argument of forward().
+    lengths: str | None = None
+    #: Pass a bool mask ``[batch, longest]`` (True at a sample's own steps, False at padding)
+    #: as this keyword argument of forward().
+    mask: str | None = None
+    #: What padding holds, in the model's units (after normalisation).
+    pad_value: float = 0.0
+
+    @property
+    def shape_text(self) -> str:
+        """The shape as messages show it: ``[<=512, 8]`` for a variable length."""
+        dims = [
+            f"<={d}" if i == self.length_dim else str(d) for i, d in enumerate(self.shape or ())
+        ]
+        return f"[{', '.join(dims)}]"
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any] | None) -> InputSpec:
         if not isinstance(raw, Mapping):
             raise ConfigError(f"input: expected a mapping with a 'shape', got {raw!r}")
-        known = {f.name for f in fields(cls)} - {"min_value", "max_value"} | {"min", "max"}
+        known = {f.name for f in fields(cls)} - {"min_value", "max_value", "length_dim"} | {
+            "min",
+            "max",
+            "max_length",
+        }
         unknown = sorted(set(raw) - known)
         if unknown:
             raise ConfigError(f"input: expected only the keys {sorted(known)}, got {unknown}")
@@ -963,16 +987,25 @@ class InputSpec:
                 f"got {preprocess!r}"
             )
         shape = raw.get("shape")
+        length_dim: int | None = None
         if shape is None and preprocess is not None:
             parsed_shape = None
         elif not (
             isinstance(shape, list | tuple)
             and shape
-            and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)
+            and all(
+                d is None or (isinstance(d, int) and not isinstance(d, bool) and d > 0)
+                for d in shape
+            )
+            and sum(d is None for d in shape) <= 1
         ):
-            raise ConfigError(f"input.shape: expected a list of positive integers, got {shape!r}")
+            raise ConfigError(
+                f"input.shape: expected a list of positive integers (one of them null for a "
+                f"length each request chooses), got {shape!r}"
+            )
         else:
-            parsed_shape = tuple(shape)
+            length_dim = next((i for i, d in enumerate(shape) if d is None), None)
+            parsed_shape = cls._with_max_length(raw, shape, length_dim)
         bounds: list[float | None] = []
         for key in ("min", "max"):
             value = raw.get(key)
@@ -1011,12 +1044,16 @@ class InputSpec:
             raise ConfigError(f"input.dtype: expected one of {list(INPUT_DTYPES)}, got {dtype!r}")
         mean, std = _numbers(raw, "mean"), _numbers(raw, "std")
         for key, values in (("mean", mean), ("std", std)):
-            channels = parsed_shape[0] if parsed_shape else 1
+            # A variable first dimension is a length, not channels: one value for all.
+            channels = parsed_shape[0] if parsed_shape and length_dim != 0 else 1
             if values is not None and len(values) not in (1, channels):
-                raise ConfigError(
-                    f"input.{key}: expected 1 or {channels} values (one per channel of shape "
-                    f"{list(parsed_shape or ())}), got {len(values)}"
+                what = (
+                    "one value (the first dimension is a length each request chooses, not channels)"
+                    if length_dim == 0
+                    else f"1 or {channels} values (one per channel of shape "
+                    f"{list(parsed_shape or ())})"
                 )
+                raise ConfigError(f"input.{key}: expected {what}, got {len(values)}")
         if std is not None and min(std) <= 0:
             raise ConfigError(f"input.std: expected positive numbers, got {list(std)}")
         argument = raw.get("argument")
@@ -1024,6 +1061,7 @@ class InputSpec:
             raise ConfigError(
                 f"input.argument: expected a keyword argument name of forward(), got {argument!r}"
             )
+        lengths, mask, pad_value = cls._length_keys(raw, length_dim, encoding, argument)
         return cls(
             shape=parsed_shape,
             min_value=lo,
@@ -1036,7 +1074,76 @@ class InputSpec:
             std=std,
             argument=argument,
             preprocess=preprocess,
+            length_dim=length_dim,
+            lengths=lengths,
+            mask=mask,
+            pad_value=pad_value,
         )
+
+    @staticmethod
+    def _with_max_length(
+        raw: Mapping[str, Any], shape: Sequence[int | None], length_dim: int | None
+    ) -> tuple[int, ...]:
+        """``shape`` with ``input.max_length`` in place of its null."""
+        longest = raw.get("max_length")
+        if length_dim is None:
+            if longest is not None:
+                raise ConfigError(
+                    f"input.max_length: expected a null in input.shape for it to bound, got "
+                    f"shape {list(shape)}"
+                )
+            return tuple(d for d in shape if d is not None)
+        if not (isinstance(longest, int) and not isinstance(longest, bool) and longest > 0):
+            raise ConfigError(
+                f"input.max_length: expected a positive integer bounding input.shape's null "
+                f"dimension (the longest input a request may send), got {longest!r}"
+            )
+        return tuple(longest if d is None else d for d in shape)
+
+    @staticmethod
+    def _length_keys(
+        raw: Mapping[str, Any],
+        length_dim: int | None,
+        encoding: str,
+        argument: str | None,
+    ) -> tuple[str | None, str | None, float]:
+        """``lengths``, ``mask`` and ``pad_value`` of a variable-length input, checked."""
+        if length_dim is None:
+            given = [k for k in ("lengths", "mask", "pad_value") if k in raw]
+            if given:
+                raise ConfigError(
+                    f"input.{given[0]}: expected a null in input.shape (a length each request "
+                    f"chooses) for it, got a fixed shape"
+                )
+            return None, None, 0.0
+        if encoding != "json":
+            raise ConfigError(
+                f"input.encoding: a variable-length input (null in input.shape) is sent as "
+                f"JSON, got {encoding!r}"
+            )
+        if argument is not None:
+            raise ConfigError(
+                "input.argument: a variable-length input (null in input.shape) is passed "
+                "positionally, got a keyword for it; name its lengths or mask with "
+                "input.lengths or input.mask"
+            )
+        names: list[str | None] = []
+        for key in ("lengths", "mask"):
+            name = raw.get(key)
+            if name is not None and not (isinstance(name, str) and name.isidentifier()):
+                raise ConfigError(
+                    f"input.{key}: expected a keyword argument name of forward(), got {name!r}"
+                )
+            names.append(name)
+        if names[0] is not None and names[0] == names[1]:
+            raise ConfigError(
+                f"input.lengths and input.mask: expected two keyword arguments, got "
+                f"{names[0]!r} for both"
+            )
+        pad = raw.get("pad_value", 0.0)
+        if not (isinstance(pad, int | float) and not isinstance(pad, bool) and math.isfinite(pad)):
+            raise ConfigError(f"input.pad_value: expected a finite number, got {pad!r}")
+        return names[0], names[1], float(pad)
 
     @classmethod
     def _from_arguments(cls, raw: Mapping[str, Any]) -> InputSpec:
@@ -1073,6 +1180,11 @@ class InputSpec:
                 part = cls.from_mapping(declared)
             except ConfigError as error:
                 raise ConfigError(str(error).replace("input.", f"{where}.", 1)) from None
+            if part.length_dim is not None:
+                raise ConfigError(
+                    f"{where}.shape: expected fixed dimensions (a variable length is for a "
+                    f"single input, not yet for one of input.arguments), got {declared['shape']!r}"
+                )
             parts.append(replace(part, field=name, argument=name))
         spec = cls.from_mapping({k: v for k, v in raw.items() if k != "arguments"} | {"shape": [1]})
         return replace(spec, shape=None, arguments=tuple(parts))

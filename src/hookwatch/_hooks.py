@@ -954,6 +954,17 @@ class LayerHook:
         self.state = HookState.DETACHED
 
 
+def read_mask(gate: Gate, mask: torch.Tensor) -> None:
+    """Give the open ``gate`` this forward's mask ``[batch, steps]``: its hooks reduce token
+    (step) activations over the positions it marks, padding left out. Only the captured rows'
+    when the gate picked some."""
+    rows = gate.rows
+    if rows is not None and mask.shape[0] == gate.batch:
+        mask = mask.index_select(0, rows.to(mask.device))
+    gate.mask = mask
+    gate.whole = -1  # the hooks reduce token activations over it: the general path
+
+
 class MaskHook:
     """Reads each captured forward's attention mask into the gate: a pre-hook on the model,
     run before any other, so every hook of that forward reduces its token activations over
@@ -1018,11 +1029,7 @@ class MaskHook:
                     f"[batch, tokens], got {type(mask).__name__} "
                     f"{list(mask.shape) if isinstance(mask, torch.Tensor) else ''}".rstrip()
                 )
-            rows = gate.rows
-            if rows is not None and mask.shape[0] == gate.batch:
-                mask = mask.index_select(0, rows.to(mask.device))
-            gate.mask = mask
-            gate.whole = -1  # the hooks reduce token activations over it: the general path
+            read_mask(gate, mask)
         except Exception as error:  # a monitor must never fail the request
             gate.mask = None
             self.state = HookState.FAULTED

@@ -26,10 +26,11 @@ from hookwatch._body import MAX_BODY_BYTES, NoPayload, body_limit, check_body_si
 from hookwatch._capture import RateLimitedLog
 from hookwatch._config import HandlerConfig, InputSpec, OutputSpec
 from hookwatch._errors import BadInputError, ConfigError, error_line
-from hookwatch._hooks import as_logits, per_sample_items, plan_watch, select_tensor
+from hookwatch._hooks import as_logits, per_sample_items, plan_watch, read_mask, select_tensor
 from hookwatch._image import decode_image, image_bytes
 from hookwatch._metrics import MetricSet
 from hookwatch._monitor import Monitor, ReceivedRequests
+from hookwatch._padding import Padded
 from hookwatch._profile import serving_tracker
 from hookwatch._text import TextPipeline
 
@@ -40,12 +41,15 @@ __all__ = [
     "InputPipeline",
     "ModelInputs",
     "ModelService",
+    "Padded",
     "Pipeline",
     "batch_inputs",
     "call_model",
     "decode_as",
     "decode_payload",
     "decode_values",
+    "fits_shape",
+    "input_tensor",
     "load_preprocess",
     "make_pipeline",
 ]
@@ -168,7 +172,7 @@ def decode_payload(body: Any, spec: InputSpec, limit: int | None = None) -> torc
     image = spec.encoding == "image"
     if limit is None:
         limit = body_limit(spec.numel, spec.max_body_bytes, image=image)
-    numbers = f"<{'x'.join(map(str, shape))} numbers>"
+    numbers = f"<{spec.shape_text.strip('[]').replace(', ', 'x')} numbers>"
     expected_body = f'a JSON object {{"{spec.field}": {numbers}}}'
     if spec.encoding == "float32" and isinstance(body, bytes | bytearray):
         check_body_size(body, limit, _LIMIT_SETTING)
@@ -212,17 +216,22 @@ def decode_values(values: Any, spec: InputSpec) -> torch.Tensor:
             reason="too_deep",
         )
     got = _shape_of(values, len(shape))
+    flat = f" (or {spec.numel} numbers flat)" if spec.length_dim is None else ""
     if got is None:
         raise BadInputError(
-            f"a rectangular array of numbers of shape {list(shape)} (or {spec.numel} numbers flat)",
+            f"a rectangular array of numbers of shape {spec.shape_text}{flat}",
             _describe(values) if not isinstance(values, list) else "a ragged or non-numeric list",
             reason="wrong_shape",
         )
-    if got != shape and got != (spec.numel,):
+    if spec.length_dim is not None:
+        if not fits_shape(got, spec):
+            raise BadInputError(
+                f"shape {spec.shape_text}", f"shape {list(got)}", reason="wrong_shape"
+            )
+        shape = got
+    elif got != shape and got != (spec.numel,):
         raise BadInputError(
-            f"shape {list(shape)} (or {spec.numel} numbers flat)",
-            f"shape {list(got)}",
-            reason="wrong_shape",
+            f"shape {list(shape)}{flat}", f"shape {list(got)}", reason="wrong_shape"
         )
     if spec.dtype != "float32" and spec.mean is None and spec.std is None:
         # Decoded as the model takes them: through float32, large integers would lose digits
@@ -242,6 +251,16 @@ def decode_values(values: Any, spec: InputSpec) -> torch.Tensor:
             # Only on this path, not per request: tell a number past float32's range from NaN.
             _check_finite_range(values, "float32")
         raise
+
+
+def fits_shape(got: Sequence[int], spec: InputSpec) -> bool:
+    """``got`` is an input of ``spec.shape``: equal, but for a variable length (``null``),
+    which may be from 1 to ``input.max_length``."""
+    shape, at = spec.shape or (), spec.length_dim
+    return len(got) == len(shape) and all(
+        (1 <= g <= d) if i == at else g == d
+        for i, (g, d) in enumerate(zip(got, shape, strict=True))
+    )
 
 
 def _check_finite_range(values: Any, dtype: str) -> None:
@@ -405,17 +424,29 @@ class InputPipeline:
                 reason="preprocess",
             ) from None
         tensor = result if isinstance(result, torch.Tensor) else torch.as_tensor(result)
-        if self.spec.shape is not None and tuple(tensor.shape) != self.spec.shape:
+        if self.spec.shape is not None and not fits_shape(tensor.shape, self.spec):
             raise BadInputError(
-                f"shape {list(self.spec.shape)}",
+                f"shape {self.spec.shape_text}",
                 f"shape {list(tensor.shape)}",
                 reason="wrong_shape",
             )
         return tensor
 
-    def batch(self, items: Sequence[torch.Tensor] | torch.Tensor) -> torch.Tensor:
-        """Stacked items as the model takes them: dtype, then ``(x - mean) / std``."""
+    def batch(self, items: Sequence[torch.Tensor] | torch.Tensor) -> torch.Tensor | Padded:
+        """Stacked items as the model takes them: dtype, then ``(x - mean) / std``; items of
+        a variable length padded to the longest (:class:`Padded`)."""
+        at = self.spec.length_dim
+        if at is not None:
+            return self._padded(items, at)
+        return self.stacked(items)
+
+    def stacked(self, items: Sequence[torch.Tensor] | torch.Tensor) -> torch.Tensor:
+        """Items of one shape stacked as the model takes them (:meth:`batch` without the
+        padding of a variable length)."""
         x = items if isinstance(items, torch.Tensor) else torch.stack(list(items))
+        return self._scaled(x)
+
+    def _scaled(self, x: torch.Tensor) -> torch.Tensor:
         if self._mean is not None or self._std is not None:
             x = x.float()
             if self._mean is not None:
@@ -424,8 +455,33 @@ class InputPipeline:
                 x = x / self._std
         return x if x.dtype == self._dtype else x.to(self._dtype)
 
-    def call(self, model: nn.Module, x: torch.Tensor) -> Any:
-        """The forward pass, with the input positional or as ``input.argument``."""
+    def _padded(self, items: Sequence[torch.Tensor] | torch.Tensor, at: int) -> Padded:
+        """Items of a variable length ``at`` as one batch: each scaled as a fixed-shape
+        batch is, and padded after it with ``input.pad_value`` (what the model sees there)."""
+        if isinstance(items, torch.Tensor):
+            # Equal lengths (a reference array): nothing to pad.
+            x = self._scaled(items)
+            lengths = torch.full((x.shape[0],), x.shape[at + 1], dtype=torch.int64)
+            return Padded(x, lengths, at + 1, self.spec.lengths, self.spec.mask)
+        counts = [int(item.shape[at]) for item in items]
+        longest = max(counts)
+        first = items[0]
+        shape = (len(items), *first.shape[:at], longest, *first.shape[at + 1 :])
+        raw = first.new_zeros(shape)
+        for row, (item, count) in enumerate(zip(items, counts, strict=True)):
+            raw[row].narrow(at, 0, count).copy_(item)
+        x = self._scaled(raw)
+        lengths = torch.tensor(counts, dtype=torch.int64)
+        padded = Padded(x, lengths, at + 1, self.spec.lengths, self.spec.mask)
+        if min(counts) < longest:
+            x.masked_fill_(~padded.valid(), self.spec.pad_value)
+        return padded
+
+    def call(self, model: nn.Module, x: torch.Tensor | Padded) -> Any:
+        """The forward pass, with the input positional or as ``input.argument``; a padded
+        batch with its lengths or mask as their keywords."""
+        if isinstance(x, Padded):
+            return x.call(model)
         if self.spec.argument is None:
             return model(x)
         return model(**{self.spec.argument: x})
@@ -467,12 +523,13 @@ class ArgumentsPipeline:
     def batch(self, items: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         """Each argument's items stacked, cast and normalised as its declaration says."""
         return {
-            name: part.batch([item[name] for item in items]) for name, part in self.parts.items()
+            name: part.stacked([item[name] for item in items]) for name, part in self.parts.items()
         }
 
 
-#: A forward's input: one tensor, or keyword arguments (token ids, attention mask, ...).
-ModelInputs = torch.Tensor | dict[str, torch.Tensor]
+#: A forward's input: one tensor, or keyword arguments (token ids, attention mask, ...), or a
+#: padded batch of a variable length.
+ModelInputs = torch.Tensor | dict[str, torch.Tensor] | Padded
 #: Decodes requests for a model: a tensor (``input.shape``/``preprocess``), several
 #: (``input.arguments``) or text.
 Pipeline = InputPipeline | ArgumentsPipeline | TextPipeline
@@ -495,6 +552,21 @@ def batch_inputs(pipeline: Pipeline, items: Sequence[Any]) -> ModelInputs:
     if isinstance(pipeline, ArgumentsPipeline):
         return pipeline.batch(items)
     return pipeline.batch(items)
+
+
+def _steps_of(inputs: ModelInputs | None, outputs: Any) -> list[int] | None:
+    """The samples' lengths, where ``outputs`` has a step per step of a padded batch of a
+    variable first dimension: ``[batch, longest, ...]``, three dimensions or more. A
+    ``[batch, C]`` output is left whole even when C equals the longest (a classifier's)."""
+    if not (
+        isinstance(inputs, Padded)
+        and inputs.dim == 1
+        and isinstance(outputs, torch.Tensor)
+        and outputs.dim() >= 3
+        and outputs.shape[1] == inputs.values.shape[1]
+    ):
+        return None
+    return [int(n) for n in inputs.lengths.tolist()]
 
 
 def _all_finite(x: torch.Tensor) -> bool:
@@ -582,6 +654,11 @@ def to_device(inputs: ModelInputs, device: torch.device) -> ModelInputs:
     return inputs.to(device)
 
 
+def input_tensor(inputs: ModelInputs) -> torch.Tensor | dict[str, torch.Tensor]:
+    """What the model's input hook reads of a forward's input: a padded batch's values."""
+    return inputs.values if isinstance(inputs, Padded) else inputs
+
+
 @dataclass
 class DecodedBatch:
     """Valid inputs stacked for one forward pass, and the error of each invalid item."""
@@ -620,6 +697,9 @@ class BatchResult:
     received: float = 0.0
     #: The forward was sampled (hooked): its duration measures what sampling costs.
     sampled: bool = False
+    #: Each row's own length where the output has a step per input step of a padded batch
+    #: (``[batch, longest, ...]``): its answer is cut there, padding is no sample's.
+    steps: list[int] | None = None
 
 
 #: A logits head answers every class's probability up to this many classes, the top 5 above.
@@ -740,11 +820,16 @@ class ModelService:
                     sampled = True
                     assert path is not None
                     with torch.inference_mode(), scope:
+                        if isinstance(batch.inputs, Padded):
+                            # Padding is no sample's: the hooks reduce steps over this mask.
+                            steps = batch.inputs.step_mask()
+                            if steps is not None:
+                                read_mask(path.hook_flag, steps)
                         # The model's own input and output: handed to their hooks here
                         # when the monitor lets the service (RequestPath.take_input).
                         take = path.take_input
                         if take is not None:
-                            take(batch.inputs)
+                            take(input_tensor(batch.inputs))
                         raw = call_model(self.pipeline, self.model, batch.inputs)
                         take = path.take_output
                         if take is not None:
@@ -772,6 +857,7 @@ class ModelService:
             batch.listed,
             batch.received,
             sampled,
+            _steps_of(batch.inputs, outputs),
         )
 
     def _output_rows(self, raw: Any, rows: int) -> torch.Tensor | list[Any]:
@@ -979,6 +1065,9 @@ class ModelService:
                 )
             # One check per batch: only a batch with a NaN or an Infinity takes the slow path.
             finite = items or (isinstance(outputs, torch.Tensor) and _all_finite(outputs))
+            if result.steps is not None and isinstance(outputs, torch.Tensor):
+                # Each sample's own steps: a row per sample, cut at its length.
+                outputs = [o[:n] for o, n in zip(outputs, result.steps, strict=True)]
             row = 0
             for index, size in zip(result.positions, sizes, strict=True):
                 rows = [

@@ -55,6 +55,7 @@ class RequestPath:
         "answered_sampled",
         "decide",
         "durations",
+        "hook_flag",
         "received",
         "sampled",
         "take_input",
@@ -79,6 +80,9 @@ class RequestPath:
         self.answered_sampled = answered_sampled
         self.take_input = take_input
         self.take_output = take_output
+        #: The hooks' thread-local gate: a server that pads a batch gives it the steps'
+        #: mask inside a sampled scope (:func:`hookwatch._hooks.read_mask`).
+        self.hook_flag = gate.hook_flag
 
     def arrived(self, count: int) -> bool:
         """Count ``count`` requests as received, and say whether their forward is due to be

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 import numpy as np
 import torch
@@ -23,7 +23,7 @@ from hookwatch._config import MonitoringConfig
 from hookwatch._drift import AccuracyEstimator, class_logits
 from hookwatch._errors import ConfigError
 from hookwatch._names import OUTPUT_LAYER
-from hookwatch._profile.builder import _Collector, _Reservoir, capture_features
+from hookwatch._profile.builder import Batch, _Collector, _Reservoir, capture_features
 from hookwatch._profile.format import DriftProfile
 
 __all__ = ["as_labels", "harm_layer", "with_accuracy"]
@@ -71,7 +71,7 @@ def with_accuracy(
     profile: DriftProfile,
     model: nn.Module,
     config: MonitoringConfig,
-    batches: Iterable[torch.Tensor | Mapping[str, torch.Tensor]],
+    batches: Iterable[Batch],
     labels: object,
     seed: int = 0,
 ) -> DriftProfile:

@@ -31,9 +31,11 @@ from hookwatch._hooks import (
     WatchPlan,
     as_array,
     plan_watch,
+    read_mask,
     select_tensor,
 )
 from hookwatch._names import INPUT_LAYER, OUTPUT_LAYER, STATISTICS, level_of, unit_layers
+from hookwatch._padding import Padded
 from hookwatch._profile.format import DriftProfile
 from hookwatch._stats import INF_COLUMN, NAN_COLUMN
 from hookwatch._views import UnitReference
@@ -41,6 +43,10 @@ from hookwatch._views import UnitReference
 __all__ = ["build_profile", "capture_features", "profile_for", "refuse_nonfinite"]
 
 log = logging.getLogger("hookwatch")
+
+#: A batch of reference inputs: the model's input tensor, keyword arguments to call it with,
+#: or a padded batch of a variable length.
+Batch = torch.Tensor | Mapping[str, Any] | Padded
 
 
 class _Collector:
@@ -173,7 +179,7 @@ def build_widths(config: MonitoringConfig) -> dict[str, int]:
 def capture_features(
     model: nn.Module,
     config: MonitoringConfig | WatchPlan,
-    batches: Iterable[torch.Tensor | Mapping[str, torch.Tensor]],
+    batches: Iterable[Batch],
     collector: _Collector | None = None,
 ) -> Iterable[dict[str, NDArray[np.float32]]]:
     """Yield, per batch, the features the serving hooks capture for every watched layer.
@@ -204,7 +210,7 @@ def _set_modes(modes: list[tuple[nn.Module, bool]]) -> None:
 def _captured(
     model: nn.Module,
     config: MonitoringConfig,
-    batches: Iterable[torch.Tensor | Mapping[str, Any]],
+    batches: Iterable[Batch],
     collector: _Collector,
     gate: Gate,
     hooks: HookSet,
@@ -226,7 +232,14 @@ def _captured(
             gate.set(True, None, _rows(batch))
             try:
                 with torch.inference_mode():
-                    output = model(**batch) if isinstance(batch, Mapping) else model(batch)
+                    if isinstance(batch, Padded):
+                        # As served: the steps' mask leaves padding out (ModelService.infer).
+                        steps = batch.step_mask()
+                        if steps is not None:
+                            read_mask(gate, steps)
+                        output = batch.call(model)
+                    else:
+                        output = model(**batch) if isinstance(batch, Mapping) else model(batch)
                 if config.capture_output and config.output.head == "logits":
                     logits = select_tensor(output, config.output.select)
                     if logits is not None and not logits.is_floating_point():
@@ -249,9 +262,9 @@ def _captured(
             yield collector.commit()
 
 
-def _rows(batch: torch.Tensor | Mapping[str, Any]) -> int:
+def _rows(batch: Batch) -> int:
     """The batch's size: its first dimension, or a keyword argument's (0: not known)."""
-    values = batch.values() if isinstance(batch, Mapping) else (batch,)
+    values = _tensors(batch)
     for value in values:
         if isinstance(value, torch.Tensor) and value.dim():
             return int(value.shape[0])
@@ -261,7 +274,7 @@ def _rows(batch: torch.Tensor | Mapping[str, Any]) -> int:
 def build_profile(
     model: nn.Module,
     config: MonitoringConfig | Mapping[str, Any] | None,
-    batches: Iterable[torch.Tensor | Mapping[str, torch.Tensor]],
+    batches: Iterable[Batch],
     model_name: str = "model",
     bins: int | None = None,
     max_reference: int = 20_000,
@@ -311,7 +324,7 @@ def build_profile(
 def profile_for(
     model: nn.Module,
     plan: WatchPlan,
-    batches: Iterable[torch.Tensor | Mapping[str, torch.Tensor]],
+    batches: Iterable[Batch],
     bins: int | None = None,
     max_reference: int = 20_000,
     max_codes: int = 4096,
@@ -359,18 +372,14 @@ class _Fitted:
     pick: NDArray[Any]
 
 
-def _with_progress(
-    batches: Iterable[torch.Tensor | Mapping[str, torch.Tensor]], progress: bool, total: int | None
-) -> Iterable[torch.Tensor | Mapping[str, torch.Tensor]]:
+def _with_progress(batches: Iterable[Batch], progress: bool, total: int | None) -> Iterable[Batch]:
     if progress:
         try:
             from tqdm import tqdm
         except ImportError:  # a progress bar is a nicety of the tools extra
             pass
         else:
-            shown: Iterable[torch.Tensor | Mapping[str, torch.Tensor]] = tqdm(
-                batches, total=total, unit="batch", desc="profile"
-            )
+            shown: Iterable[Batch] = tqdm(batches, total=total, unit="batch", desc="profile")
             return shown
     return batches
 
@@ -378,7 +387,7 @@ def _with_progress(
 def _collect_reference(
     model: nn.Module,
     plan: WatchPlan,
-    batches: Iterable[torch.Tensor | Mapping[str, torch.Tensor]],
+    batches: Iterable[Batch],
     max_reference: int,
     seed: int,
 ) -> _Reference:
@@ -402,8 +411,8 @@ def _collect_reference(
 
 
 def _finite(
-    batches: Iterable[torch.Tensor | Mapping[str, Any]],
-) -> Iterable[torch.Tensor | Mapping[str, Any]]:
+    batches: Iterable[Batch],
+) -> Iterable[Batch]:
     """``batches`` while every input value is finite; a NaN or Inf refuses the reference.
 
     Binned, a NaN sorts past every quantile edge and its features read as constant, so a
@@ -424,7 +433,7 @@ def _finite(
         raise _nonfinite(bad, total, first)
 
 
-def refuse_nonfinite(batch: torch.Tensor | Mapping[str, Any]) -> None:
+def refuse_nonfinite(batch: Batch) -> None:
     """Raise :class:`ProfileError` when a batch of reference inputs holds NaN or Infinity:
     the check :func:`build_profile` makes, for a caller that would cast them away first."""
     rows, nonfinite = _nonfinite_rows(batch)
@@ -439,9 +448,16 @@ def _nonfinite(bad: int, total: int, first: int) -> ProfileError:
     )
 
 
-def _nonfinite_rows(batch: torch.Tensor | Mapping[str, Any]) -> tuple[int, torch.Tensor]:
+def _tensors(batch: Batch) -> list[Any]:
+    """The values a batch gives the model (a padded batch's padding is ``pad_value``)."""
+    if isinstance(batch, Padded):
+        return [batch.values]
+    return list(batch.values()) if isinstance(batch, Mapping) else [batch]
+
+
+def _nonfinite_rows(batch: Batch) -> tuple[int, torch.Tensor]:
     """A batch's samples, and per sample whether any of its input values is NaN or Inf."""
-    values = list(batch.values()) if isinstance(batch, Mapping) else [batch]
+    values = _tensors(batch)
     sized = any(isinstance(value, torch.Tensor) and value.dim() for value in values)
     # A batch of no known size (a scalar input) is one sample; an empty batch, none.
     rows = _rows(batch) if sized else 1

@@ -689,16 +689,26 @@ def _example_batch(shape: Sequence[int], dtype: str, spec: Any) -> Any:
     its pipeline's batching (normalisation), as ``dtype``."""
     import torch
 
-    from hookwatch._service import InputPipeline
+    from hookwatch._service import InputPipeline, Padded
     from hookwatch.tools.own_model import example_input
 
     low = spec.min_value if spec and spec.min_value is not None else 0.0
     high = spec.max_value if spec and spec.max_value is not None else 1.0
     floating = dtype.startswith(("float", "bfloat"))
     x = example_input(shape, "float32" if floating else dtype, low, high)
-    x = InputPipeline(spec).batch(x) if spec is not None else x
+    target = getattr(torch, dtype)
+    if spec is not None and spec.length_dim is not None and tuple(shape) == spec.shape:
+        # A length each request chooses: the longest and half of it, padded as served.
+        import dataclasses
+
+        at = spec.length_dim
+        half = x[1].narrow(at, 0, max(1, shape[at] // 2))
+        padded = InputPipeline(spec).batch([x[0], half])
+        assert isinstance(padded, Padded)
+        return dataclasses.replace(padded, values=padded.values.to(target))
+    x = InputPipeline(spec).stacked(x) if spec is not None else x
     # --input-dtype over the config's: the dtype the model is tried on is the one written.
-    return x.to(getattr(torch, dtype))
+    return x.to(target)
 
 
 def _arguments_dry_run(model: Any, spec: Any) -> tuple[Any, tuple[int, ...], str, str | None]:

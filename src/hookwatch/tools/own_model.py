@@ -58,10 +58,13 @@ from hookwatch._service import (
     ArgumentsPipeline,
     InputPipeline,
     ModelInputs,
+    Padded,
     Pipeline,
     batch_inputs,
     call_model,
     decode_as,
+    fits_shape,
+    input_tensor,
     make_pipeline,
 )
 from hookwatch._text import TextPipeline
@@ -285,7 +288,7 @@ def dtype_hint(error: BaseException, model: nn.Module, given: ModelInputs, fix: 
     """What a dry-run error ends with when a floating input met weights of another floating
     dtype (``; the model's parameters are bfloat16: try FIX``), else nothing."""
     wanted = parameter_dtype(model)
-    first = given if isinstance(given, torch.Tensor) else next(iter(given.values()), None)
+    first = _first_tensor(given)
     if wanted is None or first is None or not _DTYPE_MISMATCH.search(str(error)):
         return ""
     if not first.is_floating_point() or str(first.dtype).removeprefix("torch.") == wanted:
@@ -311,9 +314,17 @@ def integer_hint(error: BaseException, given: ModelInputs, fix: str) -> str:
                 f"{' or '.join(floats)} in input.arguments"
             )
         return ""
-    if given.is_floating_point():
+    if input_tensor(given).is_floating_point():  # type: ignore[union-attr]
         return f"; the model wants integer inputs: try {fix}"
     return ""
+
+
+def _first_tensor(given: ModelInputs) -> torch.Tensor | None:
+    """The tensor a forward's input starts with: the tensor, a padded batch's values, or the
+    first keyword argument's."""
+    if isinstance(given, Padded):
+        return given.values
+    return given if isinstance(given, torch.Tensor) else next(iter(given.values()), None)
 
 
 def example_input(
@@ -338,12 +349,13 @@ def call(model: nn.Module, x: torch.Tensor, argument: str | None) -> Any:
 
 def forward_batches(
     batches: Iterable[ModelInputs], argument: str | None
-) -> Iterator[torch.Tensor | Mapping[str, Any]]:
+) -> Iterator[torch.Tensor | Mapping[str, Any] | Padded]:
     """Reference batches as the profile builder calls the model: keyword arguments (a text
     model's tokens, ``input.arguments``), one positional tensor, or under ``input.argument``
     the tensor, or the arguments together as one dict, as that keyword."""
     for batch in batches:
-        yield batch if argument is None else {argument: batch}
+        # A padded batch's values are positional (input.argument is refused beside a null).
+        yield batch if argument is None or isinstance(batch, Padded) else {argument: batch}
 
 
 def _select_choices(output: Any) -> str:
@@ -359,6 +371,8 @@ def _select_choices(output: Any) -> str:
 
 
 def _first_rows(batch: ModelInputs, rows: int) -> ModelInputs:
+    if isinstance(batch, Padded):
+        return batch.rows(rows)
     if isinstance(batch, dict):
         return {name: value[:rows] for name, value in batch.items()}
     return batch[:rows]
@@ -367,6 +381,9 @@ def _first_rows(batch: ModelInputs, rows: int) -> ModelInputs:
 def _describe_inputs(batch: ModelInputs) -> str:
     if isinstance(batch, dict):
         return ", ".join(f"{name} {list(value.shape[1:])}" for name, value in batch.items())
+    if isinstance(batch, Padded):
+        lengths = ", ".join(map(str, batch.lengths.tolist()))
+        return f"shape {list(batch.values.shape[1:])} padded (lengths {lengths})"
     return f"shape {list(batch.shape[1:])}"
 
 
@@ -473,7 +490,11 @@ def discover_layers(
     calls: dict[str, int] = {}
     vocabulary: list[int] = []
     handles = []
-    first = x if isinstance(x, torch.Tensor) else next(iter(x.values()))
+    first = _first_tensor(x)
+    assert first is not None
+    # A batch padded along its samples' first dimension is read as tokens are: step
+    # activations [B, T, H] averaged over each sample's own steps.
+    tokens = tokens or (isinstance(x, Padded) and x.step_mask() is not None)
     batch = int(first.shape[0]) if first.dim() else 0
     try:
         for name, module in watchable_modules(root).items():
@@ -495,7 +516,10 @@ def discover_layers(
 
                     handles.append(module.register_forward_pre_hook(ids))
         try:
-            if isinstance(x, dict):
+            if isinstance(x, Padded):
+                with torch.inference_mode():
+                    result = x.call(model)
+            elif isinstance(x, dict):
                 with torch.inference_mode():
                     # Under input.argument, the arguments together as one dict.
                     result = model(**{argument: x}) if argument else model(**x)
@@ -518,10 +542,19 @@ def discover_layers(
     shapes: tuple[tuple[int, ...], ...]
     if joined is not None and joined is not first:
         # Several arguments: the hooks read them side by side (input.arguments).
+        assert isinstance(x, dict)
         shapes, features = tuple(tuple(v.shape) for v in x.values()), int(joined.shape[1])
     else:
         shapes = (tuple(first.shape),)
-        features = 1 if tokens else _input_features(first, width)
+        # Token ids [B, T]: their count; a padded series' steps [B, T, F]: each feature's mean.
+        steps = isinstance(x, Padded) and tokens and first.dim() == 3
+        features = (
+            min(int(first.shape[2]), width)
+            if steps
+            else 1
+            if tokens
+            else _input_features(first, width)
+        )
     rows = [
         LayerInfo(
             INPUT_LAYER,
@@ -1114,7 +1147,7 @@ def _argument_batches(
         )
     for start in range(0, len(values[names[0]]), batch_size):
         yield {
-            name: part.batch(values[name][start : start + batch_size])
+            name: part.stacked(values[name][start : start + batch_size])
             for name, part in pipeline.parts.items()
         }
 
@@ -1125,10 +1158,16 @@ def _reference_values(
     """One input's reference array ``[N, *shape]`` as serving decodes a request's numbers:
     its shape, finiteness, dtype and range checked (``name``: the argument's array)."""
     what = f"reference{f' {name}' if name else ''}"
-    if spec.shape is not None and tuple(array.shape[1:]) != spec.shape:
+    if spec.shape is not None and not fits_shape(array.shape[1:], spec):
+        # A variable length: an array holds samples of one length; request bodies of any.
+        any_length = (
+            ", every sample as long (a .jsonl of request bodies holds samples of any length)"
+            if spec.length_dim is not None
+            else ""
+        )
         raise ConfigError(
-            f"{what}: expected an array of shape [N, {', '.join(map(str, spec.shape))}] "
-            f"({where}.shape), got {list(array.shape)}"
+            f"{what}: expected an array of shape [N, {spec.shape_text.strip('[]')}] "
+            f"({where}.shape{any_length}), got {list(array.shape)}"
         )
     if len(array) < 2:
         raise ConfigError(f"{what}: expected at least 2 samples, got {len(array)}")
@@ -1258,10 +1297,8 @@ def archive_model(
             f"{type(output).__name__} with select={config.output.select!r}"
             f"{_select_choices(output)}"
         )
-    samples = next(
-        (int(v.shape[0]) for v in (first.values() if isinstance(first, dict) else [first])),
-        0,
-    )
+    leading = _first_tensor(first)
+    samples = int(leading.shape[0]) if leading is not None and leading.dim() else 0
     if not per_sample_items(output) and not (
         selected.dim()
         and (selected.shape[0] == samples or (selected.dim() > 2 and selected.shape[1] == samples))

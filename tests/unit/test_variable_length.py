@@ -1,0 +1,271 @@
+"""Inputs of a length each request chooses (``null`` in ``input.shape``): a series of any
+length, a waveform, raw token ids. A fixed shape refused every request of another length (a
+400), so such a model could only be served at batch 1 and one length. Requests are now taken
+at any length up to ``input.max_length``, a batch is padded to its longest, the forward is given
+the lengths or a mask where it takes them, padding is left out of what the hooks read, and a
+per-step answer is cut at its sample's own length."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence
+
+from hookwatch._config import HandlerConfig, InputSpec
+from hookwatch._errors import ConfigError
+from hookwatch._metrics import MetricSet
+from hookwatch._padding import Padded
+from hookwatch._profile import build_profile
+from hookwatch._profile.builder import capture_features
+from hookwatch._service import InputPipeline, ModelService
+from hookwatch.tools import own_model
+from hookwatch.tools.own_model import ModelRef, archive_model
+from tests.unit.test_any_model import monitored, value
+
+ALARMS = "hookwatch_drift_alarms_total"
+
+MODELS = '''
+import torch
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence
+
+
+class Packed(nn.Module):
+    """An LSTM classifier over series of any length: packed by lengths, last hidden state."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = nn.Linear(3, 16)
+        self.act = nn.Tanh()
+        self.lstm = nn.LSTM(16, 16, batch_first=True)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x, lengths):
+        h = self.act(self.proj(x))
+        packed = pack_padded_sequence(h, lengths.cpu(), batch_first=True, enforce_sorted=False)
+        _, (last, _) = self.lstm(packed)
+        return self.head(last[-1])
+'''
+
+
+class Packed(nn.Module):
+    """As in ``MODELS``, for tests in process."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = nn.Linear(3, 16)
+        self.act = nn.Tanh()
+        self.lstm = nn.LSTM(16, 16, batch_first=True)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        h = self.act(self.proj(x))
+        packed = pack_padded_sequence(h, lengths.cpu(), batch_first=True, enforce_sorted=False)
+        _, (last, _) = self.lstm(packed)
+        out: torch.Tensor = self.head(last[-1])
+        return out
+
+
+class Tagger(nn.Module):
+    """A per-step tagger given a mask (True at a sample's steps): ``[B, T, 5]`` logits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.embed = nn.Linear(3, 16)
+        layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True, dropout=0.0)
+        self.encoder = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+        self.out = nn.Linear(16, 5)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.out(self.encoder(self.embed(x), src_key_padding_mask=~mask))
+        return out
+
+
+def _series(rng: np.random.Generator, count: int, shift: float = 0.0) -> list[list[list[float]]]:
+    """``count`` series of 3 features, each of its own length from 2 to 20."""
+    return [
+        (rng.standard_normal((int(rng.integers(2, 21)), 3)) + shift).round(4).tolist()
+        for _ in range(count)
+    ]
+
+
+def _handler(**input_keys: object) -> HandlerConfig:
+    return HandlerConfig.from_mapping(
+        {
+            "input": {"shape": [None, 3], "max_length": 20, **input_keys},
+            "monitoring": {"layers": ["act"], "sample_rate": 1.0, "drift": {"window": 20}},
+        }
+    )
+
+
+def test_a_null_dimension_is_declared_with_its_longest() -> None:
+    spec = InputSpec.from_mapping({"shape": [None, 3], "max_length": 50, "lengths": "lengths"})
+    assert spec.shape == (50, 3) and spec.length_dim == 0 and spec.shape_text == "[<=50, 3]"
+    refused = {
+        "expected a positive integer bounding": {"shape": [None, 3]},
+        "one of them null": {"shape": [None, None], "max_length": 4},
+        "expected a null in input.shape for it to bound": {"shape": [3], "max_length": 4},
+        "input.lengths: expected a null": {"shape": [3], "lengths": "n"},
+        "is passed positionally": {"shape": [None], "max_length": 4, "argument": "x"},
+        "sent as JSON": {"shape": [None], "max_length": 4, "encoding": "float32"},
+        "input.mean: expected one value": {"shape": [None, 2], "max_length": 4, "mean": [0, 1]},
+        "two keyword arguments": {"shape": [None], "max_length": 4, "lengths": "n", "mask": "n"},
+    }
+    for message, raw in refused.items():
+        with pytest.raises(ConfigError, match=message):
+            InputSpec.from_mapping(raw)
+    with pytest.raises(ConfigError, match=r"not yet for one of input\.arguments"):
+        InputSpec.from_mapping({"arguments": {"x": {"shape": [None], "max_length": 3}}})
+
+
+def test_requests_of_any_length_up_to_the_longest_are_answered_as_if_alone() -> None:
+    """The model packs by the lengths it is given: a request's answer does not depend on the
+    batch it came in. Longer than the longest, or of another feature count: a 400 that says
+    what was expected."""
+    service = ModelService(Packed().eval(), _handler(lengths="lengths").input, None)
+    rng = np.random.default_rng(0)
+    series = _series(rng, 6)
+    alone = [service.handle([{"data": s}])[0] for s in series]
+    together = service.handle([{"data": s} for s in series])
+    for one, batched in zip(alone, together, strict=True):
+        assert one["class"] == batched["class"]
+        assert one["probabilities"] == pytest.approx(batched["probabilities"], abs=1e-5)
+    too_long, narrow = service.handle([{"data": [[0.0] * 3] * 21}, {"data": [[0.0, 1.0]]}])
+    assert too_long["code"] == 400 and too_long["expected"] == "shape [<=20, 3]"
+    assert too_long["got"] == "shape [21, 3]" and narrow["got"] == "shape [1, 2]"
+
+
+def test_padding_holds_pad_value_after_normalisation_and_the_mask_marks_steps() -> None:
+    spec = InputSpec.from_mapping(
+        {"shape": [None, 2], "max_length": 5, "mean": [1.0], "pad_value": -9, "mask": "m"}
+    )
+    batch = InputPipeline(spec).batch([torch.ones(3, 2), torch.full((1, 2), 3.0)])
+    assert isinstance(batch, Padded)
+    assert batch.values[0].tolist() == [[0.0, 0.0]] * 3
+    assert batch.values[1].tolist() == [[2.0, 2.0], [-9.0, -9.0], [-9.0, -9.0]]
+    assert batch.lengths.tolist() == [3, 1]
+    assert batch.keywords()["m"].tolist() == [[True, True, True], [True, False, False]]
+    # A [channels, time] series: padded along time, no steps' mask for the hooks.
+    wide = InputSpec.from_mapping({"shape": [2, None], "max_length": 6})
+    padded = InputPipeline(wide).batch([torch.ones(2, 4), torch.ones(2, 6)])
+    assert isinstance(padded, Padded) and padded.values.shape == (2, 2, 6)
+    assert padded.values[0, :, 4:].abs().sum() == 0 and padded.step_mask() is None
+
+
+def test_a_per_step_answer_is_cut_at_its_own_length() -> None:
+    handler = HandlerConfig.from_mapping(
+        {
+            "input": {"shape": [None, 3], "max_length": 20, "mask": "mask"},
+            "monitoring": {"layers": [], "output": {"head": "logits"}},
+        }
+    )
+    service = ModelService(Tagger().eval(), handler.input, None, output=handler.monitoring.output)
+    rng = np.random.default_rng(1)
+    short, long_ = rng.standard_normal((4, 3)).tolist(), rng.standard_normal((11, 3)).tolist()
+    alone = service.handle([{"data": short}])[0]
+    first, second = service.handle([{"data": short}, {"data": long_}])
+    assert len(first["classes"]) == 4 and len(second["classes"]) == 11
+    assert first["classes"] == alone["classes"]
+    assert first["confidence"] == pytest.approx(alone["confidence"], abs=1e-5)
+
+
+def test_the_hooks_leave_padding_out_of_what_they_read() -> None:
+    """A sample's captured features are the same alone and padded beside a longer one: the
+    input's per-feature means and the step activations' are over its own steps."""
+    model = Packed().eval()
+    handler = _handler(lengths="lengths")
+    pipeline = InputPipeline(handler.input)
+    short, long_ = torch.randn(3, 3), torch.randn(15, 3)
+    alone = next(iter(capture_features(model, handler.monitoring, [pipeline.batch([short])])))
+    pair = [pipeline.batch([short, long_])]
+    padded = next(iter(capture_features(model, handler.monitoring, pair)))
+    for layer in ("input", "act"):
+        np.testing.assert_allclose(padded[layer][0], alone[layer][0], rtol=1e-5, atol=1e-6)
+    assert alone["input"].shape == (1, 3)  # the input's three features' means
+
+
+def test_a_variable_length_model_is_profiled_served_and_alarms_on_a_shift(
+    metrics: MetricSet,
+) -> None:
+    model = Packed().eval()
+    handler = _handler(lengths="lengths")
+    pipeline = InputPipeline(handler.input)
+    rng = np.random.default_rng(2)
+    reference = [
+        pipeline.batch([torch.tensor(s, dtype=torch.float32) for s in _series(rng, 32)])
+        for _ in range(8)
+    ]
+    profile = build_profile(model, handler.monitoring, reference, "seq")
+    assert {"input", "act", "output"} <= set(profile.references) and not profile.left_out
+    service, monitor = monitored(model, handler, profile, "seq", metrics)
+    try:
+        for _ in range(6):
+            service.handle([{"data": s} for s in _series(rng, 20)])
+        monitor.flush()
+        clean = value(metrics, ALARMS, model="seq", level="activation", detector="act")
+        for _ in range(6):
+            service.handle([{"data": s} for s in _series(rng, 20, shift=2.0)])
+        monitor.flush()
+    finally:
+        monitor.close()
+    assert value(metrics, "hookwatch_monitor_faults_total", model="seq", layer="act") == 0
+    assert value(metrics, "hookwatch_captures_total", model="seq", layer="act") == 240
+    assert clean == 0
+    assert value(metrics, ALARMS, model="seq", level="activation", detector="act") >= 1
+
+
+def test_archive_takes_request_bodies_of_any_length_and_layers_tries_two(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "seq.py").write_text(MODELS)
+    ref = ModelRef.parse(f"{tmp_path / 'seq.py'}:Packed")
+    model, _ = own_model.load_user_model(ref, None)
+    spec = InputSpec.from_mapping({"shape": [None, 3], "max_length": 20, "lengths": "lengths"})
+    batch = InputPipeline(spec).batch([torch.rand(20, 3), torch.rand(10, 3)])
+    rows = {row.name: row for row in own_model.discover_layers(model, batch)}
+    assert rows["input"].features == 3 and rows["act"].features == 16
+    config = tmp_path / "model-config.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "handler": {
+                    "input": {"shape": [None, 3], "max_length": 20, "lengths": "lengths"},
+                    "monitoring": {"layers": ["act"]},
+                }
+            }
+        )
+    )
+    rng = np.random.default_rng(3)
+    lines = [json.dumps({"data": s}) for s in _series(rng, 60)]
+    (tmp_path / "ref.jsonl").write_text("\n".join(lines) + "\n")
+    mar = archive_model(
+        ref,
+        "seq",
+        config,
+        tmp_path / "ref.jsonl",
+        tmp_path / "store",
+        tmp_path / "build",
+        say=lambda _line: None,
+    )
+    assert mar.is_file()
+    # An array reference holds samples of one length; a longer one is refused, saying why.
+    np.save(tmp_path / "long.npy", np.zeros((4, 25, 3), dtype=np.float32))
+    with pytest.raises(ConfigError, match=r"every sample as long \(a \.jsonl"):
+        archive_model(
+            ref,
+            "seq",
+            config,
+            tmp_path / "long.npy",
+            tmp_path / "store",
+            tmp_path / "build2",
+            say=lambda _line: None,
+        )
