@@ -10,7 +10,7 @@ profile builder runs the reference through the same object.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -30,6 +30,8 @@ class Padded:
     dim: int
     lengths_argument: str | None = None
     mask_argument: str | None = None
+    #: What the padding holds (``input.pad_value``).
+    pad_value: float = 0.0
 
     def _steps(self) -> torch.Tensor:
         """``[batch, longest]``: True at each sample's own steps."""
@@ -62,20 +64,35 @@ class Padded:
         return model(self.values, **self.keywords())
 
     def to(self, device: torch.device) -> Padded:
-        return Padded(
-            self.values.to(device),
-            self.lengths.to(device),
-            self.dim,
-            self.lengths_argument,
-            self.mask_argument,
-        )
+        return replace(self, values=self.values.to(device), lengths=self.lengths.to(device))
 
     def rows(self, count: int) -> Padded:
         """The first ``count`` samples."""
-        return Padded(
-            self.values[:count],
-            self.lengths[:count],
-            self.dim,
-            self.lengths_argument,
-            self.mask_argument,
+        return replace(self, values=self.values[:count], lengths=self.lengths[:count])
+
+    def probe(self) -> tuple[Padded, Padded] | None:
+        """One sample alone, and a batch whose first row is that sample padded beside a longer
+        one: what tells a model, or a layer, that reads its padding (its answer or its
+        features of the sample differ). The batch's shortest sample beside its longest;
+        where every sample is as long, the first cut to half its length beside itself whole.
+        None where there is nothing to pad (one sample of length 1)."""
+        lengths = [int(n) for n in self.lengths.tolist()]
+        short = min(range(len(lengths)), key=lengths.__getitem__)
+        long_ = max(range(len(lengths)), key=lengths.__getitem__)
+        at, longest = self.dim - 1, lengths[long_]
+        if lengths[short] < longest:
+            pair = self.values[[short, long_]].narrow(self.dim, 0, longest)
+            counts = [lengths[short], longest]
+        else:
+            counts = [longest // 2, longest]
+            if counts[0] < 1:
+                return None
+            pair = self.values[[0, 0]].narrow(self.dim, 0, longest).clone()
+            pair[0].narrow(at, counts[0], longest - counts[0]).fill_(self.pad_value)
+        together = replace(self, values=pair, lengths=torch.tensor(counts, device=pair.device))
+        alone = replace(
+            self,
+            values=pair[:1].narrow(self.dim, 0, counts[0]),
+            lengths=together.lengths[:1],
         )
+        return alone, together

@@ -462,7 +462,7 @@ class InputPipeline:
             # Equal lengths (a reference array): nothing to pad.
             x = self._scaled(items)
             lengths = torch.full((x.shape[0],), x.shape[at + 1], dtype=torch.int64)
-            return Padded(x, lengths, at + 1, self.spec.lengths, self.spec.mask)
+            return self._wrap(x, lengths, at)
         counts = [int(item.shape[at]) for item in items]
         longest = max(counts)
         first = items[0]
@@ -472,10 +472,14 @@ class InputPipeline:
             raw[row].narrow(at, 0, count).copy_(item)
         x = self._scaled(raw)
         lengths = torch.tensor(counts, dtype=torch.int64)
-        padded = Padded(x, lengths, at + 1, self.spec.lengths, self.spec.mask)
+        padded = self._wrap(x, lengths, at)
         if min(counts) < longest:
             x.masked_fill_(~padded.valid(), self.spec.pad_value)
         return padded
+
+    def _wrap(self, x: torch.Tensor, lengths: torch.Tensor, at: int) -> Padded:
+        spec = self.spec
+        return Padded(x, lengths, at + 1, spec.lengths, spec.mask, spec.pad_value)
 
     def call(self, model: nn.Module, x: torch.Tensor | Padded) -> Any:
         """The forward pass, with the input positional or as ``input.argument``; a padded

@@ -19,10 +19,11 @@ from torch.nn.utils.rnn import pack_padded_sequence
 
 from hookwatch._config import HandlerConfig, InputSpec
 from hookwatch._errors import ConfigError
+from hookwatch._hooks import plan_watch
 from hookwatch._metrics import MetricSet
 from hookwatch._padding import Padded
 from hookwatch._profile import build_profile
-from hookwatch._profile.builder import capture_features
+from hookwatch._profile.builder import PADDING_READ, capture_features, padding_readers
 from hookwatch._service import InputPipeline, ModelService
 from hookwatch.tools import own_model
 from hookwatch.tools.own_model import ModelRef, archive_model
@@ -52,6 +53,27 @@ class Packed(nn.Module):
         packed = pack_padded_sequence(h, lengths.cpu(), batch_first=True, enforce_sorted=False)
         _, (last, _) = self.lstm(packed)
         return self.head(last[-1])
+'''
+
+
+WAVE = '''
+import torch
+from torch import nn
+
+
+class Wave(nn.Module):
+    """A waveform of any length through two convolutions, averaged over time padding and all:
+    its answer to a request depends on how long the batch's longest is."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(5)
+        self.conv = nn.Conv1d(1, 8, 9, stride=2, padding=4)
+        self.act = nn.ReLU()
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(self.act(self.conv(x[:, None, :])).mean(-1))
 '''
 
 
@@ -231,8 +253,14 @@ def test_archive_takes_request_bodies_of_any_length_and_layers_tries_two(
     model, _ = own_model.load_user_model(ref, None)
     spec = InputSpec.from_mapping({"shape": [None, 3], "max_length": 20, "lengths": "lengths"})
     batch = InputPipeline(spec).batch([torch.rand(20, 3), torch.rand(10, 3)])
-    rows = {row.name: row for row in own_model.discover_layers(model, batch)}
+    found = own_model.discover_layers(model, batch)
+    rows = {row.name: row for row in found}
     assert rows["input"].features == 3 and rows["act"].features == 16
+    # `init --config` writes the null and its keys back, not the longest as a fixed shape.
+    written = own_model.init_config(found, spec.shape or (), "float32", None, "seq.py", (), spec)
+    assert "shape: [null, 3]" in written and "max_length: 20" in written
+    again = HandlerConfig.from_mapping(yaml.safe_load(written)["handler"]).input
+    assert (again.shape, again.length_dim, again.lengths) == ((20, 3), 0, "lengths")
     config = tmp_path / "model-config.yaml"
     config.write_text(
         yaml.safe_dump(
@@ -269,3 +297,76 @@ def test_archive_takes_request_bodies_of_any_length_and_layers_tries_two(
             tmp_path / "build2",
             say=lambda _line: None,
         )
+
+
+def _archive_wave(tmp_path: Path, batch_size: int) -> Path:
+    (tmp_path / "wave.py").write_text(WAVE)
+    config = tmp_path / "model-config.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "batchSize": batch_size,
+                "handler": {
+                    "input": {"shape": [None], "max_length": 400},
+                    "monitoring": {"layers": ["act"]},
+                },
+            }
+        )
+    )
+    rng = np.random.default_rng(4)
+    lines = [
+        json.dumps({"data": rng.standard_normal(int(rng.integers(50, 400))).round(3).tolist()})
+        for _ in range(80)
+    ]
+    (tmp_path / "ref.jsonl").write_text("\n".join(lines) + "\n")
+    return archive_model(
+        ModelRef.parse(f"{tmp_path / 'wave.py'}:Wave"),
+        "wave",
+        config,
+        tmp_path / "ref.jsonl",
+        tmp_path / "store",
+        tmp_path / "build",
+        say=lambda _line: None,
+    )
+
+
+def test_a_model_that_reads_its_padding_is_refused_batched_and_served_alone(
+    tmp_path: Path,
+) -> None:
+    """A model that averages over its padding answers a request by its batch's longest:
+    `archive` refuses it under dynamic batching, saying how to fix it, and archives it for
+    one request a batch (nothing padded, the reference neither)."""
+    with pytest.raises(ConfigError, match=r"another answer for a sample padded beside a longer"):
+        _archive_wave(tmp_path, 4)
+    mar = _archive_wave(tmp_path, 1)
+    assert mar.is_file()
+
+
+def test_layers_that_read_the_padding_keep_their_statistics_not_their_drift() -> None:
+    """A convolution's ``[batch, channels, time]`` has no steps the mask could name: its
+    features of a request would move with the batch's longest, so its detector is left out,
+    saying why; a model that packs by its lengths has none."""
+    namespace: dict[str, object] = {}
+    exec(compile(WAVE, "wave.py", "exec"), namespace)
+    wave: nn.Module = namespace["Wave"]().eval()  # type: ignore[operator]
+    spec = InputSpec.from_mapping({"shape": [None], "max_length": 400})
+    rng = np.random.default_rng(5)
+    items = [torch.randn(int(rng.integers(50, 400))) for _ in range(48)]
+    pipeline = InputPipeline(spec)
+    batches = [pipeline.batch(items[i : i + 16]) for i in range(0, 48, 16)]
+    profile = build_profile(wave, {"layers": ["act"]}, batches, "wave")
+    assert profile.left_out["act"] == PADDING_READ and profile.left_out["output"] == PADDING_READ
+    assert "input" in profile.references  # its length, read from the lengths themselves
+    packed = Packed().eval()
+    handler = _handler(lengths="lengths")
+    series = [torch.randn(int(n), 3) for n in rng.integers(2, 21, 16)]
+    batch = InputPipeline(handler.input).batch(series)
+    assert isinstance(batch, Padded)
+    plan = plan_watch(packed, handler.monitoring, "seq")
+    assert padding_readers(packed, plan, batch) == {}
+    # Every sample as long: the first cut to half its length is the probe.
+    same = InputPipeline(handler.input).batch(torch.randn(4, 10, 3))
+    assert isinstance(same, Padded)
+    probe = same.probe()
+    assert probe is not None and probe[1].lengths.tolist() == [5, 10]
+    assert probe[0].values.shape == (1, 5, 3)

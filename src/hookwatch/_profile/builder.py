@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import logging
 import tempfile
 import time
@@ -40,7 +41,14 @@ from hookwatch._profile.format import DriftProfile
 from hookwatch._stats import INF_COLUMN, NAN_COLUMN
 from hookwatch._views import UnitReference
 
-__all__ = ["build_profile", "capture_features", "profile_for", "refuse_nonfinite"]
+__all__ = [
+    "PADDING_READ",
+    "build_profile",
+    "capture_features",
+    "padding_readers",
+    "profile_for",
+    "refuse_nonfinite",
+]
 
 log = logging.getLogger("hookwatch")
 
@@ -111,6 +119,40 @@ _ROUTED = (
     "rows routed to it, or a tensor not batch-first): its rows are not the samples', so its "
     "statistics are watched, its drift is not"
 )
+
+
+#: Why a layer's drift detector is left out when its features of a sample depend on the
+#: padding of the batch the sample came in (:func:`padding_readers`).
+PADDING_READ = (
+    "its features of a sample change when the sample is padded beside a longer one (it "
+    "reads the padding, so they would depend on the batch a request comes in): its statistics "
+    "are watched, its drift is not"
+)
+
+
+def padding_readers(model: nn.Module, plan: WatchPlan, batch: Padded) -> dict[str, str]:
+    """The watched layers (and the output) whose features of a sample differ alone and padded
+    beside a longer one (:meth:`Padded.probe`), each with :data:`PADDING_READ`.
+
+    The hooks leave padding out where they can name it (a step activation ``[batch, steps,
+    ...]`` of a sample's first dimension); a convolution's ``[batch, channels, time']`` or a
+    layer after a pooling over the padded steps cannot be, and its features of a request
+    would move with the length of the batch's longest: drift from batch composition."""
+    probe = batch.probe()
+    if probe is None:
+        return {}
+    alone, together = (
+        next(iter(capture_features(model, plan, [part], _Collector()))) for part in probe
+    )
+    readers: dict[str, str] = {}
+    for layer, rows in alone.items():
+        padded = together.get(layer)
+        if padded is None or len(padded) != 2 or len(rows) != 1:
+            continue  # not a row per sample: left out for that already
+        scale = max(1.0, float(np.nanmax(np.abs(rows[0]), initial=0.0)))
+        if not np.allclose(rows[0], padded[0], rtol=1e-3, atol=1e-4 * scale, equal_nan=True):
+            readers[layer] = PADDING_READ
+    return readers
 
 
 class _Reservoir:
@@ -394,7 +436,13 @@ def _collect_reference(
     """Step 2: ``batches`` through the serving hooks into a reservoir of ``max_reference``."""
     collector = _Collector()
     reservoir = _Reservoir(max_reference, seed)
-    for features in capture_features(model, plan, _finite(batches), collector):
+    finite = iter(_finite(batches))
+    first = next(finite, None)
+    if isinstance(first, Padded) and len(first.lengths) > 1:
+        # Batches padded as a worker pads them: a layer reading the padding is left out.
+        reservoir.partial.update(padding_readers(model, plan, first))
+    ahead = [] if first is None else [first]
+    for features in capture_features(model, plan, itertools.chain(ahead, finite), collector):
         reservoir.add(features)
     kept = min(reservoir.seen, max_reference)
     if kept < 2:

@@ -767,13 +767,14 @@ def _init(args: argparse.Namespace) -> int:
             "init: expected a tensor model, got a text model (--config with input.text): "
             "start from models/minilm/model-config.yaml and `hookwatch layers`"
         )
-    arguments: tuple[Any, ...] = ()
-    if dtype == ARGUMENTS_INPUT:
-        from hookwatch._config import read_model_config
+    from hookwatch._config import read_model_config
 
-        arguments = read_model_config(args.config).handler.input.arguments
+    spec = read_model_config(args.config).handler.input if args.config else None
+    arguments: tuple[Any, ...] = spec.arguments if spec is not None else ()
+    # The config's own input of a variable length, when the shape is still its own.
+    variable = spec if spec is not None and tuple(shape) == spec.shape else None
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(init_config(rows, shape, dtype, argument, args.model, arguments))
+    out.write_text(init_config(rows, shape, dtype, argument, args.model, arguments, variable))
     print(f"wrote {out}: review the layers, the input range and normalisation, and the head")
     return 0
 

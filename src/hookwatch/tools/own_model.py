@@ -809,6 +809,27 @@ def _pixel_map(rows: Sequence[LayerInfo]) -> bool:
     return last is None or last.type not in _IMAGE_OUT
 
 
+def _variable_lines(spec: InputSpec, dtype: str) -> list[str]:
+    """The input lines of a length each request chooses, as the config declared it."""
+    at = spec.length_dim
+    dims = ["null" if i == at else str(d) for i, d in enumerate(spec.shape or ())]
+    lines = [
+        f"    shape: [{', '.join(dims)}]   # null: any length up to max_length",
+        f"    max_length: {(spec.shape or ())[at or 0]}",
+        f"    dtype: {dtype}",
+    ]
+    for key in ("lengths", "mask"):
+        name = getattr(spec, key)
+        if name is not None:
+            lines.append(f"    {key}: {_flow_scalar(name)}")
+    if spec.pad_value:
+        lines.append(f"    pad_value: {spec.pad_value:g}")
+    for key, value in (("min", spec.min_value), ("max", spec.max_value)):
+        if value is not None:
+            lines.append(f"    {key}: {value:g}")
+    return lines
+
+
 def init_config(
     rows: Sequence[LayerInfo],
     shape: Sequence[int],
@@ -816,9 +837,11 @@ def init_config(
     argument: str | None,
     source: str,
     arguments: Sequence[InputSpec] = (),
+    variable: InputSpec | None = None,
 ) -> str:
     """A commented model-config.yaml to start from (``arguments``: the ``input.arguments`` of
-    a several-tensor model's config, written back as they were declared)."""
+    a several-tensor model's config, written back as they were declared; ``variable``: a
+    config's input of a length each request chooses, its null and keys written back)."""
     layers = choose_layers(rows)
     head = guess_head(rows)
     if arguments:
@@ -829,6 +852,8 @@ def init_config(
                 f"forward({argument})",
                 "    # one JSON field a tensor, each a key of that dict",
             ]
+    elif variable is not None and variable.length_dim is not None:
+        input_lines = _variable_lines(variable, dtype)
     else:
         input_lines = [f"    shape: [{', '.join(map(str, shape))}]", f"    dtype: {dtype}"]
         if argument:
@@ -1276,7 +1301,10 @@ def archive_model(
         pipeline = make_pipeline(handler.input, staged)
     else:
         pipeline = make_pipeline(handler.input, build_dir_for_preprocess(extra_files, ref))
-    batches = list(load_reference(reference, pipeline))
+    # A length each request chooses, served one request a batch: nothing is ever padded, so
+    # neither is the reference (a model that reads padding is then served as it is).
+    alone = handler.input.length_dim is not None and model_config.raw.get("batchSize", 1) == 1
+    batches = list(load_reference(reference, pipeline, batch_size=1 if alone else 64))
     # A dry run on the first reference batch: a shape the model refuses fails here, in one line.
     first = _first_rows(batches[0], 2)
     try:
@@ -1333,9 +1361,18 @@ def archive_model(
         )
     if handler.labels is not None and config.output.head in ("logits", "multilabel"):
         _check_class_names(handler.labels, selected, config.output.head)
-    from hookwatch._profile.builder import profile_for
+    from hookwatch._profile.builder import PADDING_READ, profile_for
 
     profile = profile_for(model, plan, forward_batches(batches, handler.input.argument))
+    if profile.left_out.get(OUTPUT_LAYER) == PADDING_READ:
+        raise ConfigError(
+            "model output: expected a sample's answer not to depend on the padding of its "
+            "batch, got another answer for a sample padded beside a longer one (the model "
+            "reads the padding: a request's answer would depend on the requests batched with "
+            "it); give forward each sample's length (input.lengths) or a mask (input.mask) "
+            "and leave the padding out of what it computes, or serve one request a batch "
+            "(batchSize: 1 in the model-config)"
+        )
     if labelled is not None and labels is None and config.output.head != "logits":
         say(
             f"  {labelled[1]} left unused: labels are for logits heads, this one is "
