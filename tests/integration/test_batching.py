@@ -14,13 +14,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
+import yaml
 
 from hookwatch.tools.demo.data import load_split
 from hookwatch.tools.devstack import Stack, http_post
+from hookwatch.tools.own_model import ModelRef, archive_model
 from tests.conftest import ROOT, require
 from tests.integration.helpers import build_variant, demo_config, eventually, scrape, total
+from tests.unit.test_variable_length import MODELS as SEQUENCE_MODELS
 
 pytestmark = pytest.mark.integration
 
@@ -180,4 +184,79 @@ def test_text_model_batches_texts_of_any_length_and_fails_only_the_bad_one(
             assert total(samples, "hookwatch_monitor_faults_total", layer=layer) == 0, layer
 
     eventually(counted, timeout=30)
+    assert stack.worker_pids() == workers
+
+
+def test_inputs_of_any_length_are_padded_per_batch_and_answered_as_alone(
+    make_stack: Callable[..., Stack], tmp_path: Path
+) -> None:
+    """A model whose input has a length each request chooses (``shape: [null, 3]``), batched
+    by TorchServe: each batch is padded to its longest, the model packs by the lengths it is
+    given, and every request gets what it gets alone; a request past ``max_length`` gets its
+    400 and the rest of its batch is served, the worker never restarts."""
+    (tmp_path / "seq.py").write_text(SEQUENCE_MODELS)
+    config = tmp_path / "model-config.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "batchSize": 8,
+                "maxBatchDelay": 300,
+                "handler": {
+                    "input": {"shape": [None, 3], "max_length": 20, "lengths": "lengths"},
+                    "monitoring": {"layers": ["act", "lstm"], "sample_rate": 1.0},
+                },
+            }
+        )
+    )
+    rng = np.random.default_rng(0)
+
+    def series(count: int) -> list[list[list[float]]]:
+        return [
+            rng.standard_normal((int(rng.integers(2, 21)), 3)).round(4).tolist()
+            for _ in range(count)
+        ]
+
+    lines = [json.dumps({"data": s}) for s in series(80)]
+    (tmp_path / "ref.jsonl").write_text("\n".join(lines) + "\n")
+    store = tmp_path / "store"
+    archive_model(
+        ModelRef.parse(f"{tmp_path / 'seq.py'}:Packed"),
+        "seq",
+        config,
+        tmp_path / "ref.jsonl",
+        store,
+        tmp_path / "build",
+        say=lambda _line: None,
+    )
+    stack = make_stack("seq", workers=1, model_store=store, models="seq.mar", model_name="seq")
+    stack.start_torchserve(timeout=300)
+    stack.start_exporter()
+    workers = stack.worker_pids()
+    sent = series(10)
+    bodies: list[Any] = [{"data": s} for s in sent]
+    bodies.insert(4, {"data": [[0.0, 0.0, 0.0]] * 21})
+    before = len(batch_sizes(stack))
+    replies = post_together(stack, bodies)
+    assert replies[4][0] == 400 and replies[4][1]["expected"] == "shape [<=20, 3]", replies[4]
+    sizes = eventually(lambda: batched(stack, before, len(bodies)), timeout=20)
+    assert max(sizes) > 1, sizes
+    for (status, reply), body in zip(replies[:4] + replies[5:], sent, strict=True):
+        assert status == 200, (status, reply)
+        alone_status, alone = post_together(stack, [{"data": body}])[0]
+        assert alone_status == 200 and alone["class"] == reply["class"]
+        torch.testing.assert_close(
+            torch.tensor(reply["probabilities"]),
+            torch.tensor(alone["probabilities"]),
+            atol=2e-5,
+            rtol=1e-4,
+        )
+
+    def watched() -> None:
+        samples = scrape(stack.ports.exporter)
+        captured = total(samples, "hookwatch_captures_total", model="seq", layer="input")
+        assert captured == len(sent) * 2  # every request sampled, batched and alone
+        for layer in ("all", "input", "act", "lstm", "output"):
+            assert total(samples, "hookwatch_monitor_faults_total", layer=layer) == 0, layer
+
+    eventually(watched, timeout=30)
     assert stack.worker_pids() == workers
