@@ -201,6 +201,18 @@ def position_summary(logits: torch.Tensor, mask: torch.Tensor | None = None) -> 
 def token_summary(
     activation: torch.Tensor, mask: torch.Tensor, max_features: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_token_summary`; a series of values ``[B, T]`` (an input of a length each
+    request chooses), not token ids, also gives its mean and spread over its own steps as
+    features: its length alone would miss a shift in its level or its scale."""
+    stats, features = _token_summary(activation, mask, max_features)
+    if activation.dim() == 2 and (activation.is_floating_point() or activation.is_complex()):
+        features = torch.cat((features, stats[:, :2]), dim=1)
+    return stats, features
+
+
+def _token_summary(
+    activation: torch.Tensor, mask: torch.Tensor, max_features: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Statistics ``[B, 7]`` and drift features of a token activation, padding left out.
 
     ``mask`` is the attention mask ``[B, T]`` (non-zero: a token, zero: padding). A hidden state

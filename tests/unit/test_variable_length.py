@@ -370,3 +370,17 @@ def test_layers_that_read_the_padding_keep_their_statistics_not_their_drift() ->
     probe = same.probe()
     assert probe is not None and probe[1].lengths.tolist() == [5, 10]
     assert probe[0].values.shape == (1, 5, 3)
+
+
+def test_a_one_dimensional_series_is_read_by_its_length_level_and_spread() -> None:
+    """Token ids ``[B, T]`` are read by their count; a series of values ``[B, T]`` (a waveform)
+    by its count, mean and spread over its own steps, so a louder one drifts at the input
+    even at the same lengths."""
+    spec = InputSpec.from_mapping({"shape": [None], "max_length": 50})
+    series = [torch.full((4,), 2.0), torch.tensor([1.0, 3.0, 1.0, 3.0, 1.0, 3.0])]
+    batch = InputPipeline(spec).batch(series)
+    model = nn.Sequential(nn.Identity())
+    features = next(iter(capture_features(model, {"layers": []}, [batch])))
+    np.testing.assert_allclose(features["input"], [[4.0, 2.0, 0.0], [6.0, 2.0, 1.0]], atol=1e-6)
+    rows = own_model.discover_layers(model, batch)
+    assert rows[0].features == 3

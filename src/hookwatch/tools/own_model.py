@@ -546,15 +546,7 @@ def discover_layers(
         shapes, features = tuple(tuple(v.shape) for v in x.values()), int(joined.shape[1])
     else:
         shapes = (tuple(first.shape),)
-        # Token ids [B, T]: their count; a padded series' steps [B, T, F]: each feature's mean.
-        steps = isinstance(x, Padded) and tokens and first.dim() == 3
-        features = (
-            min(int(first.shape[2]), width)
-            if steps
-            else 1
-            if tokens
-            else _input_features(first, width)
-        )
+        features = _token_input_features(first, width) if tokens else _input_features(first, width)
     rows = [
         LayerInfo(
             INPUT_LAYER,
@@ -618,6 +610,15 @@ def _layer_features(
         # A hidden state [B, T, H] of a text model is averaged over its tokens (the mask's).
         return shape[2], f"{shape[2]} units (mean over the tokens)"
     return _read(shape, reading)
+
+
+def _token_input_features(x: torch.Tensor, width: int) -> int:
+    """What the hooks keep of an input read by its steps (:func:`token_summary`): token ids
+    ``[B, T]`` their count; a series ``[B, T]`` its count, mean and spread; a padded series'
+    steps ``[B, T, F]`` each feature's mean."""
+    if x.dim() == 3:
+        return min(int(x.shape[2]), width)
+    return 3 if x.dim() == 2 and (x.is_floating_point() or x.is_complex()) else 1
 
 
 def _input_features(x: torch.Tensor, width: int) -> int:
