@@ -216,10 +216,9 @@ def decode_values(values: Any, spec: InputSpec) -> torch.Tensor:
             reason="too_deep",
         )
     got = _shape_of(values, len(shape))
-    flat = f" (or {spec.numel} numbers flat)" if spec.length_dim is None else ""
     if got is None:
         raise BadInputError(
-            f"a rectangular array of numbers of shape {spec.shape_text}{flat}",
+            f"a rectangular array of numbers of shape {spec.shape_text}{_flat(spec)}",
             _describe(values) if not isinstance(values, list) else "a ragged or non-numeric list",
             reason="wrong_shape",
         )
@@ -231,7 +230,7 @@ def decode_values(values: Any, spec: InputSpec) -> torch.Tensor:
         shape = got
     elif got != shape and got != (spec.numel,):
         raise BadInputError(
-            f"shape {list(shape)}{flat}", f"shape {list(got)}", reason="wrong_shape"
+            f"shape {list(shape)}{_flat(spec)}", f"shape {list(got)}", reason="wrong_shape"
         )
     if spec.dtype != "float32" and spec.mean is None and spec.std is None:
         # Decoded as the model takes them: through float32, large integers would lose digits
@@ -251,6 +250,11 @@ def decode_values(values: Any, spec: InputSpec) -> torch.Tensor:
             # Only on this path, not per request: tell a number past float32's range from NaN.
             _check_finite_range(values, "float32")
         raise
+
+
+def _flat(spec: InputSpec) -> str:
+    """How else a fixed shape may be sent: its numbers flat (not a variable length's)."""
+    return f" (or {spec.numel} numbers flat)" if spec.length_dim is None else ""
 
 
 def fits_shape(got: Sequence[int], spec: InputSpec) -> bool:
@@ -736,6 +740,8 @@ class ModelService:
         self._log = RateLimitedLog(log)
         # The monitor's request path, bound once: one call per phase on every batch.
         self._path = monitor._request_path() if monitor is not None else None
+        #: Batches are padded (a length each request chooses): decided once, not per batch.
+        self._padded = spec.length_dim is not None
 
     @classmethod
     def from_handler_config(
@@ -824,7 +830,7 @@ class ModelService:
                     sampled = True
                     assert path is not None
                     with torch.inference_mode(), scope:
-                        if isinstance(batch.inputs, Padded):
+                        if self._padded and isinstance(batch.inputs, Padded):
                             # Padding is no sample's: the hooks reduce steps over this mask.
                             steps = batch.inputs.step_mask()
                             if steps is not None:
@@ -861,7 +867,7 @@ class ModelService:
             batch.listed,
             batch.received,
             sampled,
-            _steps_of(batch.inputs, outputs),
+            _steps_of(batch.inputs, outputs) if self._padded else None,
         )
 
     def _output_rows(self, raw: Any, rows: int) -> torch.Tensor | list[Any]:

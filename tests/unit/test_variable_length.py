@@ -15,7 +15,6 @@ import pytest
 import torch
 import yaml
 from torch import nn
-from torch.nn.utils.rnn import pack_padded_sequence
 
 from hookwatch._config import HandlerConfig, InputSpec
 from hookwatch._errors import ConfigError
@@ -77,23 +76,17 @@ class Wave(nn.Module):
 '''
 
 
-class Packed(nn.Module):
-    """As in ``MODELS``, for tests in process."""
+def _model_class(source: str, name: str) -> type[nn.Module]:
+    """The class ``name`` defined by ``source`` (a model file's text)."""
+    namespace: dict[str, object] = {}
+    exec(compile(source, f"{name.lower()}.py", "exec"), namespace)
+    found = namespace[name]
+    assert isinstance(found, type) and issubclass(found, nn.Module)
+    return found
 
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.proj = nn.Linear(3, 16)
-        self.act = nn.Tanh()
-        self.lstm = nn.LSTM(16, 16, batch_first=True)
-        self.head = nn.Linear(16, 4)
 
-    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        h = self.act(self.proj(x))
-        packed = pack_padded_sequence(h, lengths.cpu(), batch_first=True, enforce_sorted=False)
-        _, (last, _) = self.lstm(packed)
-        out: torch.Tensor = self.head(last[-1])
-        return out
+#: The LSTM classifier of ``MODELS``, in process.
+Packed = _model_class(MODELS, "Packed")
 
 
 class Tagger(nn.Module):
@@ -346,9 +339,7 @@ def test_layers_that_read_the_padding_keep_their_statistics_not_their_drift() ->
     """A convolution's ``[batch, channels, time]`` has no steps the mask could name: its
     features of a request would move with the batch's longest, so its detector is left out,
     saying why; a model that packs by its lengths has none."""
-    namespace: dict[str, object] = {}
-    exec(compile(WAVE, "wave.py", "exec"), namespace)
-    wave: nn.Module = namespace["Wave"]().eval()  # type: ignore[operator]
+    wave = _model_class(WAVE, "Wave")().eval()
     spec = InputSpec.from_mapping({"shape": [None], "max_length": 400})
     rng = np.random.default_rng(5)
     items = [torch.randn(int(rng.integers(50, 400))) for _ in range(48)]

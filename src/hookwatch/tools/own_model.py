@@ -64,7 +64,6 @@ from hookwatch._service import (
     call_model,
     decode_as,
     fits_shape,
-    input_tensor,
     make_pipeline,
 )
 from hookwatch._text import TextPipeline
@@ -314,7 +313,8 @@ def integer_hint(error: BaseException, given: ModelInputs, fix: str) -> str:
                 f"{' or '.join(floats)} in input.arguments"
             )
         return ""
-    if input_tensor(given).is_floating_point():  # type: ignore[union-attr]
+    first = _first_tensor(given)
+    if first is not None and first.is_floating_point():
         return f"; the model wants integer inputs: try {fix}"
     return ""
 
