@@ -124,6 +124,19 @@ def serialized_kind(path: Path) -> str:
     return "exported" if any(n.endswith("/archive_format") for n in names) else "torchscript"
 
 
+def _saved_pickle(path: Path) -> bool:
+    """``path`` is what ``torch.save`` writes (a zip with a ``data.pkl`` record), not
+    TorchScript (which holds ``constants.pkl`` and code beside it)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return False
+    return any(n.endswith("/data.pkl") for n in names) and not any(
+        n.endswith("/constants.pkl") for n in names
+    )
+
+
 def _load_exported(path: Path, device: torch.device) -> nn.Module:
     """A ``torch.export`` program as a module with its authored hierarchy
     (``torch.export.unflatten``): hooks on its submodules fire, under their original paths.
@@ -295,6 +308,15 @@ def build_model(spec: ModelSpec, directory: Path, device: torch.device | None = 
         try:
             scripted = torch.jit.load(str(path), map_location=device)  # type: ignore[no-untyped-call]
         except Exception as error:
+            if _saved_pickle(path):
+                # torch.save(model) or a state_dict: torch's own words call it corrupted.
+                raise ConfigError(
+                    f"model: expected a TorchScript file, a torch.export program (.pt2) or "
+                    f"path/file.py:Name, got a torch.save file at {path} (a whole model or a "
+                    f"state_dict, not a program that runs without its Python code); give the "
+                    f"class and its weights: path/file.py:Name --weights FILE (a whole model: "
+                    f"save model.state_dict() first)"
+                ) from None
             raise ConfigError(
                 f"model: expected a TorchScript file at {path}, got {type(error).__name__}: "
                 f"{str(error).splitlines()[0] if str(error) else ''}"

@@ -108,6 +108,20 @@ def test_serialized_files_are_told_apart_by_their_contents(tmp_path: Path) -> No
     assert ModelRef.parse(str(tmp_path / "renamed.pt")).spec({}, None).kind == "exported"
 
 
+def test_a_torch_save_file_as_the_model_says_to_give_the_class_and_weights(
+    tmp_path: Path,
+) -> None:
+    """``torch.save(model)`` (or a state_dict) given as the model: torch's loader called it
+    corrupted; the refusal now says what it is and what to pass instead."""
+    net = nn.Sequential(nn.Linear(3, 2))
+    torch.save(net, tmp_path / "whole.pt")
+    torch.save(net.state_dict(), tmp_path / "weights.pt")
+    for name in ("whole.pt", "weights.pt"):
+        spec = ModelRef.parse(str(tmp_path / name)).spec({}, None)
+        with pytest.raises(ConfigError, match=r"got a torch\.save file .*--weights FILE"):
+            build_model(spec, tmp_path)
+
+
 def test_an_exported_program_is_archived_and_served(tmp_path: Path) -> None:
     eager = _export(tmp_path / "net.pt2")
     config = tmp_path / "model-config.yaml"
