@@ -342,9 +342,14 @@ def test_one_tensor_for_a_forward_of_two_says_how_to_declare_both(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
     assert "missing 1 required positional argument: 'lengths'" in err[0]
-    assert err[0].endswith(
+    assert (
         "a forward of several tensors (signal, lengths) takes each as declared under "
-        "input.arguments in a model-config (--config), a JSON field each"
+        "input.arguments in a model-config (--config), a JSON field each; "
+    ) in err[0]
+    # A lengths argument: the sequence model may take inputs of any length instead.
+    assert err[0].endswith(
+        "for inputs of any length given their lengths, input.shape with a null, max_length "
+        "and lengths: lengths"
     )
 
 

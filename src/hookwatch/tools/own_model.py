@@ -259,10 +259,19 @@ def arguments_hint(error: BaseException, model: nn.Module) -> str:
         if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.default is p.empty
     ]
     which = f" ({', '.join(names)})" if names else ""
-    return (
+    hint = (
         f"; a forward of several tensors{which} takes each as declared under input.arguments "
         "in a model-config (--config), a JSON field each"
     )
+    # A sequence model's lengths or padding mask: what a variable-length input gives it.
+    given = next((n for n in names[1:] if "len" in n.lower() or "mask" in n.lower()), None)
+    if given is not None:
+        key = "mask" if "mask" in given.lower() else "lengths"
+        hint += (
+            f"; for inputs of any length given their {key}, input.shape with a null, "
+            f"max_length and {key}: {given}"
+        )
+    return hint
 
 
 def parameter_dtype(model: nn.Module) -> str | None:
