@@ -224,3 +224,30 @@ def test_layer_cells_far_from_the_reference_are_marked() -> None:
     assert "*" not in other
     assert live.far_from_reference(0.5, 0.1) and not live.far_from_reference(0.2, 0.1)
     assert not live.far_from_reference(float("nan"), 1.0)
+
+
+def test_file_traffic_sends_each_line_in_turn_and_checks_labelled_answers(
+    tmp_path: Path,
+) -> None:
+    """`serve --traffic CLEAN.jsonl:SHIFTED.jsonl`: request bodies as the reference holds them;
+    a line's label is taken off the body (a preprocess function takes the whole body) and
+    compared with the answer's class, by name where the model names its classes."""
+    from hookwatch._errors import ConfigError
+    from hookwatch.tools.traffic import FileTraffic, read_bodies
+
+    clean, shifted = tmp_path / "clean.jsonl", tmp_path / "shifted.jsonl"
+    clean.write_text('{"data": [1], "label": 1}\n\n{"data": [2], "label": 0}\n')
+    shifted.write_text('{"data": [9]}\n')
+    loop = FileTraffic(FakeStack(), clean, shifted, labels=["cat", "dog"])  # type: ignore[arg-type]
+    assert loop.request(0, False) == ({"data": [1]}, "dog")
+    assert loop.request(3, False) == ({"data": [2]}, "cat")
+    assert loop.request(5, True) == ({"data": [9]}, None)
+    assert loop.right({"class": "dog"}, "dog") and not loop.right({"class": "cat"}, "dog")
+    assert (loop.clean_name, loop.shifted_name) == ("clean.jsonl", "shifted.jsonl")
+    alone = FileTraffic(FakeStack(), clean, None, drift_after_s=5)  # type: ignore[arg-type]
+    assert alone.request(1, True) == ({"data": [2]}, 0)  # no shifted file: clean throughout
+    (tmp_path / "bad.jsonl").write_text('{"data": [1]}\n{"data": \n')
+    with pytest.raises(ConfigError, match=r"line 2 of bad\.jsonl: expected a JSON request body"):
+        read_bodies(tmp_path / "bad.jsonl")
+    with pytest.raises(ConfigError, match=r"expected a readable \.jsonl file"):
+        read_bodies(tmp_path / "none.jsonl")

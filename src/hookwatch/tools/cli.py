@@ -224,11 +224,20 @@ def _input_dtype(text: str) -> str:
     return text
 
 
+#: What ``serve --traffic`` takes.
+_TRAFFIC_FORMS = (
+    "none, CLEAN.jsonl, CLEAN.jsonl:SHIFTED.jsonl, fortunes, fortunes:CATEGORY or "
+    "fortunes:CATEGORY:SHIFT"
+)
+
+
 def _traffic(text: str) -> str:
-    if not re.fullmatch(r"none|fortunes(:[\w-]+(:[\w-]+)?)?", text):
-        raise argparse.ArgumentTypeError(
-            f"expected none, fortunes, fortunes:CATEGORY or fortunes:CATEGORY:SHIFT, got {text!r}"
-        )
+    files = text.split(":")
+    if not (
+        re.fullmatch(r"none|fortunes(:[\w-]+(:[\w-]+)?)?", text)
+        or (len(files) <= 2 and all(f.endswith(".jsonl") and len(f) > 6 for f in files))
+    ):
+        raise argparse.ArgumentTypeError(f"expected {_TRAFFIC_FORMS}, got {text!r}")
     return text
 
 
@@ -534,7 +543,8 @@ def _serve(args: argparse.Namespace) -> int:
     from hookwatch.tools.mar import read_hookwatch_mar
 
     mar: Path = args.mar
-    name = read_hookwatch_mar(mar).name
+    archive = read_hookwatch_mar(mar)
+    name = archive.name
     # Everything the stack needs is written into the run directory (the model store links
     # the archive there): serving needs no checkout and nothing of the current folder.
     stack = _stack(args, mar_files=[mar], models=mar.name, model_name=name)
@@ -547,15 +557,14 @@ def _serve(args: argparse.Namespace) -> int:
         return _run_stack_until_stopped(
             stack, args.seconds, stopping, "serve", report=_report_dir(args)
         )
+    if args.traffic.endswith(".jsonl"):
+        return _serve_files(args, stack, stopping, archive.config)
     from hookwatch.tools.text.fortunes import read_category
     from hookwatch.tools.traffic import TextTraffic
 
     kind, *parts = args.traffic.split(":")
     if kind != "fortunes" or len(parts) > 2:
-        raise ConfigError(
-            "--traffic: expected none, fortunes, fortunes:CATEGORY or fortunes:CATEGORY:SHIFT, "
-            f"got {args.traffic!r}"
-        )
+        raise ConfigError(f"--traffic: expected {_TRAFFIC_FORMS}, got {args.traffic!r}")
     category = parts[0] if parts else "computers"
     shift = parts[1] if len(parts) > 1 else "literature"
     read_category(category)  # a missing category fails here, in one line
@@ -566,6 +575,37 @@ def _serve(args: argparse.Namespace) -> int:
         loop = TextTraffic(stack, category, shift, args.rate, args.drift_after)
         after = f", {loop.shifted_name} after {args.drift_after:g} s" if args.drift_after else ""
         print(f"sending {loop.clean_name} fortunes at {args.rate:g}/s{after}\n", flush=True)
+        return loop
+
+    return _run_stack_until_stopped(
+        stack, args.seconds, stopping, "serve", traffic, _report_dir(args)
+    )
+
+
+def _serve_files(
+    args: argparse.Namespace, stack: Any, stopping: threading.Event, config: Any
+) -> int:
+    """``serve --traffic CLEAN.jsonl[:SHIFTED.jsonl]``: request bodies from the files, the
+    shifted ones after ``--drift-after`` seconds; labelled lines checked against the answers."""
+    from hookwatch.tools.traffic import FileTraffic, read_bodies
+
+    clean, *rest = (Path(part) for part in args.traffic.split(":"))
+    shifted = rest[0] if rest else None
+    for path in (clean, shifted):
+        if path is not None:
+            read_bodies(path)  # a missing or broken file fails here, in one line
+    handler = (config or {}).get("handler") if isinstance(config, dict) else None
+    names = handler.get("labels") if isinstance(handler, dict) else None
+    labels = [str(n) for n in names] if isinstance(names, list) else None
+
+    def traffic(stack: Any) -> Any:
+        loop = FileTraffic(stack, clean, shifted, args.rate, args.drift_after, labels)
+        after = (
+            f", {shifted.name} after {args.drift_after:g} s"
+            if shifted is not None and args.drift_after
+            else ""
+        )
+        print(f"sending {clean.name} at {args.rate:g}/s{after}\n", flush=True)
         return loop
 
     return _run_stack_until_stopped(
@@ -1305,15 +1345,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--traffic",
         type=_traffic,
         default="none",
-        help="send text traffic to a text model: 'fortunes' (held-out `computers` fortunes, "
-        "then `literature`), 'fortunes:CATEGORY' or 'fortunes:CATEGORY:SHIFT' (SHIFT a "
-        "category or 'mix': half each); the reference must be the other half of CATEGORY, "
-        "as models/minilm/make_data.py writes it",
+        help="send traffic: 'CLEAN.jsonl' (request bodies, one a line, in turn; a line's "
+        "'label', a class index, is checked against the answer) or 'CLEAN.jsonl:SHIFTED.jsonl' "
+        "(SHIFTED's bodies after --drift-after); to a text model, 'fortunes' (held-out "
+        "`computers` fortunes, then `literature`), 'fortunes:CATEGORY' or "
+        "'fortunes:CATEGORY:SHIFT' (SHIFT a category or 'mix': half each; the reference must "
+        "be the other half of CATEGORY, as models/minilm/make_data.py writes it)",
     )
     serve.add_argument(
         "--rate", type=_positive_number, default=10.0, help="requests per second of --traffic"
     )
-    _drift_after(serve, "the shifted texts")
+    _drift_after(serve, "the shifted bodies or texts")
     serve.set_defaults(func=_serve)
 
     units = sub.add_parser(

@@ -154,6 +154,72 @@ class TextTraffic(Traffic):
         return self._clean[i % len(self._clean)], None
 
 
+class FileTraffic(Traffic):
+    """Request bodies from a ``.jsonl`` file, one a line (a reference ``.jsonl`` is one), in
+    turn; shifted: another file's. A line's ``label`` (a class index, as the reference's) is
+    taken off the body and checked against the answer's class, named as the model names its
+    classes (``labels``)."""
+
+    def __init__(
+        self,
+        stack: Stack,
+        clean: Path,
+        shifted: Path | None = None,
+        rate_per_s: float = 10.0,
+        drift_after_s: float = 0.0,
+        labels: list[str] | None = None,
+    ) -> None:
+        super().__init__(stack, rate_per_s, drift_after_s if shifted is not None else 0.0)
+        self._labels = labels
+        self._clean = read_bodies(clean)
+        self._shifted = read_bodies(shifted) if shifted is not None else self._clean
+        self.clean_name = clean.name
+        self.shifted_name = shifted.name if shifted is not None else clean.name
+
+    def request(self, i: int, shifted: bool) -> tuple[Any, Any]:
+        bodies = self._shifted if shifted else self._clean
+        body, label = bodies[i % len(bodies)]
+        if label is not None and self._labels is not None and label < len(self._labels):
+            return body, self._labels[label]
+        return body, label
+
+    def right(self, reply: Any, expected: Any) -> bool:
+        return isinstance(reply, dict) and reply.get("class") == expected
+
+
+def read_bodies(path: Path) -> list[tuple[Any, int | None]]:
+    """The request bodies of a ``.jsonl`` file and each one's ``label`` (None: unlabelled),
+    or a one-line :class:`~hookwatch.ConfigError` saying which line is not JSON."""
+    from hookwatch._errors import ConfigError
+
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"--traffic: expected a readable .jsonl file, got {error}") from None
+    bodies: list[tuple[Any, int | None]] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            body = json.loads(line)
+        except ValueError as error:
+            raise ConfigError(
+                f"--traffic: line {number} of {path.name}: expected a JSON request body, got "
+                f"{error}"
+            ) from None
+        label = body.get("label") if isinstance(body, dict) else None
+        if isinstance(label, int) and not isinstance(label, bool):
+            # The reference's label: not the model's to see (a preprocess function takes the
+            # whole body).
+            del body["label"]
+        else:
+            label = None
+        bodies.append((body, label))
+    if not bodies:
+        raise ConfigError(f"--traffic: expected request bodies in {path}, got none")
+    return bodies
+
+
 #: The live view's width: every line it prints fits a 100-column terminal.
 WIDTH = 100
 #: The window of the per-layer table and of the page counts (PromQL duration).
