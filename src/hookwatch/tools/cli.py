@@ -545,6 +545,11 @@ def _serve(args: argparse.Namespace) -> int:
     mar: Path = args.mar
     archive = read_hookwatch_mar(mar)
     name = archive.name
+    if args.traffic.endswith(".jsonl"):
+        from hookwatch.tools.traffic import read_bodies
+
+        for part in args.traffic.split(":"):
+            read_bodies(Path(part))  # a missing or broken file fails here, before anything runs
     # Everything the stack needs is written into the run directory (the model store links
     # the archive there): serving needs no checkout and nothing of the current folder.
     stack = _stack(args, mar_files=[mar], models=mar.name, model_name=name)
@@ -587,13 +592,10 @@ def _serve_files(
 ) -> int:
     """``serve --traffic CLEAN.jsonl[:SHIFTED.jsonl]``: request bodies from the files, the
     shifted ones after ``--drift-after`` seconds; labelled lines checked against the answers."""
-    from hookwatch.tools.traffic import FileTraffic, read_bodies
+    from hookwatch.tools.traffic import FileTraffic
 
     clean, *rest = (Path(part) for part in args.traffic.split(":"))
     shifted = rest[0] if rest else None
-    for path in (clean, shifted):
-        if path is not None:
-            read_bodies(path)  # a missing or broken file fails here, in one line
     handler = (config or {}).get("handler") if isinstance(config, dict) else None
     names = handler.get("labels") if isinstance(handler, dict) else None
     labels = [str(n) for n in names] if isinstance(names, list) else None
