@@ -681,7 +681,10 @@ class MonitoringConfig:
         "`max_features`); the input's token ids `[B, T]` give statistics over the ids and the "
         "token count as their feature. Other shapes (a pooled `[B, H]`, attention weights "
         "`[B, heads, T, T]`) are reduced as usual. A forward called without the mask counts "
-        "every token. Text inputs (`input.text`) default it to `attention_mask`",
+        "every token. It may name each sample's lengths instead, an integer tensor `[B]` "
+        "(`forward(x, lengths)`, for `pack_padded_sequence`): its steps of the padded batch "
+        "`[B, T, ...]` are then the tokens. Text inputs (`input.text`) default it to "
+        "`attention_mask`",
         check=lambda v: v is None or (isinstance(v, str) and v.isidentifier()) or _index(v),
         expected="the forward's attention-mask argument: a keyword name, a position (integer "
         ">= 0) or null",

@@ -1010,23 +1010,28 @@ class MaskHook:
                 mask = kwargs.get(argument)
             else:
                 mask = args[argument] if argument < len(args) else None
+            first = next(
+                (
+                    v
+                    for v in (*args, *kwargs.values())
+                    if isinstance(v, torch.Tensor) and v.dim() >= 2
+                ),
+                None,
+            )
             if mask is None:
-                first = next(
-                    (
-                        v
-                        for v in (*args, *kwargs.values())
-                        if isinstance(v, torch.Tensor) and v.dim() >= 2
-                    ),
-                    None,
-                )
                 if first is None:
                     gate.mask = None
                     return
                 mask = torch.ones(first.shape[:2], dtype=torch.bool, device=first.device)
+            elif _is_lengths(mask) and first is not None and first.shape[0] == mask.shape[0]:
+                # Each sample's length (pack_padded_sequence's): its steps of the padded
+                # batch's, the first tensor's second dimension.
+                steps = torch.arange(first.shape[1], device=mask.device)
+                mask = steps[None, :] < mask[:, None]
             if not (isinstance(mask, torch.Tensor) and mask.dim() == 2):
                 raise TypeError(
                     f"expected the attention mask (monitoring.mask={argument!r}) to be a tensor "
-                    f"[batch, tokens], got {type(mask).__name__} "
+                    f"[batch, tokens] or the lengths [batch], got {type(mask).__name__} "
                     f"{list(mask.shape) if isinstance(mask, torch.Tensor) else ''}".rstrip()
                 )
             read_mask(gate, mask)
@@ -1039,6 +1044,16 @@ class MaskHook:
     def remove(self) -> None:
         self.unregister()
         self.state = HookState.DETACHED
+
+
+def _is_lengths(value: Any) -> bool:
+    """An integer tensor ``[batch]``: each sample's length, not a mask."""
+    return (
+        isinstance(value, torch.Tensor)
+        and value.dim() == 1
+        and not value.is_floating_point()
+        and value.dtype != torch.bool
+    )
 
 
 def joined_inputs(kwargs: Mapping[str, Any], max_features: int = 256) -> torch.Tensor | None:

@@ -375,3 +375,18 @@ def test_a_one_dimensional_series_is_read_by_its_length_level_and_spread() -> No
     np.testing.assert_allclose(features["input"], [[4.0, 2.0, 0.0], [6.0, 2.0, 1.0]], atol=1e-6)
     rows = own_model.discover_layers(model, batch)
     assert rows[0].features == 3
+
+
+def test_a_lengths_argument_is_a_mask_for_a_model_watched_in_its_own_server() -> None:
+    """`monitoring.mask` naming a forward's lengths (an integer tensor [batch]): a server of
+    the user's own pads its batches, and the hooks read each sample over its own steps."""
+    model = Packed().eval()
+    config = {"layers": ["act"], "mask": "lengths"}
+    short, long_ = torch.randn(1, 4, 3), torch.randn(1, 12, 3)
+    padded = torch.cat([torch.nn.functional.pad(short, (0, 0, 0, 8)), long_])
+    alone = {"x": short, "lengths": torch.tensor([4])}
+    both = {"x": padded, "lengths": torch.tensor([4, 12])}
+    first = next(iter(capture_features(model, config, [alone])))
+    second = next(iter(capture_features(model, config, [both])))
+    for layer in ("input", "act"):
+        np.testing.assert_allclose(second[layer][0], first[layer][0], rtol=1e-5, atol=1e-6)
