@@ -562,19 +562,23 @@ def batch_inputs(pipeline: Pipeline, items: Sequence[Any]) -> ModelInputs:
     return pipeline.batch(items)
 
 
-def _steps_of(inputs: ModelInputs | None, outputs: Any) -> list[int] | None:
-    """The samples' lengths, where ``outputs`` has a step per step of a padded batch of a
-    variable first dimension: ``[batch, longest, ...]``, three dimensions or more. A
-    ``[batch, C]`` output is left whole even when C equals the longest (a classifier's)."""
-    if not (
-        isinstance(inputs, Padded)
-        and inputs.dim == 1
-        and isinstance(outputs, torch.Tensor)
-        and outputs.dim() >= 3
-        and outputs.shape[1] == inputs.values.shape[1]
-    ):
+def _own_steps(inputs: ModelInputs | None, outputs: Any) -> torch.Tensor | None:
+    """Which steps of each output row are the sample's own, ``[rows, steps]``, where the
+    output has a step per step of a padded batch (``[rows, steps, ...]``, three dimensions or
+    more): a batch padded to its longest (a variable first dimension), or texts padded to
+    the longest (their attention mask, whichever side the tokenizer pads). A ``[batch, C]``
+    output is left whole even when C equals the longest (a classifier's)."""
+    if not (isinstance(outputs, torch.Tensor) and outputs.dim() >= 3):
         return None
-    return [int(n) for n in inputs.lengths.tolist()]
+    if isinstance(inputs, Padded):
+        mask = inputs.step_mask()
+    elif isinstance(inputs, dict):
+        mask = inputs.get("attention_mask")
+    else:
+        return None
+    if mask is None or mask.dim() != 2 or tuple(mask.shape) != tuple(outputs.shape[:2]):
+        return None
+    return mask.bool()
 
 
 def _all_finite(x: torch.Tensor) -> bool:
@@ -705,9 +709,9 @@ class BatchResult:
     received: float = 0.0
     #: The forward was sampled (hooked): its duration measures what sampling costs.
     sampled: bool = False
-    #: Each row's own length where the output has a step per input step of a padded batch
-    #: (``[batch, longest, ...]``): its answer is cut there, padding is no sample's.
-    steps: list[int] | None = None
+    #: Each row's own steps where the output has a step per step of a padded batch
+    #: (``[rows, longest, ...]``): its answer holds those, padding is no sample's.
+    steps: torch.Tensor | None = None
 
 
 #: A logits head answers every class's probability up to this many classes, the top 5 above.
@@ -742,6 +746,8 @@ class ModelService:
         self._path = monitor._request_path() if monitor is not None else None
         #: Batches are padded (a length each request chooses): decided once, not per batch.
         self._padded = spec.length_dim is not None
+        #: A per-step output may be cut at each sample's own steps: padded or text batches.
+        self._stepped = self._padded or isinstance(self.pipeline, TextPipeline)
 
     @classmethod
     def from_handler_config(
@@ -867,7 +873,7 @@ class ModelService:
             batch.listed,
             batch.received,
             sampled,
-            _steps_of(batch.inputs, outputs) if self._padded else None,
+            _own_steps(batch.inputs, outputs) if self._stepped else None,
         )
 
     def _output_rows(self, raw: Any, rows: int) -> torch.Tensor | list[Any]:
@@ -1076,8 +1082,9 @@ class ModelService:
             # One check per batch: only a batch with a NaN or an Infinity takes the slow path.
             finite = items or (isinstance(outputs, torch.Tensor) and _all_finite(outputs))
             if result.steps is not None and isinstance(outputs, torch.Tensor):
-                # Each sample's own steps: a row per sample, cut at its length.
-                outputs = [o[:n] for o, n in zip(outputs, result.steps, strict=True)]
+                # Each sample's own steps: the same answer alone or beside a longer one.
+                kept = result.steps.cpu()
+                outputs = [o[k] for o, k in zip(outputs, kept, strict=True)]
             row = 0
             for index, size in zip(result.positions, sizes, strict=True):
                 rows = [

@@ -214,6 +214,47 @@ def test_a_batch_of_texts_is_answered_per_request_and_padding_changes_no_answer(
         assert total("hookwatch_monitor_faults_total", layer=layer) == 0, layer
 
 
+class TinyTagger(TinyEncoder):
+    """A label per token: ``[batch, tokens, 3]`` logits (a named-entity tagger's shape)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tag = nn.Linear(8, 3)
+
+    def forward(  # type: ignore[override]
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        out: torch.Tensor = self.tag(
+            super().forward(input_ids, attention_mask)["last_hidden_state"]
+        )
+        return out
+
+
+def test_a_token_tagger_answers_each_text_its_own_tokens_whatever_its_batch(
+    tokenizer_dir: Path, metrics: MetricSet
+) -> None:
+    """Per-token logits of texts padded to the batch's longest: each text was answered a class
+    per position of the *batch*, padding included, so its answer's length (and its tail)
+    depended on the texts batched with it. It is answered its own tokens now, as alone."""
+    handler = HandlerConfig.from_mapping(
+        {
+            "input": {"text": {"tokenizer": "tokenizer"}},
+            "monitoring": {"layers": [], "sample_rate": 1.0, "output": {"head": "logits"}},
+        }
+    )
+    service = ModelService.from_handler_config(
+        TinyTagger().eval(), handler, "tagger", metrics, model_dir=str(tokenizer_dir.parent)
+    )
+    short, long_ = "w1 w2", "w3 w4 w5 w6 w7 w8 w9"
+    alone = service.handle([short])[0]
+    together = service.handle([short, [long_, short]])
+    service.close()
+    assert len(alone["classes"]) == 4  # CLS, two words, SEP
+    assert together[0]["classes"] == alone["classes"]
+    assert together[0]["confidence"] == pytest.approx(alone["confidence"], abs=1e-5)
+    assert len(together[1][0]["classes"]) == 9 and together[1][1] == together[0]
+
+
 class ShortOnly(TinyEncoder):
     """Refuses a batch holding a text of more than 8 tokens, as a model with a short
     position table would."""
