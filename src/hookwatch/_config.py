@@ -940,8 +940,8 @@ class InputSpec:
     arguments: tuple[InputSpec, ...] = ()
     #: The dimension of ``shape`` whose length each request chooses (``null`` in the
     #: model-config), from 1 to ``shape[length_dim]`` (``input.max_length``, substituted into
-    #: ``shape``: every size bound, dry run and synthetic request uses the longest). None: a
-    #: fixed shape. A batch is padded to its longest with ``pad_value``.
+    #: ``shape``: body limits and synthetic requests use the longest). None: a fixed shape. A
+    #: batch is padded to its longest with ``pad_value``.
     length_dim: int | None = None
     #: Pass each sample's length (int64 ``[batch]``) as this keyword argument of forward().
     lengths: str | None = None

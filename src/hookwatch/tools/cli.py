@@ -726,6 +726,10 @@ def _dry_run_rows(args: argparse.Namespace) -> tuple[Any, tuple[int, ...], str, 
     return discover_layers(model, x, argument), shape, dtype, argument
 
 
+#: The longest input a dry run tries for a length each request chooses.
+DRY_LENGTH = 256
+
+
 def _example_batch(shape: Sequence[int], dtype: str, spec: Any) -> Any:
     """Two random items of ``shape`` for a dry run, in ``spec``'s range (else [0, 1]), through
     its pipeline's batching (normalisation), as ``dtype``."""
@@ -740,12 +744,14 @@ def _example_batch(shape: Sequence[int], dtype: str, spec: Any) -> Any:
     x = example_input(shape, "float32" if floating else dtype, low, high)
     target = getattr(torch, dtype)
     if spec is not None and spec.length_dim is not None and tuple(shape) == spec.shape:
-        # A length each request chooses: the longest and half of it, padded as served.
+        # A length each request chooses: two lengths, padded as served. At most DRY_LENGTH:
+        # a max_length of 100,000 would make a dry run of attention need 40 GB.
         import dataclasses
 
         at = spec.length_dim
-        half = x[1].narrow(at, 0, max(1, shape[at] // 2))
-        padded = InputPipeline(spec).batch([x[0], half])
+        longest = min(shape[at], DRY_LENGTH)
+        half = x[1].narrow(at, 0, max(1, longest // 2))
+        padded = InputPipeline(spec).batch([x[0].narrow(at, 0, longest), half])
         assert isinstance(padded, Padded)
         return dataclasses.replace(padded, values=padded.values.to(target))
     x = InputPipeline(spec).stacked(x) if spec is not None else x
