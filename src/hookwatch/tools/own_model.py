@@ -504,6 +504,7 @@ def discover_layers(
     # A batch padded along its samples' first dimension is read as tokens are: step
     # activations [B, T, H] averaged over each sample's own steps.
     tokens = tokens or (isinstance(x, Padded) and x.step_mask() is not None)
+    steps = "steps" if isinstance(x, Padded) else "tokens"
     batch = int(first.shape[0]) if first.dim() else 0
     try:
         for name, module in watchable_modules(root).items():
@@ -569,7 +570,7 @@ def discover_layers(
     ]
     for name, module in watchable_modules(root).items():
         shapes = outputs.get(name, ())
-        count, reading = _layer_features(shapes, tokens, root, name)
+        count, reading = _layer_features(shapes, tokens, root, name, steps)
         rows.append(
             LayerInfo(
                 name,
@@ -591,7 +592,7 @@ def discover_layers(
         count, reading = 2 * len(items), f"count and mean of each sample's {', '.join(items)}"
     else:
         out_shapes = _shapes(result, batch)
-        count, reading = _layer_features(out_shapes, tokens, root, "")
+        count, reading = _layer_features(out_shapes, tokens, root, "", steps)
     rows.append(
         LayerInfo(
             OUTPUT_LAYER,
@@ -608,7 +609,11 @@ def discover_layers(
 
 
 def _layer_features(
-    shapes: tuple[tuple[int, ...], ...], tokens: bool, root: nn.Module, path: str
+    shapes: tuple[tuple[int, ...], ...],
+    tokens: bool,
+    root: nn.Module,
+    path: str,
+    steps: str = "tokens",
 ) -> tuple[int, str]:
     if not shapes:
         return 0, ""
@@ -617,7 +622,7 @@ def _layer_features(
     channels = reading.by == "type" and not reading.units_last
     if tokens and len(shape) == 3 and not channels:
         # A hidden state [B, T, H] of a text model is averaged over its tokens (the mask's).
-        return shape[2], f"{shape[2]} units (mean over the tokens)"
+        return shape[2], f"{shape[2]} units (mean over the {steps})"
     return _read(shape, reading)
 
 
