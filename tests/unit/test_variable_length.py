@@ -390,3 +390,27 @@ def test_a_lengths_argument_is_a_mask_for_a_model_watched_in_its_own_server() ->
     second = next(iter(capture_features(model, config, [both])))
     for layer in ("input", "act"):
         np.testing.assert_allclose(second[layer][0], first[layer][0], rtol=1e-5, atol=1e-6)
+
+
+class LongOnly(nn.Module):
+    """Refuses series shorter than 6 steps (as a stack of unpadded convolutions would)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(3, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[1] < 6:
+            raise RuntimeError("expected at least 6 steps")
+        out: torch.Tensor = self.proj(x).mean(1)
+        return out
+
+
+def test_a_probe_the_model_refuses_leaves_the_profile_to_the_reference(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    spec = InputSpec.from_mapping({"shape": [None, 3], "max_length": 20})
+    batch = InputPipeline(spec).batch(torch.randn(8, 8, 3))  # every sample 8 long
+    profile = build_profile(LongOnly().eval(), {"layers": ["proj"]}, [batch, batch], "long")
+    assert "proj" in profile.references and not profile.left_out
+    assert "could not try a sample alone and padded (RuntimeError" in caplog.text

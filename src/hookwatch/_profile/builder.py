@@ -141,9 +141,21 @@ def padding_readers(model: nn.Module, plan: WatchPlan, batch: Padded) -> dict[st
     probe = batch.probe()
     if probe is None:
         return {}
-    alone, together = (
-        next(iter(capture_features(model, plan, [part], _Collector()))) for part in probe
-    )
+    try:
+        alone, together = (
+            next(iter(capture_features(model, plan, [part], _Collector()))) for part in probe
+        )
+    except Exception as error:
+        # The probe's sample cut to half its length may be one the model refuses (too short
+        # for its convolutions): the reference itself decides what is profiled, not the probe.
+        log.warning(
+            "hookwatch: model %r: could not try a sample alone and padded (%s: %s); every "
+            "layer is profiled as if it left the padding out",
+            plan.model_name,
+            type(error).__name__,
+            str(error).splitlines()[0][:200] if str(error) else "",
+        )
+        return {}
     readers: dict[str, str] = {}
     for layer, rows in alone.items():
         padded = together.get(layer)
