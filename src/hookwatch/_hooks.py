@@ -1010,20 +1010,26 @@ class MaskHook:
                 mask = kwargs.get(argument)
             else:
                 mask = args[argument] if argument < len(args) else None
-            first = next(
-                (
-                    v
-                    for v in (*args, *kwargs.values())
-                    if isinstance(v, torch.Tensor) and v.dim() >= 2
-                ),
-                None,
+            # The first tensor of two dimensions or more (the ids, the padded steps): looked
+            # for only where the mask is to be made from it, not on every text forward.
+            first = (
+                next(
+                    (
+                        v
+                        for v in (*args, *kwargs.values())
+                        if isinstance(v, torch.Tensor) and v.dim() >= 2
+                    ),
+                    None,
+                )
+                if mask is None or _is_lengths(mask)
+                else None
             )
             if mask is None:
                 if first is None:
                     gate.mask = None
                     return
                 mask = torch.ones(first.shape[:2], dtype=torch.bool, device=first.device)
-            elif _is_lengths(mask) and first is not None and first.shape[0] == mask.shape[0]:
+            elif first is not None and first.shape[0] == mask.shape[0]:
                 # Each sample's length (pack_padded_sequence's): its steps of the padded
                 # batch's, the first tensor's second dimension.
                 steps = torch.arange(first.shape[1], device=mask.device)
