@@ -238,13 +238,14 @@ def test_file_traffic_sends_each_line_in_turn_and_checks_labelled_answers(
     clean, shifted = tmp_path / "clean.jsonl", tmp_path / "shifted.jsonl"
     clean.write_text('{"data": [1], "label": 1}\n\n{"data": [2], "label": 0}\n')
     shifted.write_text('{"data": [9]}\n')
-    loop = FileTraffic(FakeStack(), clean, shifted, labels=["cat", "dog"])  # type: ignore[arg-type]
+    bodies, other = read_bodies(clean), read_bodies(shifted)
+    loop = FileTraffic(FakeStack(), bodies, other, labels=["cat", "dog"])  # type: ignore[arg-type]
     assert loop.request(0, False) == ({"data": [1]}, "dog")
     assert loop.request(3, False) == ({"data": [2]}, "cat")
     assert loop.request(5, True) == ({"data": [9]}, None)
     assert loop.right({"class": "dog"}, "dog") and not loop.right({"class": "cat"}, "dog")
     assert (loop.clean_name, loop.shifted_name) == ("clean.jsonl", "shifted.jsonl")
-    alone = FileTraffic(FakeStack(), clean, None, drift_after_s=5)  # type: ignore[arg-type]
+    alone = FileTraffic(FakeStack(), bodies, None, drift_after_s=5)  # type: ignore[arg-type]
     assert alone.request(1, True) == ({"data": [2]}, 0)  # no shifted file: clean throughout
     (tmp_path / "bad.jsonl").write_text('{"data": [1]}\n{"data": \n')
     with pytest.raises(ConfigError, match=r"line 2 of bad\.jsonl: expected a JSON request body"):

@@ -545,11 +545,12 @@ def _serve(args: argparse.Namespace) -> int:
     mar: Path = args.mar
     archive = read_hookwatch_mar(mar)
     name = archive.name
+    files = None
     if args.traffic.endswith(".jsonl"):
         from hookwatch.tools.traffic import read_bodies
 
-        for part in args.traffic.split(":"):
-            read_bodies(Path(part))  # a missing or broken file fails here, before anything runs
+        # Read now: a missing or broken file fails here, before anything runs.
+        files = [read_bodies(Path(part)) for part in args.traffic.split(":")]
     # Everything the stack needs is written into the run directory (the model store links
     # the archive there): serving needs no checkout and nothing of the current folder.
     stack = _stack(args, mar_files=[mar], models=mar.name, model_name=name)
@@ -562,8 +563,8 @@ def _serve(args: argparse.Namespace) -> int:
         return _run_stack_until_stopped(
             stack, args.seconds, stopping, "serve", report=_report_dir(args)
         )
-    if args.traffic.endswith(".jsonl"):
-        return _serve_files(args, stack, stopping, archive.config)
+    if files is not None:
+        return _serve_files(args, stack, stopping, archive.config, files)
     from hookwatch.tools.text.fortunes import read_category
     from hookwatch.tools.traffic import TextTraffic
 
@@ -588,13 +589,14 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _serve_files(
-    args: argparse.Namespace, stack: Any, stopping: threading.Event, config: Any
+    args: argparse.Namespace, stack: Any, stopping: threading.Event, config: Any, files: Any
 ) -> int:
-    """``serve --traffic CLEAN.jsonl[:SHIFTED.jsonl]``: request bodies from the files, the
-    shifted ones after ``--drift-after`` seconds; labelled lines checked against the answers."""
+    """``serve --traffic CLEAN.jsonl[:SHIFTED.jsonl]``: request bodies from the files (read
+    already), the shifted ones after ``--drift-after`` seconds; labelled lines checked against
+    the answers."""
     from hookwatch.tools.traffic import FileTraffic
 
-    clean, *rest = (Path(part) for part in args.traffic.split(":"))
+    clean, *rest = files
     shifted = rest[0] if rest else None
     handler = (config or {}).get("handler") if isinstance(config, dict) else None
     names = handler.get("labels") if isinstance(handler, dict) else None

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -72,7 +73,8 @@ class Traffic:
         raise NotImplementedError
 
     def right(self, reply: Any, expected: Any) -> bool:
-        return False
+        """A classifier's answer names ``expected`` (checked only where a request has one)."""
+        return isinstance(reply, dict) and reply.get("class") == expected
 
     def _run(self) -> None:
         i = 0
@@ -123,9 +125,6 @@ class TrafficLoop(Traffic):
             image = 16.0 - image
         return {"data": image.tolist()}, int(self._split.y_test[index])
 
-    def right(self, reply: Any, expected: Any) -> bool:
-        return isinstance(reply, dict) and reply.get("class") == expected
-
 
 class TextTraffic(Traffic):
     """Texts: the held-out half of one fortunes category (the archive's reference is the
@@ -154,6 +153,14 @@ class TextTraffic(Traffic):
         return self._clean[i % len(self._clean)], None
 
 
+@dataclass(frozen=True)
+class Bodies:
+    """A ``.jsonl`` file's request bodies, each with its ``label`` (None: unlabelled)."""
+
+    name: str
+    bodies: list[tuple[Any, int | None]]
+
+
 class FileTraffic(Traffic):
     """Request bodies from a ``.jsonl`` file, one a line (a reference ``.jsonl`` is one), in
     turn; shifted: another file's. A line's ``label`` (a class index, as the reference's) is
@@ -163,16 +170,16 @@ class FileTraffic(Traffic):
     def __init__(
         self,
         stack: Stack,
-        clean: Path,
-        shifted: Path | None = None,
+        clean: Bodies,
+        shifted: Bodies | None = None,
         rate_per_s: float = 10.0,
         drift_after_s: float = 0.0,
         labels: list[str] | None = None,
     ) -> None:
         super().__init__(stack, rate_per_s, drift_after_s if shifted is not None else 0.0)
         self._labels = labels
-        self._clean = read_bodies(clean)
-        self._shifted = read_bodies(shifted) if shifted is not None else self._clean
+        self._clean = clean.bodies
+        self._shifted = shifted.bodies if shifted is not None else clean.bodies
         self.clean_name = clean.name
         self.shifted_name = shifted.name if shifted is not None else clean.name
 
@@ -183,13 +190,10 @@ class FileTraffic(Traffic):
             return body, self._labels[label]
         return body, label
 
-    def right(self, reply: Any, expected: Any) -> bool:
-        return isinstance(reply, dict) and reply.get("class") == expected
 
-
-def read_bodies(path: Path) -> list[tuple[Any, int | None]]:
-    """The request bodies of a ``.jsonl`` file and each one's ``label`` (None: unlabelled),
-    or a one-line :class:`~hookwatch.ConfigError` saying which line is not JSON."""
+def read_bodies(path: Path) -> Bodies:
+    """The request bodies of a ``.jsonl`` file and each one's ``label``, or a one-line
+    :class:`~hookwatch.ConfigError` saying which line is not JSON."""
     from hookwatch._errors import ConfigError
 
     try:
@@ -217,7 +221,7 @@ def read_bodies(path: Path) -> list[tuple[Any, int | None]]:
         bodies.append((body, label))
     if not bodies:
         raise ConfigError(f"--traffic: expected request bodies in {path}, got none")
-    return bodies
+    return Bodies(path.name, bodies)
 
 
 #: The live view's width: every line it prints fits a 100-column terminal.
