@@ -202,3 +202,28 @@ def test_the_command_line_takes_reference_labels_and_words_a_mistake(
     np.save(labels, _labels())
     code, err = run("--reference-labels", str(labels))
     assert code == 0, err
+
+
+def test_the_command_line_leaves_only_the_mar_without_a_build_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hookwatch.tools import cli
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "tiny.py").write_text(MODEL)
+    config = yaml.safe_dump(
+        {"handler": {"input": {"shape": [6]}, "monitoring": {"layers": ["act"]}}}
+    )
+    (work / "model-config.yaml").write_text(config)
+    np.save(work / "ref.npy", _inputs())
+    before = sorted(p.name for p in work.iterdir())
+    monkeypatch.chdir(work)
+    code = cli.main(
+        ["archive", "tiny.py:Tiny", "--name", "tiny", "--config", "model-config.yaml",
+         "--reference", "ref.npy", "--out", "store"]
+    )  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    # The staging copy (weights, handler, profile) went with the temporary directory.
+    assert sorted(p.name for p in work.iterdir()) == sorted([*before, "store"])
+    assert [p.name for p in (work / "store").iterdir()] == ["tiny.mar"]

@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -835,18 +836,27 @@ def _archive(args: argparse.Namespace) -> int:
     from hookwatch.tools.own_model import ModelRef, archive_model
 
     torch.set_num_threads(1)
-    archive_model(
-        ModelRef.parse(args.model),
-        args.name,
-        args.config,
-        args.reference,
-        args.out,
-        args.build or Path("build") / "archive" / args.name,
-        args=_model_args(args.model_args),
-        weights=args.weights,
-        extra_files=[Path(f) for f in args.extra_files.split(",") if f] if args.extra_files else [],
-        labels=args.reference_labels,
-    )
+    # The staging directory (a copy of the weights, the handler, the profile) is the
+    # archiver's own: without --build it goes when the .mar is written, so an archive run
+    # leaves nothing in the user's directory but NAME.mar.
+    with contextlib.ExitStack() as stack:
+        build = args.build or Path(
+            stack.enter_context(tempfile.TemporaryDirectory(prefix="hookwatch-archive-"))
+        )
+        archive_model(
+            ModelRef.parse(args.model),
+            args.name,
+            args.config,
+            args.reference,
+            args.out,
+            build / args.name if args.build is None else build,
+            args=_model_args(args.model_args),
+            weights=args.weights,
+            extra_files=[Path(f) for f in args.extra_files.split(",") if f]
+            if args.extra_files
+            else [],
+            labels=args.reference_labels,
+        )
     return 0
 
 
@@ -1327,7 +1337,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=Path("model_store"),
         help="directory of NAME.mar (default model_store)",
     )
-    archive.add_argument("--build", type=Path, default=None, help="work directory")
+    archive.add_argument(
+        "--build",
+        type=Path,
+        default=None,
+        help="work directory, kept (default: a temporary one, removed after)",
+    )
     archive.add_argument(
         "--extra-files",
         default="",
