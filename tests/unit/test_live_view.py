@@ -48,11 +48,17 @@ class FakeStack:
             ]
 
         if "hookwatch_drift_score" in promql:
-            return rows({(lv, d): self.scores[d] for lv, d in DETECTORS})
+            return rows({(lv, d): self.scores[d] for lv, d in DETECTORS if d in self.scores})
         if "hookwatch_drift_threshold" in promql:
             return rows({key: THRESHOLD for key in DETECTORS})
         if "hookwatch_drift_detected" in promql:
-            return rows({(lv, d): float(self.scores[d] > THRESHOLD) for lv, d in DETECTORS})
+            return rows(
+                {
+                    (lv, d): float(self.scores[d] > THRESHOLD)
+                    for lv, d in DETECTORS
+                    if d in self.scores
+                }
+            )
         if "sequential_alarms" in promql:
             return [
                 {"metric": {"detector": d}, "value": [0, str(n)]} for d, n in self.pages.items()
@@ -153,6 +159,20 @@ def test_the_headline_changes_when_drift_starts() -> None:
     # Later alarms join in the order they were seen, the first still first; its start holds.
     assert f"DRIFT since {live._clock(start)}" in heads[4]
     assert heads[4].endswith(": input, act1, class_mix, encoder.en…LayerNorm"), heads[4]
+
+
+def test_before_any_window_is_scored_the_headline_says_how_far_the_first_has_filled() -> None:
+    # No worker has scored a window yet (no hookwatch_drift_score series): "no drift" would
+    # claim a verdict no detector has given.
+    stack, clock, traffic = FakeStack(), Clock(), FakeTraffic()
+    stack.scores = {}
+    view = LiveView(stack, colour=False, clock=clock)
+    head = view.render(traffic).splitlines()[1]
+    assert head.endswith("no drift verdict yet (first window: 12 of 100 sampled requests)"), head
+    traffic.drifting, traffic.switched_at = True, clock.t - 30
+    head = view.render(traffic).splitlines()[1]
+    assert "no drift verdict yet (inverted digits for 30 s; first window: 12 of 100" in head
+    assert "    detector " not in view.render(traffic)
 
 
 def drift_row(frame: str, detector: str) -> str:

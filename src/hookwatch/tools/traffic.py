@@ -420,9 +420,33 @@ class LiveView:
 
     # -- the parts of one frame ------------------------------------------------------------
 
-    def _headline(self, now: float, alarming: list[str], traffic: Traffic | None) -> str:
+    def _filling(self) -> str | None:
+        """Before any worker has scored a window: how far the first one has filled, as the
+        most sampled requests of any worker against the window (each worker fills its own),
+        so "no drift" is not claimed of detectors that have not judged anything yet."""
+        window = self._value(f"max(hookwatch_drift_window_samples{{model={self._label}}})")
+        if window is None:
+            return None
+        sampled = self._value(f"max(hookwatch_requests_sampled_total{{model={self._label}}})")
+        return f"first window: {sampled or 0:.0f} of {window:.0f} sampled requests"
+
+    def _headline(
+        self, now: float, alarming: list[str], traffic: Traffic | None, scored: bool = True
+    ) -> str:
         stamp = _clock(now)
         switched = traffic.switched_at if traffic is not None else None
+        if not scored and not alarming:
+            filling = self._filling()
+            parts = [
+                *(
+                    [f"{traffic.state if traffic else 'shifted'} for {now - switched:.0f} s"]
+                    if switched is not None
+                    else []
+                ),
+                *([filling] if filling else []),
+            ]
+            text = f"{stamp}  no drift verdict yet" + (f" ({'; '.join(parts)})" if parts else "")
+            return self._paint(clip(text, WIDTH), _BOLD)
         if alarming:
             assert self.since is not None
             after = (
@@ -566,7 +590,7 @@ class LiveView:
         # In the order they first alarmed, the longest-standing first.
         alarming.sort(key=lambda d: (self.first_alarms[d], d))
         # A blank line first: one frame every few seconds, each starting at its clock time.
-        lines = ["", self._headline(now, alarming, traffic), *self._traffic(traffic)]
+        lines = ["", self._headline(now, alarming, traffic, bool(rows)), *self._traffic(traffic)]
         accuracy = self._accuracy(now, traffic)
         if accuracy is not None:
             lines.append(accuracy)
