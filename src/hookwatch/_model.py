@@ -286,7 +286,7 @@ def load_state(path: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _named_by_state(model: nn.Module) -> nn.Module:
+def named_by_state(model: nn.Module) -> nn.Module:
     """The module whose parameter names a state_dict from :func:`load_state` uses: inside
     ``torch.compile``'s wrapper (``_orig_mod``) and DataParallel's (``module``), whose
     prefixes it drops. A factory may return the compiled model itself."""
@@ -354,7 +354,7 @@ def build_model(spec: ModelSpec, directory: Path, device: torch.device | None = 
     if spec.weights is not None:
         state = load_state(directory / spec.weights)
         try:
-            _named_by_state(model).load_state_dict(state)
+            named_by_state(model).load_state_dict(state)
         except RuntimeError as error:
             first = str(error).splitlines()
             raise ConfigError(

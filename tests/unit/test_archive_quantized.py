@@ -124,3 +124,67 @@ def test_a_factory_reading_a_file_a_worker_lacks_is_refused_by_name(tmp_path: Pa
     with pytest.raises(ConfigError, match="to build again from the files a worker gets") as raised:
         _archive(tmp_path, read=read)
     assert "FileNotFoundError" in str(raised.value) and "--extra-files" in str(raised.value)
+
+
+COMPILED = """
+import torch
+from torch import nn
+
+
+def build():
+    # Unseeded: only the archived weights can make a worker's model this one.
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3)).eval()
+    return torch.compile(model, backend="eager")
+"""
+
+
+def test_a_compiled_factory_keeps_its_weights(tmp_path: Path) -> None:
+    # Found by an outside run of the built wheel (2026-12-07): the check that the saved
+    # state_dict loads as a worker loads it compared load_state's names (torch.compile's
+    # "_orig_mod." prefix dropped) with the wrapper's own (prefixed); every compiled factory
+    # was taken for one of packed parameters, and refused unless it was seeded.
+    (tmp_path / "net.py").write_text(COMPILED)
+    config = tmp_path / "model-config.yaml"
+    handler = {"input": {"shape": [6]}, "monitoring": {"layers": ["1"], "drift": {"window": 50}}}
+    config.write_text(yaml.safe_dump({"handler": handler}))
+    reference = tmp_path / "ref.npy"
+    np.save(reference, np.random.default_rng(0).normal(size=(120, 6)).astype(np.float32))
+    said: list[str] = []
+    mar = archive_model(
+        ModelRef.parse(f"{tmp_path / 'net.py'}:build"),
+        "net",
+        config,
+        reference,
+        tmp_path / "store",
+        tmp_path / "build",
+        say=said.append,
+    )
+    assert not any("none archived" in line for line in said), said
+    with zipfile.ZipFile(mar) as archived:
+        assert "weights.pt" in archived.namelist()
+        state = torch.load(archived.open("weights.pt"), map_location="cpu", weights_only=True)
+    # Saved as the wrapper names them; the worker's loader drops the prefix.
+    assert sorted(state) == [f"_orig_mod.{k}" for k in ("0.bias", "0.weight", "2.bias", "2.weight")]
+    model_dir = tmp_path / "extracted"
+    with zipfile.ZipFile(mar) as archived:
+        archived.extractall(model_dir)
+    manifest = json.loads((model_dir / "MAR-INF" / "MANIFEST.json").read_text())
+    context = FakeContext(
+        model_dir,
+        yaml.safe_load(config.read_text()),
+        model_name="net",
+        serialized_file=manifest["model"]["serializedFile"],
+    )
+    served = load_handler("hookwatch_handler")()
+    served.initialize(context)
+    try:
+        row = [0.5, -1.0, 2.0, 0.0, 1.5, -0.25]
+        (answer,) = handled(served, [{"body": {"data": row}}], context)
+        answer = json.loads(answer) if isinstance(answer, str | bytes) else answer
+        plain = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+        plain.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in state.items()})
+        with torch.inference_mode():
+            expected = torch.softmax(plain(torch.tensor([row])), dim=-1)[0]
+        assert np.allclose(answer["probabilities"], expected.numpy(), atol=1e-5)
+    finally:
+        served.service.close()

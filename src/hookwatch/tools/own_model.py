@@ -1567,13 +1567,15 @@ def _rebuilds_same_weights(
 def _loads_as_tensors(path: Path, model: nn.Module) -> bool:
     """Whether ``path`` (``model``'s saved state_dict) loads as a worker loads weights: with
     ``weights_only``, every entry a tensor."""
-    from hookwatch._model import load_state
+    from hookwatch._model import load_state, named_by_state
 
     try:
         state = load_state(path)
     except ConfigError:
         return False
-    return state.keys() == model.state_dict().keys()
+    # load_state drops torch.compile's and DataParallel's prefixes: the names it gives are
+    # those of the module inside the wrappers.
+    return state.keys() == named_by_state(model).state_dict().keys()
 
 
 def _untensored(model: nn.Module) -> str:
