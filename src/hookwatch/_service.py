@@ -210,8 +210,22 @@ def decode_values(values: Any, spec: InputSpec) -> torch.Tensor:
     # The payload may nest at most as deep as the shape (or one level, flat).
     depth = _depth(values, len(shape))
     if depth > len(shape):
+        # One level more: a batch around the item. A batch of one is the item (clients
+        # written for servers that take a batch send [[...]]); more is refused by its count,
+        # as TorchServe batches requests itself.
+        outer = _shape_of(values, len(shape) + 1)
+        if outer is not None and (
+            fits_shape(outer[1:], spec) if spec.length_dim is not None else outer[1:] == shape
+        ):
+            if outer[0] == 1:
+                return decode_values(values[0], spec)
+            raise BadInputError(
+                f"one item of shape {spec.shape_text} a request (TorchServe batches requests)",
+                f"{outer[0]} items (shape {list(outer)})",
+                reason="wrong_shape",
+            )
         raise BadInputError(
-            f"an array nested {len(shape)} levels deep (shape {list(shape)})",
+            f"an array nested {len(shape)} levels deep (shape {spec.shape_text})",
             f"one nested more than {len(shape)} levels",
             reason="too_deep",
         )

@@ -142,3 +142,24 @@ def test_a_model_of_raw_image_bytes_is_watched(metrics: MetricSet) -> None:
     for layer in ("input", "act", "output"):
         assert value(metrics, "hookwatch_captures_total", model="px", layer=layer) == 8
         assert value(metrics, "hookwatch_monitor_faults_total", model="px", layer=layer) == 0
+
+
+def test_a_batch_of_one_around_the_item_is_the_item_and_more_are_refused_by_count() -> None:
+    # Found by an outside run (2026-12-07): clients written for servers that take a batch
+    # send [[...]]; that was "nested more than 1 levels".
+    spec = InputSpec(shape=(3,))
+    assert decode_payload({"data": [[1, 2, 3]]}, spec).tolist() == [1.0, 2.0, 3.0]
+    image = InputSpec(shape=(1, 2, 2))
+    assert decode_payload({"data": [[[[1, 2], [3, 4]]]]}, image).shape == (1, 2, 2)
+    with pytest.raises(BadInputError) as raised:
+        decode_payload({"data": [[1, 2, 3], [4, 5, 6]]}, spec)
+    assert raised.value.expected == "one item of shape [3] a request (TorchServe batches requests)"
+    assert raised.value.got == "2 items (shape [2, 3])"
+    # Deeper, or not the item's shape inside: what it always was.
+    for data in ([[[1, 2, 3]]], [[1, 2]]):
+        with pytest.raises(BadInputError, match="nested 1 levels deep"):
+            decode_payload({"data": data}, spec)
+    series = InputSpec(shape=(4, 2), length_dim=0)
+    assert decode_payload({"data": [[[1, 2], [3, 4], [5, 6]]]}, series).shape == (3, 2)
+    with pytest.raises(BadInputError, match="2 items"):
+        decode_payload({"data": [[[1, 2]], [[3, 4]]]}, series)
