@@ -21,8 +21,13 @@ from hookwatch._errors import ConfigError
 from hookwatch._hooks import plan_watch
 from hookwatch._metrics import MetricSet
 from hookwatch._padding import Padded
-from hookwatch._profile import build_profile
-from hookwatch._profile.builder import PADDING_READ, capture_features, padding_readers
+from hookwatch._profile import DriftProfile, build_profile
+from hookwatch._profile.builder import (
+    PADDING_READ,
+    STEPS_WIDE,
+    capture_features,
+    padding_readers,
+)
 from hookwatch._service import InputPipeline, ModelService
 from hookwatch.tools import own_model
 from hookwatch.tools.own_model import ModelRef, archive_model
@@ -292,8 +297,37 @@ def test_archive_takes_request_bodies_of_any_length_and_layers_tries_two(
         )
 
 
-def _archive_wave(tmp_path: Path, batch_size: int) -> Path:
-    (tmp_path / "wave.py").write_text(WAVE)
+STEPPED = '''
+import torch
+from torch import nn
+
+
+class Stepped(nn.Module):
+    """A score a step of a series, [batch, steps] (no trailing dimension)."""
+
+    def __init__(self, keep: bool = False):
+        super().__init__()
+        torch.manual_seed(6)
+        self.rnn = nn.GRU(1, 8, batch_first=True)
+        self.out = nn.Linear(8, 1)
+        self.keep = keep
+
+    def forward(self, x):
+        scores = self.out(self.rnn(x[:, :, None])[0])
+        return scores if self.keep else scores.squeeze(-1)
+'''
+
+
+def _archive_wave(
+    tmp_path: Path,
+    batch_size: int,
+    source: str = WAVE,
+    name: str = "Wave",
+    layer: str = "act",
+    head: str = "logits",
+    **args: object,
+) -> Path:
+    (tmp_path / "wave.py").write_text(source)
     config = tmp_path / "model-config.yaml"
     config.write_text(
         yaml.safe_dump(
@@ -301,7 +335,7 @@ def _archive_wave(tmp_path: Path, batch_size: int) -> Path:
                 "batchSize": batch_size,
                 "handler": {
                     "input": {"shape": [None], "max_length": 400},
-                    "monitoring": {"layers": ["act"]},
+                    "monitoring": {"layers": [layer], "output": {"head": head}},
                 },
             }
         )
@@ -313,12 +347,13 @@ def _archive_wave(tmp_path: Path, batch_size: int) -> Path:
     ]
     (tmp_path / "ref.jsonl").write_text("\n".join(lines) + "\n")
     return archive_model(
-        ModelRef.parse(f"{tmp_path / 'wave.py'}:Wave"),
+        ModelRef.parse(f"{tmp_path / 'wave.py'}:{name}"),
         "wave",
         config,
         tmp_path / "ref.jsonl",
         tmp_path / "store",
         tmp_path / "build",
+        args=dict(args),
         say=lambda _line: None,
     )
 
@@ -333,6 +368,29 @@ def test_a_model_that_reads_its_padding_is_refused_batched_and_served_alone(
         _archive_wave(tmp_path, 4)
     mar = _archive_wave(tmp_path, 1)
     assert mar.is_file()
+
+
+def test_a_value_a_step_without_a_trailing_dimension_is_refused_batched(tmp_path: Path) -> None:
+    """``[batch, steps]`` cannot be told from ``[batch, classes]`` when a batch's longest is
+    as long as the classes are many, so it is answered whole: batched, a request would get
+    its batch's padded steps. Found by an outside run (2026-12-07): the archive failed on
+    numpy's "could not broadcast" (the output's width changed from one reference batch to
+    the next). Refused batched, saying how to return it; archived for one request a batch,
+    its drift left out (statistics kept); as [batch, steps, 1] archived batched."""
+    with pytest.raises(ConfigError, match=r"return the output as \[batch, steps, 1\]"):
+        _archive_wave(tmp_path, 4, STEPPED, "Stepped", "rnn", "values")
+    mar = _archive_wave(tmp_path, 1, STEPPED, "Stepped", "rnn", "values")
+    profile = build_profile_of(mar, tmp_path / "one")
+    assert profile.left_out["output"] == STEPS_WIDE and "rnn" in profile.references
+    assert _archive_wave(tmp_path, 4, STEPPED, "Stepped", "rnn", "values", keep=True).is_file()
+
+
+def build_profile_of(mar: Path, into: Path) -> DriftProfile:
+    import zipfile
+
+    with zipfile.ZipFile(mar) as archived:
+        archived.extractall(into)
+    return DriftProfile.load(into / "drift-profile.npz")
 
 
 def test_layers_that_read_the_padding_keep_their_statistics_not_their_drift() -> None:

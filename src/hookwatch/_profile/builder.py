@@ -43,6 +43,7 @@ from hookwatch._views import UnitReference
 
 __all__ = [
     "PADDING_READ",
+    "STEPS_WIDE",
     "build_profile",
     "capture_features",
     "padding_readers",
@@ -121,6 +122,13 @@ _ROUTED = (
 )
 
 
+#: Why a layer's drift detector is left out when it has a value a step (``[batch, steps]``
+#: of a length each request chooses): its features' count follows the batch's longest.
+STEPS_WIDE = (
+    "it has a value a step ([batch, steps]): its features' count follows the length of the "
+    "batch's longest sample, so its statistics are watched, its drift is not"
+)
+
 #: Why a layer's drift detector is left out when its features of a sample depend on the
 #: padding of the batch the sample came in (:func:`padding_readers`).
 PADDING_READ = (
@@ -161,6 +169,9 @@ def padding_readers(model: nn.Module, plan: WatchPlan, batch: Padded) -> dict[st
         padded = together.get(layer)
         if padded is None or len(padded) != 2 or len(rows) != 1:
             continue  # not a row per sample: left out for that already
+        if rows.shape[1:] != padded.shape[1:]:
+            readers[layer] = STEPS_WIDE
+            continue
         scale = max(1.0, float(np.nanmax(np.abs(rows[0]), initial=0.0)))
         if not np.allclose(rows[0], padded[0], rtol=1e-3, atol=1e-4 * scale, equal_nan=True):
             readers[layer] = PADDING_READ
@@ -199,6 +210,11 @@ class _Reservoir:
                 if self.seen:
                     self.partial.setdefault(layer, _CONDITIONAL)  # not on an earlier batch
                 self.rows[layer] = np.empty((self.size, x.shape[1]), dtype=np.float32)
+            elif x.shape[1:] != self.rows[layer].shape[1:]:
+                # Another width than an earlier batch's: a value a step, padded to each
+                # batch's longest.
+                self.partial.setdefault(layer, STEPS_WIDE)
+                del batch[layer]
         for layer in self.rows:
             if layer not in batch:
                 self.partial.setdefault(layer, _CONDITIONAL)

@@ -1376,9 +1376,21 @@ def archive_model(
         )
     if handler.labels is not None and config.output.head in ("logits", "multilabel"):
         _check_class_names(handler.labels, selected, config.output.head)
-    from hookwatch._profile.builder import PADDING_READ, profile_for
+    from hookwatch._profile.builder import PADDING_READ, STEPS_WIDE, profile_for
 
     profile = profile_for(model, plan, forward_batches(batches, handler.input.argument))
+    if (
+        profile.left_out.get(OUTPUT_LAYER) == STEPS_WIDE
+        and model_config.raw.get("batchSize", 1) != 1
+    ):
+        raise ConfigError(
+            "model output: expected a row of a fixed width per sample, or a value a step "
+            "as [batch, steps, 1], got [batch, steps] with as many steps as the batch's "
+            "longest sample (batched beside a longer request, a request would be answered "
+            "the padding's steps too); return the output as [batch, steps, 1] (answered cut "
+            "at each request's length), or serve one request a batch (batchSize: 1 in the "
+            "model-config)"
+        )
     if profile.left_out.get(OUTPUT_LAYER) == PADDING_READ:
         raise ConfigError(
             "model output: expected a sample's answer not to depend on the padding of its "
