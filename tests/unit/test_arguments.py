@@ -209,9 +209,19 @@ def test_layers_and_init_take_the_arguments_from_the_config(
     (input_row,) = [line for line in listed.splitlines() if line.startswith("input ")]
     assert "5x3, 1" in input_row and input_row.split()[-1] == "16", input_row
     out = tmp_path / "written.yaml"
+    # TorchServe's keys of the config are kept (they were written over with init's own).
+    given = yaml.safe_load(config.read_text())
+    config.write_text(
+        yaml.safe_dump({"batchSize": 8, "maxBatchDelay": 20, **given}, sort_keys=False)
+    )
     assert cli.main(["init", "masked.py:Masked", "--config", str(config), "--out", str(out)]) == 0
-    written = yaml.safe_load(out.read_text())["handler"]["input"]
-    assert InputSpec.from_mapping(written) == InputSpec.from_mapping(INPUT)
+    written = yaml.safe_load(out.read_text())
+    assert InputSpec.from_mapping(written["handler"]["input"]) == InputSpec.from_mapping(INPUT)
+    assert (written["batchSize"], written["maxBatchDelay"], written["responseTimeout"]) == (
+        8,
+        20,
+        30,
+    )
 
 
 def test_the_bench_synthesizes_a_field_per_argument() -> None:

@@ -820,12 +820,16 @@ def _init(args: argparse.Namespace) -> int:
         )
     from hookwatch._config import read_model_config
 
-    spec = read_model_config(args.config).handler.input if args.config else None
+    config = read_model_config(args.config) if args.config else None
+    spec = config.handler.input if config is not None else None
     arguments: tuple[Any, ...] = spec.arguments if spec is not None else ()
     # The config's own input of a variable length, when the shape is still its own.
     variable = spec if spec is not None and tuple(shape) == spec.shape else None
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(init_config(rows, shape, dtype, argument, args.model, arguments, variable))
+    served = config.raw if config is not None else None
+    out.write_text(
+        init_config(rows, shape, dtype, argument, args.model, arguments, variable, served)
+    )
     print(f"wrote {out}: review the layers, the input range and normalisation, and the head")
     return 0
 

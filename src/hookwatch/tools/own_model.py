@@ -845,6 +845,12 @@ def _variable_lines(spec: InputSpec, dtype: str) -> list[str]:
     return lines
 
 
+#: TorchServe's keys `init` writes, and their values unless the config it starts from has its
+#: own: one request a batch (a model whose answers do not depend on its batch is the user's
+#: to batch), a 30 s answer.
+SERVING_KEYS: Mapping[str, Any] = {"responseTimeout": 30, "batchSize": 1, "maxBatchDelay": 5}
+
+
 def init_config(
     rows: Sequence[LayerInfo],
     shape: Sequence[int],
@@ -853,10 +859,13 @@ def init_config(
     source: str,
     arguments: Sequence[InputSpec] = (),
     variable: InputSpec | None = None,
+    served: Mapping[str, Any] | None = None,
 ) -> str:
     """A commented model-config.yaml to start from (``arguments``: the ``input.arguments`` of
     a several-tensor model's config, written back as they were declared; ``variable``: a
-    config's input of a length each request chooses, its null and keys written back)."""
+    config's input of a length each request chooses, its null and keys written back;
+    ``served``: TorchServe's keys of that config, kept over :data:`SERVING_KEYS`)."""
+    served = {k: v for k, v in (served or {}).items() if k in SERVING_KEYS}
     layers = choose_layers(rows)
     head = guess_head(rows)
     if arguments:
@@ -973,9 +982,7 @@ def init_config(
         [
             f"# Written by `hookwatch init` for {source}: a start, review every line.",
             "# TorchServe's own keys:",
-            "responseTimeout: 30",
-            "batchSize: 1",
-            "maxBatchDelay: 5",
+            *(f"{key}: {json.dumps(value)}" for key, value in {**SERVING_KEYS, **served}.items()),
             "",
             "handler:",
             "  torch_threads: 1",
