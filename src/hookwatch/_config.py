@@ -494,6 +494,18 @@ class OutputSpec:
         expected="a tuple index (integer >= 0), a dict key (string) or null",
         type_doc="int, string or null",
     )
+    items: str | None = _option(
+        None,
+        "the output is a list of one tensor a sample (`[N_i, ...]`, N_i varying: a detector's "
+        "rows after its own thresholding or NMS, `[x1, y1, x2, y2, score, class]` each): each "
+        'sample is answered its tensor under this key (`{"detections": [[...], ...]}`) and '
+        "watched as a detector's dicts are (its row count and mean, under head `values`). A "
+        "list's length cannot tell a batch's samples from a model's several outputs, so it is "
+        "declared; null: the output is not such a list",
+        check=lambda v: v is None or (isinstance(v, str) and bool(v.strip())),
+        expected="a key (a non-empty string) or null",
+        type_doc="string or null",
+    )
     probabilities: bool = _option(
         False,
         "the output is probabilities already (the model ends in a softmax or a sigmoid): "
@@ -511,6 +523,16 @@ class OutputSpec:
             raise ConfigError(
                 f"monitoring.output.probabilities: expected a logits or multilabel head, got "
                 f"head {self.head}: only class scores are read as probabilities"
+            )
+        if self.items is not None and self.head not in ("values", "none"):
+            raise ConfigError(
+                f"monitoring.output.items: expected head values (or none), got head "
+                f"{self.head}: a sample's tensor of rows holds no class scores of its own"
+            )
+        if self.items is not None and self.select not in (None, self.items):
+            raise ConfigError(
+                f"monitoring.output.select: expected null (or {self.items!r}) beside items, "
+                f"got {self.select!r}: each sample's tensor is the output"
             )
 
     @classmethod

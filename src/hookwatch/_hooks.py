@@ -597,6 +597,7 @@ class LayerHook:
         logits: bool = False,
         joins: bool = False,
         probabilities: str | None = None,
+        items: str | None = None,
     ) -> None:
         self.name = name
         #: Activations of 3 to ``_last_dims`` dimensions are read by their last one (units);
@@ -612,6 +613,9 @@ class LayerHook:
         #: Hand host tensors off as numpy arrays (see :func:`hold`).
         self._host = host
         self._select = select
+        #: The output is a list of one tensor a sample (``output.items``): read as one dict
+        #: a sample under this key (:func:`as_items`).
+        self._items = items
         self._copy_limit = copy_limit
         self._module_ref: weakref.ReferenceType[nn.Module] = weakref.ref(module)
         self._gate = gate
@@ -812,6 +816,8 @@ class LayerHook:
         # common case.
         self._fast_shape = None
         try:
+            if self._items is not None:
+                value = as_items(value, self._items)
             if type(value) is torch.Tensor and self._select is None:
                 tensor: torch.Tensor | None = value
             elif self._joins and isinstance(value, Mapping):
@@ -1132,6 +1138,20 @@ def as_logits(probabilities: torch.Tensor, head: str) -> torch.Tensor:
     return torch.log(p.clamp_min(1e-7))
 
 
+def as_items(value: Any, key: str | None) -> Any:
+    """A list (or tuple) of one tensor a sample as one dict a sample, ``{key: tensor}``
+    (``monitoring.output.items``), so it is answered and watched as a detector's dicts are;
+    anything else, or ``key`` None, as it is."""
+    if (
+        key is None
+        or not isinstance(value, list | tuple)
+        or not value
+        or not all(isinstance(t, torch.Tensor) for t in value)
+    ):
+        return value
+    return [{key: t} for t in value]
+
+
 def per_sample_items(value: Any) -> bool:
     """True for a list or tuple of one dict of tensors per sample, as torchvision's detectors
     answer (``[{"boxes": [K, 4], "scores": [K], "labels": [K]}, ...]``, K varying): its
@@ -1256,6 +1276,7 @@ class HookSet:
         on_demand: bool = False,
         output_head: str | None = None,
         output_probabilities: bool = False,
+        output_items: str | None = None,
     ) -> HookSet:
         """Build the hooks and, unless ``on_demand``, register them; ``widths`` overrides
         ``max_features`` per layer (projected ones, the output), ``output_select`` picks the
@@ -1264,7 +1285,8 @@ class HookSet:
         ``logits`` output ``[batch, positions, classes]`` is read per position by
         :func:`position_summary`, and so is a class map ``[batch, classes, *spatial]``, per
         pixel), ``output_probabilities`` that the output is probabilities, read through
-        :func:`as_logits`.
+        :func:`as_logits`, ``output_items`` that it is a list of one tensor a sample
+        (:func:`as_items`).
 
         Which dimension of each layer's activations holds its features is decided here,
         once per module (:func:`feature_reading`); the input keeps dimension 1."""
@@ -1298,6 +1320,7 @@ class HookSet:
                 copy_limit=self._copy_limit,
                 width=None if widths is None else widths.get(name),
                 select=output_select if name == OUTPUT_LAYER else None,
+                items=output_items if name == OUTPUT_LAYER else None,
                 host=host,
                 reading=None
                 if on_input

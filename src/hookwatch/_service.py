@@ -26,7 +26,14 @@ from hookwatch._body import MAX_BODY_BYTES, NoPayload, body_limit, check_body_si
 from hookwatch._capture import RateLimitedLog
 from hookwatch._config import HandlerConfig, InputSpec, OutputSpec
 from hookwatch._errors import BadInputError, ConfigError, error_line
-from hookwatch._hooks import as_logits, per_sample_items, plan_watch, read_mask, select_tensor
+from hookwatch._hooks import (
+    as_items,
+    as_logits,
+    per_sample_items,
+    plan_watch,
+    read_mask,
+    select_tensor,
+)
 from hookwatch._image import decode_image, image_bytes
 from hookwatch._metrics import MetricSet
 from hookwatch._monitor import Monitor, ReceivedRequests
@@ -892,7 +899,9 @@ class ModelService:
 
     def _output_rows(self, raw: Any, rows: int) -> torch.Tensor | list[Any]:
         """The forward's output, a row per sample: its (selected) tensor batch-first, or
-        the list of one dict a sample a detector gives, answered as each sample's dict."""
+        the list of one dict a sample a detector gives, answered as each sample's dict (and
+        a list of one tensor a sample, ``output.items``, as such dicts)."""
+        raw = as_items(raw, self.output.items)
         if per_sample_items(raw):
             return list(raw)
         return self._batch_first(self._output_tensor(raw), rows)

@@ -210,3 +210,81 @@ def test_an_output_without_a_row_per_sample_is_refused_not_misanswered(tmp_path:
     rows = [[[float(i), float(i)]] * 3 for i in range(2)]
     answers = service.handle([{"data": row} for row in rows])
     assert [a["embedding"] for a in answers] == [[0.0] * 6, [1.0] * 6]
+
+
+ROWS_MODEL = (
+    "import torch\nfrom torch import nn\n\n"
+    "class Rows(nn.Module):\n"
+    "    def __init__(self):\n"
+    "        super().__init__()\n"
+    "        torch.manual_seed(0)\n"
+    "        self.backbone = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.ReLU())\n"
+    "        self.head = nn.Conv2d(8, 6, 1)\n\n"
+    "    def forward(self, x):\n"
+    "        rows = self.head(self.backbone(x)).flatten(2).transpose(1, 2)\n"
+    "        # [x1, y1, x2, y2, score, class] rows kept by score: a varying count a sample.\n"
+    "        return [r[r[:, 4].sigmoid() > 0.5] for r in rows]\n"
+)
+
+
+class FixedRows(torch.nn.Module):
+    """Answers sample i with n rows of 6 values n (n the input's first value)."""
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return [torch.full((int(row[0]), 6), float(row[0])) for row in x]
+
+
+def test_a_list_of_one_tensor_a_sample_is_answered_and_watched_per_sample(
+    metrics: MetricSet, tmp_path: Path
+) -> None:
+    """A detector that answers its rows after NMS as a list of ``[N_i, 6]`` tensors (found by
+    an outside run, 2026-12-07: refused as "expected a row per sample, got shape [64, 6]",
+    the first image's rows read as a batch). Declared as ``output.items`` (a list's length
+    cannot tell a batch's samples from several outputs), each request is answered its own
+    rows, an empty one too, and watched by its row count and mean."""
+    spec = OutputSpec(head="values", items="detections")
+    service = ModelService(FixedRows(), InputSpec(shape=(1,)), None, output=spec)
+    answers = service.handle([{"data": [2]}, {"data": [0]}, {"data": [1]}])
+    assert answers == [
+        {"detections": [[2.0] * 6, [2.0] * 6]},
+        {"detections": []},
+        {"detections": [[1.0] * 6]},
+    ]
+    with pytest.raises(ConfigError, match="expected head values"):
+        OutputSpec(head="logits", items="detections")
+    with pytest.raises(ConfigError, match="expected null"):
+        OutputSpec(head="values", items="detections", select=0)
+    # init proposes it from the dry run; archive holds the output to it.
+    (tmp_path / "rows.py").write_text(ROWS_MODEL)
+    model, _ = own_model.load_user_model(ModelRef.parse(f"{tmp_path / 'rows.py'}:Rows"), None)
+    rows = own_model.discover_layers(model, torch.rand(2, 3, 8, 8))
+    assert rows[-1].listed and rows[-1].items == ("detections",)
+    written = own_model.init_config(rows, (3, 8, 8), "float32", None, "rows.py:Rows")
+    assert "output: {head: values, items: detections}" in written
+    monitoring = yaml.safe_load(written)["handler"]["monitoring"]
+    assert _archive(tmp_path, "rows.py:Rows", [3, 8, 8], monitoring).is_file()
+    with pytest.raises(ConfigError, match=r"expected a row per sample.*output.items"):
+        _archive(tmp_path, "rows.py:Rows", [3, 8, 8], {**monitoring, "output": {"head": "values"}})
+    # Served monitored: every sampled request's rows captured, drift tested.
+    handler = HandlerConfig.from_mapping(
+        {
+            "input": {"shape": [3, 8, 8]},
+            "monitoring": {**monitoring, "sample_rate": 1.0, "drift": {"window": 20}},
+        }
+    )
+    rng = np.random.default_rng(0)
+    reference = [torch.from_numpy(rng.random((40, 3, 8, 8), dtype=np.float32)) for _ in range(3)]
+    profile = build_profile(model, handler.monitoring, reference, "r")
+    assert "output" in profile.references and "output" not in profile.left_out
+    served, monitor = monitored(model, handler, profile, "r", metrics)
+    images = rng.random((45, 3, 8, 8)).round(3)
+    answers = served.handle([{"data": image.tolist()} for image in images])
+    monitor.flush()
+    monitor.close()
+    with torch.inference_mode():
+        expected = model(torch.tensor(images, dtype=torch.float32))
+    for answer, sample in zip(answers, expected, strict=True):
+        assert len(answer["detections"]) == len(sample)
+    assert {len(a["detections"]) for a in answers} != {0}  # some rows, so a real check
+    assert value(metrics, "hookwatch_captures_total", model="r", layer="output") == 45
+    assert value(metrics, "hookwatch_monitor_faults_total", model="r", layer="output") == 0

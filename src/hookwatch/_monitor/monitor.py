@@ -205,6 +205,7 @@ class Monitor:
                 on_demand=on_demand,
                 output_head=config.output.head,
                 output_probabilities=config.output.probabilities,
+                output_items=config.output.items,
             )
             if on_demand:
                 self._gate.arm_with(self._hooks.arm, self._hooks.disarm, self._hooks.hold)

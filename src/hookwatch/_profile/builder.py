@@ -295,6 +295,7 @@ def _captured(
         mask=config.mask,
         output_head=config.output.head,
         output_probabilities=config.output.probabilities,
+        output_items=config.output.items,
     ):
         for batch in batches:
             # The batch's rows, as serving's gate has them: the hooks learn from them which

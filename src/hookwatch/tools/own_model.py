@@ -43,6 +43,7 @@ from hookwatch._drift.projection import SAMPLES_PER_COMPONENT
 from hookwatch._errors import BadInputError, ConfigError, HookwatchError, error_line
 from hookwatch._hooks import (
     FeatureReading,
+    as_items,
     feature_reading,
     hookable_root,
     joined_inputs,
@@ -419,6 +420,27 @@ class LayerInfo:
     #: The output row of a model answering one dict of tensors a sample (a detector's
     #: boxes, scores, labels): the dicts' keys; empty otherwise.
     items: tuple[str, ...] = ()
+    #: The output row of a model answering a list of one tensor a sample: read under
+    #: :data:`LISTED_KEY`, proposed as ``output.items``.
+    listed: bool = False
+
+
+#: The key ``init`` proposes for a list of one tensor a sample (``output.items``).
+LISTED_KEY = "detections"
+
+
+def _tensors_per_sample(result: Any, samples: int) -> bool:
+    """A dry run's output that is a list of one tensor a sample: a list (or tuple) as long as
+    the batch of tensors whose first dimensions are not all the batch's (a model's several
+    outputs of a batch each have the batch's rows). A guess for ``init`` to propose, which
+    ``archive`` then holds the output to."""
+    return (
+        samples > 1
+        and isinstance(result, list | tuple)
+        and len(result) == samples
+        and all(isinstance(t, torch.Tensor) and t.dim() >= 1 for t in result)
+        and not all(t.shape[0] == samples for t in result)
+    )
 
 
 def _shapes(value: Any, batch: int = 0) -> tuple[tuple[int, ...], ...]:
@@ -585,6 +607,11 @@ def discover_layers(
         )
     _mark_partial(rows, root, batch)
     items: tuple[str, ...] = ()
+    listed = _tensors_per_sample(result, int(first.shape[0]) if first.dim() else 0)
+    if listed:
+        # A list of one tensor a sample (a detector's rows after NMS): proposed as
+        # output.items, read as one dict a sample under that key.
+        result = as_items(result, LISTED_KEY)
     if per_sample_items(result):
         # One dict a sample (a detector's): watched as each entry's count and mean.
         items = tuple(str(key) for key in result[0])
@@ -603,6 +630,7 @@ def discover_layers(
             0,
             reading=reading,
             items=items,
+            listed=listed,
         )
     )
     return rows
@@ -953,8 +981,15 @@ def init_config(
         else []
     )
     items = rows[-1].items if rows else ()
+    listed = bool(rows) and rows[-1].listed
     items_note = (
         [
+            "    # The output is a list of one tensor a sample (rows of a varying count: a",
+            f"    # detector's after NMS): each sample is answered its tensor as {LISTED_KEY};",
+            "    # head values watches its row count and mean per sample as one drift detector.",
+        ]
+        if listed
+        else [
             f"    # The output is one dict a sample ({', '.join(items)}: a detector's): each "
             "sample is",
             "    # answered as its dict; head values watches each entry's count and mean per",
@@ -997,7 +1032,8 @@ def init_config(
             *items_note,
             *one_value_note,
             *probabilities_note,
-            f"    output: {{head: {head}{', probabilities: true' if probabilities else ''}}}"
+            f"    output: {{head: {head}{', probabilities: true' if probabilities else ''}"
+            f"{f', items: {LISTED_KEY}' if listed else ''}}}"
             f"   # {heads}",
             "    # sample_rate unset: 10 % of requests, at most max_sampled_per_s (20) a second",
             "    # and their hooks at most max_overhead (0.005) of the worker's time",
@@ -1340,6 +1376,24 @@ def archive_model(
             + dtype_hint(error, model, first, "input.dtype: {} in the model-config")
             + arguments_hint(error, model)
         ) from None
+    leading = _first_tensor(first)
+    samples = int(leading.shape[0]) if leading is not None and leading.dim() else 0
+    if config.output.items is not None:
+        if not (
+            isinstance(output, list | tuple)
+            and len(output) == samples
+            and all(isinstance(t, torch.Tensor) for t in output)
+        ):
+            raise ConfigError(
+                f"monitoring.output.items: expected the output to be a list of one tensor a "
+                f"sample ({samples} for a dry run of {samples}), got "
+                + (
+                    f"{len(output)} items"
+                    if isinstance(output, list | tuple)
+                    else type(output).__name__
+                )
+            )
+        output = as_items(output, config.output.items)
     selected = select_tensor(output, config.output.select)
     if selected is None:
         raise ConfigError(
@@ -1347,8 +1401,6 @@ def archive_model(
             f"{type(output).__name__} with select={config.output.select!r}"
             f"{_select_choices(output)}"
         )
-    leading = _first_tensor(first)
-    samples = int(leading.shape[0]) if leading is not None and leading.dim() else 0
     if not per_sample_items(output) and not (
         selected.dim()
         and (selected.shape[0] == samples or (selected.dim() > 2 and selected.shape[1] == samples))
@@ -1359,8 +1411,9 @@ def archive_model(
             f"model output: expected a row per sample, got shape {list(selected.shape)} for a "
             f"dry run of {samples} samples (the tensor output.select picks is answered, row i "
             "to request i): reshape a flattened [batch x positions, ...] to [batch, positions, "
-            "...] in the model, return a detector's per-image tensors as one dict each "
-            "([{'boxes': ..., 'scores': ...}, ...]), or select another part of the output"
+            "...] in the model, declare a list of one tensor a sample (a detector's rows "
+            "after NMS) as monitoring.output.items: detections (with head values), or select "
+            "another part of the output"
         )
     if (
         config.output.head == "logits"
