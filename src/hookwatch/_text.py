@@ -78,6 +78,10 @@ class TextItem:
         return len(self.tokens)
 
 
+#: The keys of a JSON object whose value is a request's texts (a string or a list of them).
+TEXT_KEYS = ("text", "texts", "inputs", "input")
+
+
 class TextPipeline:
     """Text requests → token tensors: :meth:`decode` per request, :meth:`batch` per forward."""
 
@@ -103,8 +107,9 @@ class TextPipeline:
             for name in spec.arguments
         }
         self._expected = (
-            f"a JSON string or a list of 1 to {spec.max_texts} strings (or a text/plain body), "
-            f"of at most {spec.max_chars} characters and {spec.max_tokens} tokens each"
+            f"a JSON string or a list of 1 to {spec.max_texts} strings (or a text/plain body, "
+            'or either under "text" or "inputs" in a JSON object), of at most '
+            f"{spec.max_chars} characters and {spec.max_tokens} tokens each"
         )
 
     def decode(self, body: Any) -> TextItem:
@@ -143,6 +148,17 @@ class TextPipeline:
         spec = self.spec
         if isinstance(payload, NoPayload):
             raise BadInputError(self._expected, repr(payload), reason="missing_field")
+        if isinstance(payload, dict):
+            # {"inputs": ...} as text-serving APIs take it, or {"text": ...}: the one such key
+            # is the texts (others, such as generation parameters, do not apply here).
+            keys = [key for key in TEXT_KEYS if key in payload]
+            if len(keys) != 1:
+                raise BadInputError(
+                    self._expected,
+                    f"an object with keys [{', '.join(map(str, list(payload)[:8]))}]",
+                    reason="missing_field",
+                )
+            payload = payload[keys[0]]
         listed = isinstance(payload, list)
         texts = payload if listed else [payload]
         if not texts or not all(isinstance(t, str) for t in texts):

@@ -39,6 +39,7 @@ class FakeStack:
         self.scores = dict.fromkeys((d for _, d in DETECTORS), 0.95)
         self.pages: dict[str, float] = {}
         self.estimate: float | None = None
+        self.sampled = 12.3
 
     def query(self, promql: str) -> list[dict[str, Any]]:
         def rows(values: dict[tuple[str, str], float]) -> list[dict[str, Any]]:
@@ -82,6 +83,8 @@ class FakeStack:
                 for layer in ("act1", "input", "output", "encoder.encoder.layer.0.output.LayerNorm")
                 for s, v in (("mean", 4.8), ("std", 1234567.0), ("min", -17.06), ("max", 19.1))
             ] + [{"metric": {"layer": "act1", "statistic": "zero_fraction"}, "value": [0, "NaN"]}]
+        if "hookwatch_requests_sampled_total" in promql and "rate" not in promql:
+            return [{"metric": {}, "value": [0, str(self.sampled)]}]
         if "hookwatch_requests_total" in promql and "rate" not in promql:
             return [{"metric": {}, "value": [0, "4000"]}]
         return [{"metric": {}, "value": [0, "12.3"]}]
@@ -173,6 +176,9 @@ def test_before_any_window_is_scored_the_headline_says_how_far_the_first_has_fil
     head = view.render(traffic).splitlines()[1]
     assert "no drift verdict yet (inverted digits for 30 s; first window: 12 of 100" in head
     assert "    detector " not in view.render(traffic)
+    stack.sampled = 250.0  # filled, its score not published yet
+    head = view.render(traffic).splitlines()[1]
+    assert head.endswith("first window full (100), being scored)"), head
 
 
 def drift_row(frame: str, detector: str) -> str:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from hookwatch._body import MAX_BODY_BYTES, NoPayload
-from hookwatch._config import HandlerConfig, TextSpec
+from hookwatch._config import HandlerConfig, TextSpec, read_model_config
 from hookwatch._errors import BadInputError, ConfigError
 from hookwatch._metrics import MetricSet
 from hookwatch._model import MODEL_SPEC_FILE
@@ -65,7 +65,9 @@ def test_a_request_is_a_string_or_a_list_and_each_text_is_tokenised(tokenizer_di
 #: (body, status, what the answer says came, the reject counter's reason).
 LIMITS = {"max_chars": 40, "max_tokens": 8, "max_texts": 3}
 BAD_TEXTS: list[tuple[Any, int, str, str]] = [
-    ({"text": "w1"}, 400, "dict {'text': 'w1'}", "wrong_type"),
+    ({"prompt": "w1"}, 400, "an object with keys [prompt]", "missing_field"),
+    ({"text": "w1", "inputs": "w2"}, 400, "an object with keys [text, inputs]", "missing_field"),
+    ({"text": 3}, 400, "int 3", "wrong_type"),
     (17, 400, "int 17", "wrong_type"),
     ([], 400, "an empty list", "wrong_shape"),
     (["w1", 3], 400, "a list holding int 3", "wrong_type"),
@@ -89,6 +91,14 @@ def test_bad_text_gets_a_4xx_saying_what_was_expected_and_what_came(tokenizer_di
         assert "a JSON string or a list of 1 to 3 strings" in error.expected or "at most" in (
             error.expected
         )
+
+
+def test_texts_under_text_or_inputs_in_an_object_are_the_texts(tokenizer_dir: Path) -> None:
+    # {"inputs": ...} is how text-serving APIs take a request; it was a 400.
+    pipe = pipeline(tokenizer_dir, **LIMITS)
+    assert pipe.decode({"inputs": "w1 w2"}).tokens == pipe.decode("w1 w2").tokens
+    listed = pipe.decode({"text": ["w1", "w2 w3"], "parameters": {"top_k": 2}})
+    assert listed.listed and listed.tokens == pipe.decode(["w1", "w2 w3"]).tokens
 
 
 def test_a_request_without_a_payload_says_what_it_carried(tokenizer_dir: Path) -> None:
@@ -157,7 +167,7 @@ def test_each_refused_text_is_counted_by_its_reason(
     for *_, reason in BAD_TEXTS:
         counted[reason] = counted.get(reason, 0) + 1
     assert rejected(metrics, "tiny") == counted
-    assert set(counted) == {"wrong_type", "wrong_shape", "too_large", "not_utf8"}
+    assert set(counted) == {"wrong_type", "wrong_shape", "too_large", "not_utf8", "missing_field"}
 
 
 def test_a_text_model_holds_the_body_limit_for_json_it_never_saw_as_bytes(
@@ -194,7 +204,7 @@ def test_a_batch_of_texts_is_answered_per_request_and_padding_changes_no_answer(
     assert service.monitor is not None
     service.monitor.flush()
     service.close()
-    assert answers[2]["code"] == 400 and "dict" in answers[2]["got"]
+    assert answers[2]["code"] == 400 and "an object with keys [bad]" in answers[2]["got"]
     assert isinstance(answers[1], list) and len(answers[1]) == 2
     got = [answers[0], *answers[1], answers[3], answers[4]]
     for answer, want in zip(got, alone, strict=True):
@@ -469,5 +479,10 @@ def test_hookwatch_layers_dry_runs_a_text_model_through_its_tokenizer(
     # Hidden states [B, T, 8]: 8 features (token-averaged), the input's feature its token count.
     assert lines["layer"][2].endswith("x8") and lines["layer"][4] == "8"
     assert lines["input"][4] == "1"
-    assert main(["init", model, *args, "--out", str(tmp_path / "c.yaml")]) != 0
-    assert "expected a tensor model, got a text model" in capsys.readouterr().err
+    # init writes a text model's config (it told a wheel's user to start from a file of
+    # the repository): the text section as declared, the layers from the dry run, the
+    # config's TorchServe keys.
+    assert main(["init", model, *args, "--out", str(tmp_path / "c.yaml")]) == 0
+    written = read_model_config(tmp_path / "c.yaml")
+    assert written.handler.input.text == read_model_config(config).handler.input.text
+    assert written.monitoring.layers and written.raw["batchSize"] == 8

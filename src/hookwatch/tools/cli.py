@@ -813,11 +813,6 @@ def _init(args: argparse.Namespace) -> int:
     if out.exists() and not args.force:
         raise ConfigError(f"expected a new file, got existing {out} (pass --force to replace it)")
     rows, shape, dtype, argument = _dry_run_rows(args)
-    if dtype == "text":
-        raise ConfigError(
-            "init: expected a tensor model, got a text model (--config with input.text): "
-            "start from models/minilm/model-config.yaml and `hookwatch layers`"
-        )
     from hookwatch._config import read_model_config
 
     config = read_model_config(args.config) if args.config else None
@@ -827,8 +822,10 @@ def _init(args: argparse.Namespace) -> int:
     variable = spec if spec is not None and tuple(shape) == spec.shape else None
     out.parent.mkdir(parents=True, exist_ok=True)
     served = config.raw if config is not None else None
+    # A text model (--config with input.text): its text section as declared.
+    text = served["handler"]["input"]["text"] if served is not None and dtype == "text" else None
     out.write_text(
-        init_config(rows, shape, dtype, argument, args.model, arguments, variable, served)
+        init_config(rows, shape, dtype, argument, args.model, arguments, variable, served, text)
     )
     print(f"wrote {out}: review the layers, the input range and normalisation, and the head")
     return 0

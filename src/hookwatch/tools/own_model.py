@@ -888,15 +888,23 @@ def init_config(
     arguments: Sequence[InputSpec] = (),
     variable: InputSpec | None = None,
     served: Mapping[str, Any] | None = None,
+    text: Mapping[str, Any] | None = None,
 ) -> str:
     """A commented model-config.yaml to start from (``arguments``: the ``input.arguments`` of
     a several-tensor model's config, written back as they were declared; ``variable``: a
     config's input of a length each request chooses, its null and keys written back;
-    ``served``: TorchServe's keys of that config, kept over :data:`SERVING_KEYS`)."""
+    ``served``: TorchServe's keys of that config, kept over :data:`SERVING_KEYS`; ``text``:
+    a text model's ``input.text``, written back as it was declared)."""
     served = {k: v for k, v in (served or {}).items() if k in SERVING_KEYS}
     layers = choose_layers(rows)
     head = guess_head(rows)
-    if arguments:
+    if text is not None:
+        # JSON is YAML's flow style: each key's value reads back as it was given.
+        input_lines = [
+            "    text:   # texts tokenised by the tokenizer archived under this argument's name",
+            *(f"      {key}: {json.dumps(value)}" for key, value in text.items()),
+        ]
+    elif arguments:
         input_lines = _argument_lines(arguments)
         if argument:
             input_lines[0:1] = [

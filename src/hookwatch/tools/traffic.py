@@ -428,6 +428,9 @@ class LiveView:
         if window is None:
             return None
         sampled = self._value(f"max(hookwatch_requests_sampled_total{{model={self._label}}})")
+        if sampled is not None and sampled >= window:
+            # Filled: its score comes with the worker's next publish and the next scrape.
+            return f"first window full ({window:.0f}), being scored"
         return f"first window: {sampled or 0:.0f} of {window:.0f} sampled requests"
 
     def _headline(
