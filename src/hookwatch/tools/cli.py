@@ -427,7 +427,8 @@ def _run_stack_until_stopped(
     except AlreadyRunning as running:
         print(
             f"hookwatch {running.command} is already running in {stack.run_dir} (pid "
-            f"{running.pid}): stop it with Ctrl-C there or `make stop` (`hookwatch stop`)",
+            f"{running.pid}): stop it with Ctrl-C there or `hookwatch stop --run-dir "
+            f"{stack.run_dir}` (`make stop` in a checkout)",
             file=sys.stderr,
         )
         return 1
@@ -529,7 +530,7 @@ def _run(args: argparse.Namespace) -> int:
     def traffic(stack: Any) -> Any:
         print(
             f"sending held-out digits{shift}; live values from Prometheus every 5 s "
-            "(Ctrl-C or `make stop` ends it)\n",
+            "(Ctrl-C or `hookwatch stop` ends it)\n",
             flush=True,
         )
         return TrafficLoop(stack, rate_per_s=args.rate, drift_after_s=args.drift_after)
