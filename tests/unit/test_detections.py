@@ -123,30 +123,35 @@ def test_per_sample_dicts_are_read_as_each_entry_s_count_and_mean() -> None:
     assert missing[0].tolist() == [2.0, 1.0] and all(math.isnan(v) for v in missing[1].tolist())
 
 
-def test_a_detector_is_served_and_its_detections_tested_for_drift(metrics: MetricSet) -> None:
-    model = _detector()
+def _served(
+    model: torch.nn.Module, monitoring: dict[str, Any], metrics: MetricSet, name: str
+) -> tuple[list[Any], Any]:
+    """45 random 3x8x8 images through ``model`` monitored at every request (its profile from
+    120 others, which must test the output): the answers, and the model's own outputs."""
     handler = HandlerConfig.from_mapping(
         {
             "input": {"shape": [3, 8, 8]},
-            "monitoring": {
-                "layers": ["backbone.1"],
-                "sample_rate": 1.0,
-                "output": {"head": "values"},
-                "drift": {"window": 20},
-            },
+            "monitoring": {**monitoring, "sample_rate": 1.0, "drift": {"window": 20}},
         }
     )
     rng = np.random.default_rng(0)
     reference = [torch.from_numpy(rng.random((40, 3, 8, 8), dtype=np.float32)) for _ in range(3)]
-    profile = build_profile(model, handler.monitoring, reference, "d")
+    profile = build_profile(model, handler.monitoring, reference, name)
     assert "output" in profile.references and not profile.left_out
-    service, monitor = monitored(model, handler, profile, "d", metrics)
+    service, monitor = monitored(model, handler, profile, name, metrics)
     images = rng.random((45, 3, 8, 8)).round(3)
     answers = service.handle([{"data": image.tolist()} for image in images])
     monitor.flush()
     monitor.close()
     with torch.inference_mode():
         expected = model(torch.tensor(images, dtype=torch.float32))
+    return answers, expected
+
+
+def test_a_detector_is_served_and_its_detections_tested_for_drift(metrics: MetricSet) -> None:
+    model = _detector()
+    monitoring = {"layers": ["backbone.1"], "output": {"head": "values"}}
+    answers, expected = _served(model, monitoring, metrics, "d")
     for answer, sample in zip(answers, expected, strict=True):
         assert answer["labels"] == sample["labels"].tolist()
         assert len(answer["boxes"]) == len(sample["boxes"])
@@ -266,23 +271,7 @@ def test_a_list_of_one_tensor_a_sample_is_answered_and_watched_per_sample(
     with pytest.raises(ConfigError, match=r"expected a row per sample.*output.items"):
         _archive(tmp_path, "rows.py:Rows", [3, 8, 8], {**monitoring, "output": {"head": "values"}})
     # Served monitored: every sampled request's rows captured, drift tested.
-    handler = HandlerConfig.from_mapping(
-        {
-            "input": {"shape": [3, 8, 8]},
-            "monitoring": {**monitoring, "sample_rate": 1.0, "drift": {"window": 20}},
-        }
-    )
-    rng = np.random.default_rng(0)
-    reference = [torch.from_numpy(rng.random((40, 3, 8, 8), dtype=np.float32)) for _ in range(3)]
-    profile = build_profile(model, handler.monitoring, reference, "r")
-    assert "output" in profile.references and "output" not in profile.left_out
-    served, monitor = monitored(model, handler, profile, "r", metrics)
-    images = rng.random((45, 3, 8, 8)).round(3)
-    answers = served.handle([{"data": image.tolist()} for image in images])
-    monitor.flush()
-    monitor.close()
-    with torch.inference_mode():
-        expected = model(torch.tensor(images, dtype=torch.float32))
+    answers, expected = _served(model, monitoring, metrics, "r")
     for answer, sample in zip(answers, expected, strict=True):
         assert len(answer["detections"]) == len(sample)
     assert {len(a["detections"]) for a in answers} != {0}  # some rows, so a real check
