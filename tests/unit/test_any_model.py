@@ -640,6 +640,46 @@ def test_hookwatch_layers_notes_experts_and_init_leaves_them_out() -> None:
     assert split_rows["experts.1.1"].partial == "output has 1 rows, the batch 2"
 
 
+def test_init_watches_a_library_transformer_layer_rather_than_its_attention() -> None:
+    """A transformer layer of a library's own class (``BertLayer``, ``ViTLayer``: a class
+    named ``...Layer`` holding an attention) is the block whose output is watched; init
+    proposed its attention sub-block instead (a BERT built from transformers' config)."""
+    from hookwatch.tools.own_model import choose_layers, discover_layers
+
+    class SelfAttention(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.qkv(x)
+
+    class EncoderLayer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attention = SelfAttention()
+            self.ffn = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.ffn(x + self.attention(x))
+
+    class Encoder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = nn.ModuleList(EncoderLayer() for _ in range(3))
+            self.head = nn.Linear(8, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for layer in self.layer:
+                x = layer(x)
+            return self.head(x.mean(1))
+
+    rows = discover_layers(Encoder(), torch.rand(2, 5, 8))
+    chosen = choose_layers(rows)
+    assert {"layer.0", "layer.2"} <= set(chosen), chosen
+    assert not any("attention" in name for name in chosen), chosen
+
+
 def test_a_sequence_first_layer_cut_short_by_the_cap_keeps_only_the_captured_rows(
     metrics: MetricSet, monkeypatch: pytest.MonkeyPatch
 ) -> None:

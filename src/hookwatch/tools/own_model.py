@@ -740,10 +740,20 @@ def format_layers(rows: Sequence[LayerInfo], max_features: int) -> str:
 
 def _sequence_blocks(ran: Sequence[LayerInfo]) -> list[str]:
     """Recurrent and attention blocks, outermost first: one inside another kept block (the
-    attention of a transformer layer) is left to it."""
+    attention of a transformer layer) is left to it. A block of a class named ``...Layer``
+    or ``...Block`` holding an attention (a library's transformer layer: ``BertLayer``,
+    ``ViTLayer``, ``GPT2Block``) is one, so its output is watched rather than its attention's."""
+    attentions = [row.name for row in ran if row.type.endswith("Attention")]
     kept: list[str] = []
     for row in ran:
-        block = row.type in SEQUENCE_BLOCKS or row.type.endswith("Attention")
+        block = (
+            row.type in SEQUENCE_BLOCKS
+            or row.type.endswith("Attention")
+            or (
+                row.type.endswith(("Layer", "Block"))
+                and any(name.startswith(row.name + ".") for name in attentions)
+            )
+        )
         if block and not any(row.name.startswith(name + ".") for name in kept):
             kept.append(row.name)
     return kept
