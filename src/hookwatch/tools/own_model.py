@@ -1404,7 +1404,7 @@ def archive_model(
         ):
             raise ConfigError(
                 f"monitoring.output.items: expected the output to be a list of one tensor a "
-                f"sample ({samples} for a dry run of {samples}), got "
+                f"sample ({samples} tensors for the dry run's {samples} samples), got "
                 + (
                     f"{len(output)} items"
                     if isinstance(output, list | tuple)
