@@ -268,6 +268,12 @@ def test_a_list_of_one_tensor_a_sample_is_answered_and_watched_per_sample(
     assert "output: {head: values, items: detections}" in written
     monitoring = yaml.safe_load(written)["handler"]["monitoring"]
     assert _archive(tmp_path, "rows.py:Rows", [3, 8, 8], monitoring).is_file()
+    flat = tmp_path / "flat"  # a directory of its own: rows.py is imported in this process
+    flat.mkdir()
+    (flat / "flat.py").write_text(FLAT_MODEL)
+    items = {"layers": [], "output": {"head": "values", "items": "detections"}}
+    with pytest.raises(ConfigError, match=r"one tensor a sample \(2 tensors for .* got Tensor"):
+        _archive(flat, "flat.py:Flat", [5, 4], items)
     with pytest.raises(ConfigError, match=r"expected a row per sample.*output.items"):
         _archive(tmp_path, "rows.py:Rows", [3, 8, 8], {**monitoring, "output": {"head": "values"}})
     # Served monitored: every sampled request's rows captured, drift tested.
