@@ -1397,11 +1397,9 @@ def archive_model(
     leading = _first_tensor(first)
     samples = int(leading.shape[0]) if leading is not None and leading.dim() else 0
     if config.output.items is not None:
-        if not (
-            isinstance(output, list | tuple)
-            and len(output) == samples
-            and all(isinstance(t, torch.Tensor) for t in output)
-        ):
+        # as_items gives back what is not a list of tensors as it came.
+        items = as_items(output, config.output.items)
+        if items is output or len(items) != samples:
             raise ConfigError(
                 f"monitoring.output.items: expected the output to be a list of one tensor a "
                 f"sample ({samples} tensors for the dry run's {samples} samples), got "
@@ -1411,7 +1409,7 @@ def archive_model(
                     else type(output).__name__
                 )
             )
-        output = as_items(output, config.output.items)
+        output = items
     selected = select_tensor(output, config.output.select)
     if selected is None:
         raise ConfigError(
