@@ -1205,14 +1205,46 @@ class InputSpec:
                 part = cls.from_mapping(declared)
             except ConfigError as error:
                 raise ConfigError(str(error).replace("input.", f"{where}.", 1)) from None
-            if part.length_dim is not None:
-                raise ConfigError(
-                    f"{where}.shape: expected fixed dimensions (a variable length is for a "
-                    f"single input, not yet for one of input.arguments), got {declared['shape']!r}"
-                )
             parts.append(replace(part, field=name, argument=name))
         spec = cls.from_mapping({k: v for k, v in raw.items() if k != "arguments"} | {"shape": [1]})
-        return replace(spec, shape=None, arguments=tuple(parts))
+        spec = replace(spec, shape=None, arguments=tuple(parts))
+        cls._check_variable_argument(spec)
+        return spec
+
+    @staticmethod
+    def _check_variable_argument(spec: InputSpec) -> None:
+        """At most one of ``input.arguments`` of a variable length (one batch is padded to one
+        longest), its lengths and mask keywords none of the arguments' names."""
+        variable = [part for part in spec.arguments if part.length_dim is not None]
+        if len(variable) > 1:
+            raise ConfigError(
+                f"input.arguments: expected at most one argument with a null in its shape (a "
+                f"batch is padded along one length), got {len(variable)}: "
+                f"{', '.join(part.field for part in variable)}"
+            )
+        if not variable:
+            return
+        (part,) = variable
+        if spec.argument is not None:
+            raise ConfigError(
+                f"input.argument: expected none beside a variable-length argument (each "
+                f"argument is passed as its own keyword), got {spec.argument!r}"
+            )
+        names = {other.field for other in spec.arguments}
+        for key, keyword in (("lengths", part.lengths), ("mask", part.mask)):
+            if keyword in names:
+                raise ConfigError(
+                    f"input.arguments.{part.field}.{key}: expected a keyword other than the "
+                    f"arguments' own ({', '.join(sorted(names))}), got {keyword!r}"
+                )
+
+    @property
+    def variable(self) -> InputSpec | None:
+        """The input of a length each request chooses: this one, or the one of
+        ``input.arguments`` that is; None where every shape is fixed."""
+        if self.length_dim is not None:
+            return self
+        return next((part for part in self.arguments if part.length_dim is not None), None)
 
     @property
     def numel(self) -> int:

@@ -36,6 +36,7 @@ from torch.utils.hooks import RemovableHandle
 from hookwatch._config import GLOB_CHARS, MonitoringConfig, as_monitoring_config
 from hookwatch._errors import ConfigError
 from hookwatch._names import ALL_LAYERS, INPUT_LAYER, OUTPUT_LAYER
+from hookwatch._padding import Padded
 from hookwatch._stats import (
     feature_summary,
     position_summary,
@@ -151,6 +152,17 @@ class CaptureSink(Protocol):
         """Called once when a layer's hook fails and is switched off."""
 
 
+class StepsOf(NamedTuple):
+    """Of a forward of several keyword arguments (``input.arguments``) one of which is padded
+    to the batch's longest: that argument, the keywords beside them that are no input (its
+    lengths, its mask) and, where its length is a sample's first dimension, the mask of its
+    own steps over the whole batch."""
+
+    argument: str
+    beside: frozenset[str]
+    mask: torch.Tensor | None
+
+
 class Gate(threading.local):
     """The per-request sampling decision that every hook reads.
 
@@ -180,6 +192,9 @@ class Gate(threading.local):
     #: read, else -1: the one read of the thread-local with which a hook's short path checks
     #: all four (each read of a thread-local attribute costs a dictionary switch).
     whole: int = -1
+    #: A forward of ``input.arguments`` one of which is padded: how the input's hook reads
+    #: them (:func:`read_padded`); None otherwise.
+    steps_of: StepsOf | None = None
 
     def set(
         self,
@@ -194,6 +209,7 @@ class Gate(threading.local):
         self.record = record if value else None
         # A mask belongs to one forward: the next one's pre-hook reads its own.
         self.mask = None
+        self.steps_of = None
         self.whole = batch if value and rows is None and record is not None else -1
 
 
@@ -770,7 +786,7 @@ class LayerHook:
             else:
                 given = kwargs or {}
                 self.take(
-                    joined_inputs(given, self._max_features)
+                    joined_inputs(given, self._max_features, self._gate.steps_of)
                     if self._joins
                     else select_tensor(given)
                 )
@@ -821,7 +837,7 @@ class LayerHook:
             if type(value) is torch.Tensor and self._select is None:
                 tensor: torch.Tensor | None = value
             elif self._joins and isinstance(value, Mapping):
-                tensor = joined_inputs(value, self._max_features)
+                tensor = joined_inputs(value, self._max_features, self._gate.steps_of)
             else:
                 tensor = select_tensor(value, self._select)
             if tensor is None:
@@ -880,7 +896,7 @@ class LayerHook:
                     hold(position_summary(tensor, positions), True, self._host),
                 )
                 return
-            if mask is not None and self._is_tokens(tensor, mask):
+            if mask is not None and self._is_tokens(tensor, mask, gate):
                 stats, features = token_summary(tensor, mask, self._max_features)
                 self._keep(gate, hold(stats, True, self._host), hold(features, True, self._host))
                 return
@@ -943,11 +959,14 @@ class LayerHook:
         else:
             self._sink.offer(Capture(self.name, stats, features))
 
-    def _is_tokens(self, tensor: torch.Tensor, mask: torch.Tensor) -> bool:
+    def _is_tokens(self, tensor: torch.Tensor, mask: torch.Tensor, gate: Gate) -> bool:
         """A hidden state ``[B, T, H]`` (or the input's token ids ``[B, T]``) of this forward's
         mask: the shape decides, so a pooled ``[B, H]`` or attention weights
-        ``[B, heads, T, T]`` are reduced as any other activation."""
+        ``[B, heads, T, T]`` are reduced as any other activation. Not the input where its
+        arguments were joined (:func:`joined_inputs` read the padded one by its steps)."""
         if tensor.shape[:2] != mask.shape or not self._tokens:
+            return False
+        if self._reads_input and gate.steps_of is not None:
             return False
         return tensor.dim() == 3 or (tensor.dim() == 2 and self._reads_input)
 
@@ -958,6 +977,17 @@ class LayerHook:
     def remove(self) -> None:
         self.unregister()
         self.state = HookState.DETACHED
+
+
+def read_padded(gate: Gate, padded: Padded) -> None:
+    """Give the open ``gate`` what a padded batch tells its hooks: the mask of its steps
+    (:func:`read_mask`) where its length is a sample's first dimension and, for a padded one
+    of several arguments, which it is (:class:`StepsOf`)."""
+    steps = padded.step_mask()
+    if padded.field is not None:
+        gate.steps_of = StepsOf(padded.field, frozenset(padded.keywords()), steps)
+    if steps is not None:
+        read_mask(gate, steps)
 
 
 def read_mask(gate: Gate, mask: torch.Tensor) -> None:
@@ -1068,30 +1098,54 @@ def _is_lengths(value: Any) -> bool:
     )
 
 
-def joined_inputs(kwargs: Mapping[str, Any], max_features: int = 256) -> torch.Tensor | None:
+def joined_inputs(
+    kwargs: Mapping[str, Any], max_features: int = 256, steps: StepsOf | None = None
+) -> torch.Tensor | None:
     """A forward's keyword arguments as the one input the hooks read: a lone tensor as it
     is; several side by side in call order, float32 ``[batch, features]``, each read as a lone
     input would be (a map of at most ``max_features`` values whole, a larger one by its
     channels' means), so a drift in any of them is the input's (``input.arguments``). Where
-    they do not all have the batch first, the first tensor, as for any other call."""
+    they do not all have the batch first, the first tensor, as for any other call.
+
+    With ``steps`` (one argument padded to the batch's longest), its lengths and mask are
+    left out and the padded argument is read by its own steps, a width no batch changes:
+    ``[B, T, F]`` by each feature's mean, ``[B, T]`` by its length (and a series' mean and
+    spread), as :func:`token_summary` reads a lone input; a length elsewhere than a sample's
+    first dimension by its channels' means."""
     if len(kwargs) == 1:
         (only,) = kwargs.values()
         if isinstance(only, Mapping):
             kwargs = only  # the arguments as one dict (input.argument beside input.arguments)
-    tensors = [value for value in kwargs.values() if isinstance(value, torch.Tensor)]
-    if len(tensors) < 2:
-        return tensors[0] if tensors else None
-    first = tensors[0]
+    if steps is not None:
+        kwargs = {name: value for name, value in kwargs.items() if name not in steps.beside}
+    named = [(name, value) for name, value in kwargs.items() if isinstance(value, torch.Tensor)]
+    if len(named) < 2 and steps is None:
+        return named[0][1] if named else None
+    if not named:
+        return None
+    first = named[0][1]
     rows = first.shape[0] if first.dim() else -1
-    if any(t.dim() == 0 or t.shape[0] != rows for t in tensors):
+    if any(t.dim() == 0 or t.shape[0] != rows for _, t in named):
         return first
     parts = [
-        t.reshape(rows, -1).float()
+        _own_steps_read(t, steps, max_features)
+        if steps is not None and name == steps.argument
+        else t.reshape(rows, -1).float()
         if t.dim() <= 2 or math.prod(t.shape[1:]) <= max_features
         else t.reshape(rows, t.shape[1], -1).float().mean(dim=2)
-        for t in tensors
+        for name, t in named
     ]
     return torch.cat(parts, dim=1)
+
+
+def _own_steps_read(tensor: torch.Tensor, steps: StepsOf, max_features: int) -> torch.Tensor:
+    """The padded argument of :func:`joined_inputs` as features of a fixed width."""
+    mask = steps.mask
+    if mask is not None and tensor.dim() in (2, 3) and tensor.shape[:2] == mask.shape:
+        return token_summary(tensor, mask, max_features)[1].float()
+    if tensor.dim() >= 3:
+        return tensor.reshape(tensor.shape[0], tensor.shape[1], -1).float().mean(dim=2)
+    return tensor.reshape(tensor.shape[0], -1).float()
 
 
 def packed_means(packed: PackedSequence) -> torch.Tensor:

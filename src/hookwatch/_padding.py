@@ -6,6 +6,9 @@ sample. The padded batch carries each sample's length, so the forward can be giv
 (``input.lengths``, ``input.mask``), the hooks can leave padding out of a step activation's
 statistics, and each answer can be cut at its own length. Plain torch: the service pads, the
 profile builder runs the reference through the same object.
+
+Beside ``input.arguments``, one argument may be of a variable length: its padded values
+are passed as its keyword, the other arguments (fixed shapes, stacked) as theirs.
 """
 
 from __future__ import annotations
@@ -32,6 +35,11 @@ class Padded:
     mask_argument: str | None = None
     #: What the padding holds (``input.pad_value``).
     pad_value: float = 0.0
+    #: Beside ``input.arguments``: the keyword the values are passed as (None: positionally),
+    #: the other arguments, stacked, and where among them the values' argument is declared.
+    field: str | None = None
+    others: tuple[tuple[str, torch.Tensor], ...] = ()
+    at: int = 0
 
     def _steps(self) -> torch.Tensor:
         """``[batch, longest]``: True at each sample's own steps."""
@@ -59,16 +67,44 @@ class Padded:
             given[self.mask_argument] = self._steps()
         return given
 
+    def arguments(self) -> dict[str, torch.Tensor]:
+        """Beside ``input.arguments``: every argument by its keyword, in declared order."""
+        named = list(self.others)
+        if self.field is not None:
+            named.insert(self.at, (self.field, self.values))
+        return dict(named)
+
+    def call_arguments(self) -> dict[str, torch.Tensor]:
+        """Beside ``input.arguments``: the forward's keyword arguments, each argument's and
+        the lengths' or mask's."""
+        return self.arguments() | self.keywords()
+
     def call(self, model: nn.Module) -> Any:
-        """The forward pass: the values positionally, lengths and mask as their keywords."""
+        """The forward pass: the values positionally (beside ``input.arguments``, as their
+        keyword, with the other arguments), lengths and mask as their keywords."""
+        if self.field is not None:
+            return model(**self.call_arguments())
         return model(self.values, **self.keywords())
 
     def to(self, device: torch.device) -> Padded:
-        return replace(self, values=self.values.to(device), lengths=self.lengths.to(device))
+        return replace(
+            self,
+            values=self.values.to(device),
+            lengths=self.lengths.to(device),
+            others=tuple((name, value.to(device)) for name, value in self.others),
+        )
 
     def rows(self, count: int) -> Padded:
         """The first ``count`` samples."""
-        return replace(self, values=self.values[:count], lengths=self.lengths[:count])
+        return replace(
+            self,
+            values=self.values[:count],
+            lengths=self.lengths[:count],
+            others=tuple((name, value[:count]) for name, value in self.others),
+        )
+
+    def _others_of(self, rows: list[int]) -> tuple[tuple[str, torch.Tensor], ...]:
+        return tuple((name, value[rows]) for name, value in self.others)
 
     def probe(self) -> tuple[Padded, Padded] | None:
         """One sample alone, and a batch whose first row is that sample padded beside a longer
@@ -81,18 +117,26 @@ class Padded:
         long_ = max(range(len(lengths)), key=lengths.__getitem__)
         at, longest = self.dim - 1, lengths[long_]
         if lengths[short] < longest:
-            pair = self.values[[short, long_]].narrow(self.dim, 0, longest)
+            rows = [short, long_]
+            pair = self.values[rows].narrow(self.dim, 0, longest)
             counts = [lengths[short], longest]
         else:
             counts = [longest // 2, longest]
             if counts[0] < 1:
                 return None
-            pair = self.values[[0, 0]].narrow(self.dim, 0, longest).clone()
+            rows = [0, 0]
+            pair = self.values[rows].narrow(self.dim, 0, longest).clone()
             pair[0].narrow(at, counts[0], longest - counts[0]).fill_(self.pad_value)
-        together = replace(self, values=pair, lengths=torch.tensor(counts, device=pair.device))
+        together = replace(
+            self,
+            values=pair,
+            lengths=torch.tensor(counts, device=pair.device),
+            others=self._others_of(rows),
+        )
         alone = replace(
             self,
             values=pair[:1].narrow(self.dim, 0, counts[0]),
             lengths=together.lengths[:1],
+            others=self._others_of(rows[:1]),
         )
         return alone, together

@@ -14,7 +14,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -31,7 +31,7 @@ from hookwatch._hooks import (
     as_logits,
     per_sample_items,
     plan_watch,
-    read_mask,
+    read_padded,
     select_tensor,
 )
 from hookwatch._image import decode_image, image_bytes
@@ -240,7 +240,11 @@ def decode_values(values: Any, spec: InputSpec) -> torch.Tensor:
     if got is None:
         raise BadInputError(
             f"a rectangular array of numbers of shape {spec.shape_text}{_flat(spec)}",
-            _describe(values) if not isinstance(values, list) else "a ragged or non-numeric list",
+            _describe(values)
+            if not isinstance(values, list)
+            else "an empty list"
+            if not values
+            else "a ragged or non-numeric list",
             reason="wrong_shape",
         )
     if spec.length_dim is not None:
@@ -271,6 +275,16 @@ def decode_values(values: Any, spec: InputSpec) -> torch.Tensor:
             # Only on this path, not per request: tell a number past float32's range from NaN.
             _check_finite_range(values, "float32")
         raise
+
+
+def _count_text(spec: InputSpec) -> str:
+    """An input's dimensions as a request's numbers: ``3x4``; ``1 to 50`` or ``(1 to 50)x3``
+    for a length each request chooses."""
+    shape, at = spec.shape or (), spec.length_dim
+    dims = [str(d) for d in shape]
+    if at is not None:
+        dims[at] = f"1 to {shape[at]}" if len(shape) == 1 else f"(1 to {shape[at]})"
+    return "x".join(dims)
 
 
 def _flat(spec: InputSpec) -> str:
@@ -530,10 +544,13 @@ class ArgumentsPipeline:
         self.parts = {part.field: InputPipeline(part, model_dir) for part in spec.arguments}
         self._limit = body_limit(spec.numel, spec.max_body_bytes)
         fields_ = ", ".join(
-            f'"{part.field}": <{"x".join(map(str, part.shape or ()))} numbers>'
-            for part in spec.arguments
+            f'"{part.field}": <{_count_text(part)} numbers>' for part in spec.arguments
         )
         self._expected = f"a JSON object {{{fields_}}}"
+        #: The argument of a variable length (padded), and where it is declared; None: none.
+        self._variable = next(
+            (i for i, part in enumerate(spec.arguments) if part.length_dim is not None), None
+        )
 
     def decode(self, body: Any) -> dict[str, torch.Tensor]:
         payload = _parse_json(body, self._expected, self._limit)
@@ -549,11 +566,30 @@ class ArgumentsPipeline:
                 ) from None
         return item
 
-    def batch(self, items: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """Each argument's items stacked, cast and normalised as its declaration says."""
-        return {
-            name: part.stacked([item[name] for item in items]) for name, part in self.parts.items()
-        }
+    def batch(
+        self, items: Sequence[Mapping[str, torch.Tensor]]
+    ) -> dict[str, torch.Tensor] | Padded:
+        """Each argument's items stacked, cast and normalised as its declaration says; one of
+        a variable length padded to its longest, the others beside it (:class:`Padded`)."""
+        return self.columns({name: [item[name] for item in items] for name in self.parts})
+
+    def columns(
+        self, values: Mapping[str, Sequence[torch.Tensor] | torch.Tensor]
+    ) -> dict[str, torch.Tensor] | Padded:
+        """:meth:`batch` of each argument's items, or of its samples stacked (a reference
+        array per argument)."""
+        if self._variable is None:
+            return {name: part.stacked(values[name]) for name, part in self.parts.items()}
+        fixed: list[tuple[str, torch.Tensor]] = []
+        padded: Padded | None = None
+        for name, part in self.parts.items():
+            batched = part.batch(values[name])
+            if isinstance(batched, Padded):
+                padded = replace(batched, field=name)
+            else:
+                fixed.append((name, batched))
+        assert padded is not None
+        return replace(padded, others=tuple(fixed), at=self._variable)
 
 
 #: A forward's input: one tensor, or keyword arguments (token ids, attention mask, ...), or a
@@ -672,7 +708,9 @@ def _refused(error: BaseException) -> BadInputError:
 def call_model(pipeline: Pipeline, model: nn.Module, inputs: ModelInputs) -> Any:
     """The forward pass: keyword arguments as they are (``input.arguments`` with
     ``input.argument``: together as one dict under that keyword), a tensor as the input spec
-    says."""
+    says, a padded batch with its own keywords."""
+    if isinstance(inputs, Padded):
+        return inputs.call(model)
     if isinstance(inputs, dict):
         if isinstance(pipeline, ArgumentsPipeline) and pipeline.spec.argument is not None:
             return model(**{pipeline.spec.argument: inputs})
@@ -688,8 +726,11 @@ def to_device(inputs: ModelInputs, device: torch.device) -> ModelInputs:
 
 
 def input_tensor(inputs: ModelInputs) -> torch.Tensor | dict[str, torch.Tensor]:
-    """What the model's input hook reads of a forward's input: a padded batch's values."""
-    return inputs.values if isinstance(inputs, Padded) else inputs
+    """What the model's input hook reads of a forward's input: a padded batch's values (beside
+    ``input.arguments``, the keyword arguments the forward is called with)."""
+    if isinstance(inputs, Padded):
+        return inputs.values if inputs.field is None else inputs.call_arguments()
+    return inputs
 
 
 @dataclass
@@ -766,7 +807,7 @@ class ModelService:
         # The monitor's request path, bound once: one call per phase on every batch.
         self._path = monitor._request_path() if monitor is not None else None
         #: Batches are padded (a length each request chooses): decided once, not per batch.
-        self._padded = spec.length_dim is not None
+        self._padded = spec.variable is not None
         #: A per-step output may be cut at each sample's own steps: padded or text batches.
         self._stepped = self._padded or isinstance(self.pipeline, TextPipeline)
 
@@ -858,10 +899,8 @@ class ModelService:
                     assert path is not None
                     with torch.inference_mode(), scope:
                         if self._padded and isinstance(batch.inputs, Padded):
-                            # Padding is no sample's: the hooks reduce steps over this mask.
-                            steps = batch.inputs.step_mask()
-                            if steps is not None:
-                                read_mask(path.hook_flag, steps)
+                            # Padding is no sample's: the hooks reduce steps over its mask.
+                            read_padded(path.hook_flag, batch.inputs)
                         # The model's own input and output: handed to their hooks here
                         # when the monitor lets the service (RequestPath.take_input).
                         take = path.take_input

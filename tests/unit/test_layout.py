@@ -127,7 +127,14 @@ def test_dependencies_point_one_way() -> None:
         "hookwatch._catalogue": set(),
         "hookwatch._errors": set(),
         "hookwatch._config": {"hookwatch._errors"},
-        "hookwatch._hooks": {"hookwatch._config", "hookwatch._errors", "hookwatch._stats"},
+        # A padded batch tells the hooks its steps' mask (and, beside input.arguments, which
+        # argument is padded): read_padded.
+        "hookwatch._hooks": {
+            "hookwatch._config",
+            "hookwatch._errors",
+            "hookwatch._padding",
+            "hookwatch._stats",
+        },
         # The exporter logs its housekeeping faults through the capture module's rate limit.
         "hookwatch._metrics": {"hookwatch._catalogue", "hookwatch._capture"},
         # The one body limit, for tensor and text requests alike.

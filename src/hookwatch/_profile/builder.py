@@ -32,7 +32,7 @@ from hookwatch._hooks import (
     WatchPlan,
     as_array,
     plan_watch,
-    read_mask,
+    read_padded,
     select_tensor,
 )
 from hookwatch._names import INPUT_LAYER, OUTPUT_LAYER, STATISTICS, level_of, unit_layers
@@ -305,9 +305,7 @@ def _captured(
                 with torch.inference_mode():
                     if isinstance(batch, Padded):
                         # As served: the steps' mask leaves padding out (ModelService.infer).
-                        steps = batch.step_mask()
-                        if steps is not None:
-                            read_mask(gate, steps)
+                        read_padded(gate, batch)
                         output = batch.call(model)
                     else:
                         output = model(**batch) if isinstance(batch, Mapping) else model(batch)
@@ -528,7 +526,7 @@ def _nonfinite(bad: int, total: int, first: int) -> ProfileError:
 def _tensors(batch: Batch) -> list[Any]:
     """The values a batch gives the model (a padded batch's padding is ``pad_value``)."""
     if isinstance(batch, Padded):
-        return [batch.values]
+        return list(batch.arguments().values()) if batch.field is not None else [batch.values]
     return list(batch.values()) if isinstance(batch, Mapping) else [batch]
 
 

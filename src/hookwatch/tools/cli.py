@@ -766,11 +766,20 @@ def _example_batch(shape: Sequence[int], dtype: str, spec: Any) -> Any:
 def _arguments_dry_run(model: Any, spec: Any) -> tuple[Any, tuple[int, ...], str, str | None]:
     """A several-tensor model's layers, on two random items of each ``input.arguments``
     entry (its declared shape, dtype and range) through the serving pipeline."""
+    import dataclasses
+
+    from hookwatch._service import Padded
     from hookwatch.tools.own_model import discover_layers
 
-    inputs = {
+    inputs: Any = {
         part.field: _example_batch(part.shape or (), part.dtype, part) for part in spec.arguments
     }
+    padded = [(i, name, x) for i, (name, x) in enumerate(inputs.items()) if isinstance(x, Padded)]
+    if padded:
+        # One argument of a variable length: padded as served, the others beside it.
+        ((at, name, x),) = padded
+        others = tuple((n, v) for n, v in inputs.items() if n != name)
+        inputs = dataclasses.replace(x, field=name, others=others, at=at)
     return discover_layers(model, inputs, spec.argument), (), ARGUMENTS_INPUT, spec.argument
 
 

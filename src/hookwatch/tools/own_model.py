@@ -43,6 +43,7 @@ from hookwatch._drift.projection import SAMPLES_PER_COMPONENT
 from hookwatch._errors import BadInputError, ConfigError, HookwatchError, error_line
 from hookwatch._hooks import (
     FeatureReading,
+    StepsOf,
     as_items,
     feature_reading,
     hookable_root,
@@ -393,7 +394,13 @@ def _describe_inputs(batch: ModelInputs) -> str:
         return ", ".join(f"{name} {list(value.shape[1:])}" for name, value in batch.items())
     if isinstance(batch, Padded):
         lengths = ", ".join(map(str, batch.lengths.tolist()))
-        return f"shape {list(batch.values.shape[1:])} padded (lengths {lengths})"
+        padded = f"shape {list(batch.values.shape[1:])} padded (lengths {lengths})"
+        if batch.field is None:
+            return padded
+        return ", ".join(
+            f"{name} {padded}" if name == batch.field else f"{name} {list(value.shape[1:])}"
+            for name, value in batch.arguments().items()
+        )
     return f"shape {list(batch.shape[1:])}"
 
 
@@ -571,11 +578,17 @@ def discover_layers(
             handle.remove()
     width = _projection_width()
     joined = joined_inputs(x, width) if isinstance(x, dict) and not tokens else None
+    given = x
+    if isinstance(x, Padded) and x.field is not None:
+        # Several arguments, one padded: read side by side, that one by its own steps.
+        given = x.arguments()
+        read = StepsOf(x.field, frozenset(x.keywords()), x.step_mask())
+        joined = joined_inputs(x.call_arguments(), width, read)
     shapes: tuple[tuple[int, ...], ...]
     if joined is not None and joined is not first:
         # Several arguments: the hooks read them side by side (input.arguments).
-        assert isinstance(x, dict)
-        shapes, features = tuple(tuple(v.shape) for v in x.values()), int(joined.shape[1])
+        assert isinstance(given, dict)
+        shapes, features = tuple(tuple(v.shape) for v in given.values()), int(joined.shape[1])
     else:
         shapes = (tuple(first.shape),)
         features = _token_input_features(first, width) if tokens else _input_features(first, width)
@@ -1066,7 +1079,15 @@ def _argument_lines(arguments: Sequence[InputSpec]) -> list[str]:
     lines = ["    # one JSON field a tensor, each passed to forward() as the keyword it names"]
     lines.append("    arguments:")
     for part in arguments:
-        declared: dict[str, Any] = {"shape": list(part.shape or ()), "dtype": part.dtype}
+        at = part.length_dim
+        shape = [None if i == at else d for i, d in enumerate(part.shape or ())]
+        declared: dict[str, Any] = {"shape": shape, "dtype": part.dtype}
+        if at is not None:
+            # A length each request chooses: its bound and keywords as declared.
+            declared["max_length"] = (part.shape or ())[at]
+            declared |= {k: getattr(part, k) for k in ("lengths", "mask") if getattr(part, k)}
+            if part.pad_value:
+                declared["pad_value"] = part.pad_value
         for key, value in (("min", part.min_value), ("max", part.max_value)):
             if value is not None:
                 # As the user wrote it: 49, not 49.0 (the config keeps bounds as floats).
@@ -1247,10 +1268,7 @@ def _argument_batches(
             + ", ".join(f"{name} {count}" for name, count in counts.items())
         )
     for start in range(0, len(values[names[0]]), batch_size):
-        yield {
-            name: part.stacked(values[name][start : start + batch_size])
-            for name, part in pipeline.parts.items()
-        }
+        yield pipeline.columns({name: v[start : start + batch_size] for name, v in values.items()})
 
 
 def _reference_values(
@@ -1379,7 +1397,7 @@ def archive_model(
         pipeline = make_pipeline(handler.input, build_dir_for_preprocess(extra_files, ref))
     # A length each request chooses, served one request a batch: nothing is ever padded, so
     # neither is the reference (a model that reads padding is then served as it is).
-    alone = handler.input.length_dim is not None and model_config.raw.get("batchSize", 1) == 1
+    alone = handler.input.variable is not None and model_config.raw.get("batchSize", 1) == 1
     batches = list(load_reference(reference, pipeline, batch_size=1 if alone else 64))
     # A dry run on the first reference batch: a shape the model refuses fails here, in one line.
     first = _first_rows(batches[0], 2)
@@ -1468,13 +1486,19 @@ def archive_model(
             "model-config)"
         )
     if profile.left_out.get(OUTPUT_LAYER) == PADDING_READ:
+        variable = handler.input.variable
+        keys = (
+            "input"
+            if variable is handler.input or variable is None
+            else f"input.arguments.{variable.field}"
+        )
         raise ConfigError(
             "model output: expected a sample's answer not to depend on the padding of its "
             "batch, got another answer for a sample padded beside a longer one (the model "
             "reads the padding: a request's answer would depend on the requests batched with "
-            "it); give forward each sample's length (input.lengths) or a mask (input.mask) "
-            "and leave the padding out of what it computes, or serve one request a batch "
-            "(batchSize: 1 in the model-config)"
+            f"it); give forward each sample's length ({keys}.lengths) or a mask "
+            f"({keys}.mask) and leave the padding out of what it computes, or serve one "
+            "request a batch (batchSize: 1 in the model-config)"
         )
     if labelled is not None and labels is None and config.output.head != "logits":
         say(
