@@ -506,6 +506,22 @@ class OutputSpec:
         expected="a key (a non-empty string) or null",
         type_doc="string or null",
     )
+    also: tuple[int | str, ...] = _option(
+        (),
+        "other parts of a tuple/list (index) or dict/`ModelOutput` (key) output answered "
+        "beside the head's, each request its own sample's values under that key "
+        '(`{"class": 1, "probabilities": [...], "spend": 12.5}`: a multi-task model\'s other '
+        "heads; a value a sample is a number); answered, not watched. `hookwatch init` lists "
+        "the output's other tensors of a row per sample (at most 64 values each); `archive` "
+        "refuses a part that is missing or has no row per sample",
+        check=lambda v: (
+            isinstance(v, list | tuple)
+            and all(_index(x) or (isinstance(x, str) and bool(x)) for x in v)
+            and _distinct(v)
+        ),
+        expected="a list of tuple indices (integers >= 0) or dict keys (strings), each once",
+        type_doc="list of int or string",
+    )
     probabilities: bool = _option(
         False,
         "the output is probabilities already (the model ends in a softmax or a sigmoid): "
@@ -529,6 +545,22 @@ class OutputSpec:
                 f"monitoring.output.items: expected head values (or none), got head "
                 f"{self.head}: a sample's tensor of rows holds no class scores of its own"
             )
+        if self.also and self.items is not None:
+            raise ConfigError(
+                f"monitoring.output.also: expected none beside items (each sample's tensor is "
+                f"the whole answer), got {list(self.also)}"
+            )
+        for part in self.also:
+            if part == self.select:
+                raise ConfigError(
+                    f"monitoring.output.also: expected parts other than the one watched and "
+                    f"answered by the head (output.select), got {part!r}"
+                )
+            if str(part) in ANSWER_KEYS:
+                raise ConfigError(
+                    f"monitoring.output.also: expected keys other than the answer's own "
+                    f"({', '.join(sorted(ANSWER_KEYS))}), got {part!r}"
+                )
         if self.items is not None and self.select not in (None, self.items):
             raise ConfigError(
                 f"monitoring.output.select: expected null (or {self.items!r}) beside items, "
@@ -538,6 +570,22 @@ class OutputSpec:
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any] | None) -> OutputSpec:
         return cls(**_given(cls, _section(cls, raw, "monitoring.output")))
+
+
+#: The keys a head's answer holds (``output.also`` cannot name one).
+ANSWER_KEYS = frozenset(
+    {
+        "class",
+        "probabilities",
+        "top",
+        "labels",
+        "values",
+        "embedding",
+        "output",
+        "classes",
+        "confidence",
+    }
+)
 
 
 @dataclass(frozen=True)

@@ -774,6 +774,8 @@ class BatchResult:
     #: Each row's own steps where the output has a step per step of a padded batch
     #: (``[rows, longest, ...]``): its answer holds those, padding is no sample's.
     steps: torch.Tensor | None = None
+    #: The output's other parts answered beside the head's (``output.also``), a row each.
+    also: dict[str, torch.Tensor] | None = None
 
 
 #: A logits head answers every class's probability up to this many classes, the top 5 above.
@@ -884,6 +886,7 @@ class ModelService:
 
     def infer(self, batch: DecodedBatch) -> BatchResult:
         outputs: torch.Tensor | list[torch.Tensor] | None = None
+        also: dict[str, torch.Tensor] | None = None
         sampled = False
         if batch.inputs is not None:
             path = self._path
@@ -924,6 +927,8 @@ class ModelService:
                 return self._rerun_each_alone(batch, error)
             rows = sum(batch.sizes) if batch.sizes else len(batch.positions)
             outputs = self._output_rows(raw, rows)
+            if self.output.also:
+                also = self._also_rows(raw, rows)
         return BatchResult(
             batch.size,
             outputs,
@@ -934,6 +939,7 @@ class ModelService:
             batch.received,
             sampled,
             _own_steps(batch.inputs, outputs) if self._stepped else None,
+            also,
         )
 
     def _output_rows(self, raw: Any, rows: int) -> torch.Tensor | list[Any]:
@@ -944,6 +950,21 @@ class ModelService:
         if per_sample_items(raw):
             return list(raw)
         return self._batch_first(self._output_tensor(raw), rows)
+
+    def _also_rows(self, raw: Any, rows: int) -> dict[str, torch.Tensor]:
+        """The output's other parts answered beside the head's (``output.also``), each
+        batch-first: a part missing or without a row per sample fails the batch, as the
+        head's own would (``archive`` refuses such a config first)."""
+        parts: dict[str, torch.Tensor] = {}
+        for part in self.output.also:
+            tensor = select_tensor(raw, part)
+            if tensor is None:
+                raise TypeError(
+                    f"expected the model's output to hold a tensor at {part!r} "
+                    f"(monitoring.output.also), got none"
+                )
+            parts[str(part)] = self._batch_first(tensor, rows)
+        return parts
 
     def _output_tensor(self, raw: Any) -> torch.Tensor:
         outputs = select_tensor(raw, self.output.select)
@@ -979,6 +1000,7 @@ class ModelService:
         rows: list[Any] = []
         positions: list[int] = []
         sizes: list[int] = []
+        also: dict[str, list[torch.Tensor]] = {}
         each = batch.sizes or [1] * len(batch.positions)
         if len(batch.items) == 1:
             errors[batch.positions[0]] = _refused(error)  # a batch of one ran alone already
@@ -994,11 +1016,14 @@ class ModelService:
                             raise TypeError(f"expected {size} output items, got {len(out)}")
                     elif out.dim() == 0 or out.shape[0] != size:
                         raise TypeError(f"expected {size} output rows, got shape {list(out.shape)}")
+                    parts = self._also_rows(raw, size) if self.output.also else {}
                 except Exception as failed:
                     if _out_of_resources(failed):
                         raise
                     errors[index] = _refused(failed)
                     continue
+                for key, part in parts.items():
+                    also.setdefault(key, []).extend(part)
                 rows.extend(out)
                 positions.append(index)
                 sizes.append(size)
@@ -1022,6 +1047,7 @@ class ModelService:
             sizes if batch.sizes else None,
             batch.listed,
             batch.received,
+            also={key: torch.stack(part) for key, part in also.items()} if also else None,
         )
 
     def _answer(self, row: torch.Tensor) -> dict[str, Any]:
@@ -1143,6 +1169,11 @@ class ModelService:
                 )
             # One check per batch: only a batch with a NaN or an Infinity takes the slow path.
             finite = items or (isinstance(outputs, torch.Tensor) and _all_finite(outputs))
+            also_host = (
+                {key: part.detach().cpu() for key, part in result.also.items()}
+                if result.also is not None
+                else {}
+            )
             if result.steps is not None and isinstance(outputs, torch.Tensor):
                 # Each sample's own steps: the same answer alone or beside a longer one.
                 kept = result.steps.cpu()
@@ -1155,6 +1186,9 @@ class ModelService:
                     else non_finite_answer(outputs[r])
                     for r in range(row, row + size)
                 ]
+                if result.also is not None:
+                    for r, each in enumerate(rows, start=row):
+                        each.update(_items_answer({k: v[r] for k, v in also_host.items()}))
                 answers[index] = rows if index in result.listed else rows[0]
                 row += size
         path = self._path

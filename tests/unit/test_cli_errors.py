@@ -292,3 +292,29 @@ def test_each_command_help_shows_its_example(run: Run) -> None:
 def test_version(run: Run) -> None:
     code, out, _ = run("--version")
     assert code == 0 and out.strip() == f"hookwatch {__version__}"
+
+
+def test_a_reader_that_stops_early_gets_no_error(tmp_path: Path) -> None:
+    """`hookwatch layers ... | head`: the pipe closes while the table is written; the command
+    ends as one killed by SIGPIPE would, saying nothing (it said "error: [Errno 32] Broken
+    pipe")."""
+    import subprocess
+    import sys
+
+    # 3,000 layers: a table far past a pipe's buffer, so the write meets the closed pipe.
+    (tmp_path / "deep.py").write_text(
+        "from torch import nn\n\n\ndef build():\n"
+        "    return nn.Sequential(*[nn.Linear(2, 2) for _ in range(3000)])\n"
+    )
+    command = [sys.executable, "-m", "hookwatch.tools.cli"]
+    layers = subprocess.Popen(
+        [*command, "layers", f"{tmp_path / 'deep.py'}:build", "--input-shape", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert layers.stdout is not None and layers.stderr is not None
+    assert layers.stdout.read(10)  # the reader takes the start, then goes away
+    layers.stdout.close()
+    err = layers.stderr.read().decode()
+    assert layers.wait(timeout=120) == 141
+    assert err == ""

@@ -455,11 +455,13 @@ def test_init_says_which_tensor_of_a_tuple_output_the_head_reads() -> None:
 
     rows = discover_layers(Pair().eval(), torch.zeros(2, 16))
     written = init_config(rows, [16], "float32", None, "pair.py:Pair")
-    assert "The output holds 2 tensors (8; 5): the head reads the first" in written
+    assert "The output holds 2 tensors (0: 8; 1: 5): the head reads 0," in written
     assert "select: 1" in written
     import yaml
 
-    assert yaml.safe_load(written)["handler"]["monitoring"]["output"] == {"head": "logits"}
+    # The other tensor, small and a row per sample, is answered beside (output.also).
+    output = yaml.safe_load(written)["handler"]["monitoring"]["output"]
+    assert output == {"head": "logits", "also": [1]}
 
 
 def test_init_quotes_layer_paths_yaml_would_read_as_numbers(tmp_path: Path) -> None:

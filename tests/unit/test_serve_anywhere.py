@@ -63,6 +63,10 @@ def test_missing_system_parts_name_what_to_install(
     ]
     with pytest.raises(FileNotFoundError, match="install Prometheus"):
         devstack.require_binary("prometheus")
+    # A hint of the command to run is said as it is (it read "install pip install ...").
+    hint = "pip install 'hookwatch[torchserve]'"
+    with pytest.raises(FileNotFoundError, match=r"found none: pip install 'hookwatch\[torch"):
+        devstack.require_binary("torchserve", hint)
 
 
 def test_torchserve_takes_the_bodies_a_large_input_needs(tmp_path: Path) -> None:

@@ -1539,6 +1539,14 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str] | None, prog: s
         return exit_.code if isinstance(exit_.code, int) else 0 if exit_.code is None else 2
     try:
         result: int = args.func(args)
+    except BrokenPipeError:
+        # The reader went away (`hookwatch layers ... | head`): nothing to say, as a command
+        # killed by SIGPIPE says nothing. Python's own flush of stdout at exit would raise
+        # again: stdout goes to /dev/null first.
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return 128 + 13  # SIGPIPE's status, as a shell reports it
     except USER_ERRORS as error:
         if os.environ.get("HOOKWATCH_DEBUG"):
             raise

@@ -216,7 +216,7 @@ def require_binary(name: str, hint: str | None = None) -> str:
     path = shutil.which(name)
     if path is None:
         raise FileNotFoundError(
-            f"expected {name!r} on PATH, found none: install {hint or SYSTEM_PARTS[name]}"
+            f"expected {name!r} on PATH, found none: {hint or f'install {SYSTEM_PARTS[name]}'}"
         )
     return path
 

@@ -33,6 +33,7 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 
 from hookwatch._config import (
+    ANSWER_KEYS,
     HandlerConfig,
     InputSpec,
     ModelConfig,
@@ -430,7 +431,14 @@ class LayerInfo:
     #: The output row of a model answering a list of one tensor a sample: read under
     #: :data:`LISTED_KEY`, proposed as ``output.items``.
     listed: bool = False
+    #: The output row of a tuple, list or dict output: each tensor's index or key, and its
+    #: shape per sample (None where it has no row per sample), in the output's order.
+    parts: tuple[tuple[int | str, tuple[int, ...] | None], ...] = ()
 
+
+#: The most values a sample ``init`` proposes answering of an output's other part
+#: (``output.also``): a multi-task model's other heads, not its hidden states.
+ALSO_LARGEST = 64
 
 #: The key ``init`` proposes for a list of one tensor a sample (``output.items``).
 LISTED_KEY = "detections"
@@ -644,9 +652,27 @@ def discover_layers(
             reading=reading,
             items=items,
             listed=listed,
+            parts=() if listed or items else _output_parts(result, batch),
         )
     )
     return rows
+
+
+def _output_parts(result: Any, batch: int) -> tuple[tuple[int | str, tuple[int, ...] | None], ...]:
+    """A tuple, list or dict output's tensors: each one's index or key and its shape per
+    sample (None without a row per sample)."""
+    named: list[tuple[int | str, Any]]
+    if isinstance(result, Mapping):
+        named = [(str(key), value) for key, value in result.items()]
+    elif isinstance(result, list | tuple):
+        named = list(enumerate(result))
+    else:
+        return ()
+    return tuple(
+        (key, tuple(value.shape[1:]) if value.dim() and value.shape[0] == batch else None)
+        for key, value in named
+        if isinstance(value, torch.Tensor)
+    )
 
 
 def _layer_features(
@@ -990,8 +1016,22 @@ def init_config(
         else []
     )
     parts = rows[-1].shapes if rows else ()
+    named = rows[-1].parts if rows else ()
     select_note = (
         [
+            f"    # The output holds {len(named)} tensors ("
+            + "; ".join(
+                f"{key}: {'x'.join(map(str, shape or ())) or 'a value'}"
+                if shape is not None
+                else f"{key}: no row per sample"
+                for key, shape in named
+            )
+            + f"): the head reads {_part_text(named[0][0])},",
+            f"    # unless output.select names another (select: {_part_text(named[1][0])}); "
+            "also: others answered beside it",
+        ]
+        if len(named) > 1
+        else [
             f"    # The output holds {len(parts)} tensors ("
             + "; ".join("x".join(map(str, p[1:])) or "scalar" for p in parts)
             + "): the head reads the first,",
@@ -1000,6 +1040,13 @@ def init_config(
         if len(parts) > 1
         else []
     )
+    # The other parts of a row per sample, small enough to answer: a multi-task model's heads.
+    also = [
+        key
+        for key, shape in named[1:]
+        if shape is not None and math.prod(shape) <= ALSO_LARGEST and str(key) not in ANSWER_KEYS
+    ]
+    also_text = ", ".join(map(_part_text, also))
     ending = final_activation(rows) if rows else None
     probabilities = ending is not None and head in ("logits", "multilabel")
     probabilities_note = (
@@ -1064,7 +1111,8 @@ def init_config(
             *one_value_note,
             *probabilities_note,
             f"    output: {{head: {head}{', probabilities: true' if probabilities else ''}"
-            f"{f', items: {LISTED_KEY}' if listed else ''}}}"
+            f"{f', items: {LISTED_KEY}' if listed else ''}"
+            f"{f', also: [{also_text}]' if also else ''}}}"
             f"   # {heads}",
             "    # sample_rate unset: 10 % of requests, at most max_sampled_per_s (20) a second",
             "    # and their hooks at most max_overhead (0.005) of the worker's time",
@@ -1133,6 +1181,11 @@ def _check_class_names(labels: Sequence[str], logits: torch.Tensor, head: str) -
             f"handler.labels: expected {classes} names (one per class of the model's logits, "
             f"in class order), got {len(labels)}"
         )
+
+
+def _part_text(part: int | str) -> str:
+    """A part of the output as YAML reads it back: an index as a number, a key a string."""
+    return str(part) if isinstance(part, int) else _flow_scalar(part)
 
 
 def _flow_scalar(name: str) -> str:
@@ -1449,6 +1502,21 @@ def archive_model(
             "after NMS) as monitoring.output.items: detections (with head values), or select "
             "another part of the output"
         )
+    for part in config.output.also:
+        answered = select_tensor(output, part)
+        if answered is None or not (
+            answered.dim()
+            and (
+                answered.shape[0] == samples
+                or (answered.dim() > 2 and answered.shape[1] == samples)
+            )
+        ):
+            got = "none" if answered is None else f"shape {list(answered.shape)}"
+            raise ConfigError(
+                f"monitoring.output.also: expected {part!r} to pick a tensor of the output with "
+                f"a row per sample ({samples} for the dry run), got {got}"
+                f"{_select_choices(output) if answered is None else ''}"
+            )
     if (
         config.output.head == "logits"
         and not config.output.probabilities
