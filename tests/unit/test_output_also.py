@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -136,3 +137,36 @@ def test_init_proposes_the_small_parts_of_a_row_per_sample(tmp_path: Path) -> No
     assert output == {"head": "logits", "also": ["spend", "segment"]}
     assert "select: spend" in written
     HandlerConfig.from_mapping(yaml.safe_load(written)["handler"])
+
+
+class Pair(NamedTuple):
+    logits: torch.Tensor
+    score: torch.Tensor
+
+
+class NamedOut(nn.Module):
+    """A named tuple's output: its parts are named by their fields, not their positions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.body = nn.Linear(6, 4)
+        self.score = nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> Pair:
+        h = self.body(x)
+        return Pair(h, self.score(h))
+
+
+def test_a_named_tuple_s_parts_are_its_fields() -> None:
+    model = NamedOut().eval()
+    rows = own_model.discover_layers(model, torch.randn(2, 6))
+    written = own_model.init_config(rows, (6,), "float32", None, "named.py:NamedOut")
+    assert "(logits: 4; score: 1): the head reads logits" in written
+    output = yaml.safe_load(written)["handler"]["monitoring"]["output"]
+    assert output["also"] == ["score"]
+    x = torch.randn(6)
+    with torch.no_grad():
+        want = float(model(x[None]).score[0, 0])
+    answer = _service(model, ["score"]).handle([json.dumps({"data": x.tolist()}).encode()])[0]
+    assert answer["score"] == pytest.approx([want], abs=1e-5)

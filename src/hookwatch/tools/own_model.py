@@ -664,6 +664,11 @@ def _output_parts(result: Any, batch: int) -> tuple[tuple[int | str, tuple[int, 
     named: list[tuple[int | str, Any]]
     if isinstance(result, Mapping):
         named = [(str(key), value) for key, value in result.items()]
+    elif isinstance(result, tuple) and hasattr(result, "_fields"):
+        # A named tuple: its fields by name, as output.select and also read them.
+        named = list(zip(result._fields, result, strict=True))
+    elif dataclasses.is_dataclass(result) and not isinstance(result, type):
+        named = [(f.name, getattr(result, f.name)) for f in dataclasses.fields(result)]
     elif isinstance(result, list | tuple):
         named = list(enumerate(result))
     else:
