@@ -1072,11 +1072,13 @@ class ModelService:
             return answer
         if head == "multilabel":
             return self._labels_answer(row)
-        flat = row.reshape(-1)
-        # An integer output (class or token ids) is answered as integers: as floats an id read
-        # "1.0", and one past 2**24 lost its last digits.
-        exact = not (flat.is_floating_point() or flat.is_complex())
-        values = flat.tolist() if exact else flat.float().tolist()
+        # Nested as the row is ([24, 3]: a forecast of 24 steps, 3 quantiles each), not
+        # flattened: the client reads the model's own shape. An integer output (class or token
+        # ids) is answered as integers: as floats an id read "1.0", and one past 2**24 lost
+        # its last digits.
+        row = row.reshape(1) if row.dim() == 0 else row  # a value a sample: still a list
+        exact = not (row.is_floating_point() or row.is_complex())
+        values = row.tolist() if exact else row.float().tolist()
         if head == "values":
             return {"values": values}
         if head == "embedding":

@@ -214,7 +214,8 @@ def test_an_output_without_a_row_per_sample_is_refused_not_misanswered(tmp_path:
     )
     rows = [[[float(i), float(i)]] * 3 for i in range(2)]
     answers = service.handle([{"data": row} for row in rows])
-    assert [a["embedding"] for a in answers] == [[0.0] * 6, [1.0] * 6]
+    # Each sample's [3, 2] rows, nested as they are.
+    assert [a["embedding"] for a in answers] == [[[0.0] * 2] * 3, [[1.0] * 2] * 3]
 
 
 ROWS_MODEL = (

@@ -1007,7 +1007,8 @@ def init_config(
             "(CTC, token",
             "    # classification) take head logits: a class and its probability per position,",
             "    # class shares, mean confidence and entropy over the positions. As embedding,",
-            "    # each value averaged over the positions is watched.",
+            "    # each value averaged over the positions is watched. A forecast (steps x",
+            "    # quantiles) takes head values: answered nested, each quantile's mean watched.",
         ]
         if len(out) == 3
         else [
