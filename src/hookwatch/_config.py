@@ -415,7 +415,10 @@ class HarmConfig:
     layer: str | None = _option(
         None,
         "the watched hidden layer whose features the estimate reads when a profile is built "
-        "with labels; null: the last watched hidden layer. The profile records it and serving "
+        "with labels; null: the last watched hidden layer, unless its estimate on the "
+        "reference itself sits more than 10 points from the model's accuracy there and another "
+        "watched layer's sits nearer (that one is read, and the build log says why; `archive` "
+        "warns where the layer read still sits that far). The profile records it and serving "
         "follows the profile",
         check=lambda v: v is None or (isinstance(v, str) and bool(v)),
         expected="a watched layer's name or null",

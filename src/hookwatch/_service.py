@@ -72,24 +72,27 @@ def _describe(value: Any) -> str:
     if isinstance(value, dict):
         keys = ", ".join(sorted(map(str, value))[:5])
         return f"an object with keys [{keys}]"
+    if value is None:
+        return "null"
     text = repr(value)
     return f"{type(value).__name__} {text[:40]}"
 
 
-def _shape_of(value: Any, depth: int) -> tuple[int, ...] | None:
+def _shape_of(value: Any, depth: int, booleans: bool = False) -> tuple[int, ...] | None:
     """Shape of a rectangular nested list of numbers at most ``depth`` levels deep, or None if
-    it is ragged, not numeric or deeper (a request cannot make this recurse without bound)."""
+    it is ragged, not numeric or deeper (a request cannot make this recurse without bound).
+    JSON's true and false are numbers only for a bool input (``booleans``)."""
     if isinstance(value, bool):
-        return None
+        return () if booleans else None
     if isinstance(value, int | float):
         return ()
     if depth <= 0 or not isinstance(value, list) or not value:
         return None
-    inner = _shape_of(value[0], depth - 1)
+    inner = _shape_of(value[0], depth - 1, booleans)
     if inner is None:
         return None
     for item in value[1:]:
-        if _shape_of(item, depth - 1) != inner:
+        if _shape_of(item, depth - 1, booleans) != inner:
             return None
     return (len(value), *inner)
 
@@ -193,13 +196,39 @@ def decode_payload(body: Any, spec: InputSpec, limit: int | None = None) -> torc
             check_body_size(body, limit, _LIMIT_SETTING)
             return _check_values(decode_image(bytes(body), shape, _DTYPES[spec.dtype]), spec)
     body = _parse_json(body, expected_body, limit)
-    if not isinstance(body, dict) or spec.field not in body:
+    values = _field_value(body, spec.field)
+    if values is _MISSING:
         raise BadInputError(expected_body, _describe(body), reason="missing_field")
     if image:
-        data = image_bytes(body[spec.field])
+        data = image_bytes(values)
         if data is not None:
             return _check_values(decode_image(data, shape, _DTYPES[spec.dtype]), spec)
-    return decode_values(body[spec.field], spec)
+    return decode_values(values, spec)
+
+
+#: Where other serving APIs put a request's input, taken when the default ``data`` is absent:
+#: KServe's and TF Serving's ``instances`` (a batch, of which one item is taken), their and
+#: text-serving APIs' ``inputs``.
+FIELD_ALIASES = ("instances", "inputs")
+#: No input in a request (a JSON null is one, which its check then refuses).
+_MISSING: Any = object()
+
+
+def _field_value(body: Any, field_name: str) -> Any:
+    """A request's input in its parsed JSON: the field's value; a bare array (the input
+    itself, as clients of array-taking servers send it); with the default field, one of
+    :data:`FIELD_ALIASES` alone. :data:`_MISSING` where there is none."""
+    if isinstance(body, list):
+        return body
+    if not isinstance(body, dict):
+        return _MISSING
+    if field_name in body:
+        return body[field_name]
+    if field_name == InputSpec.field:
+        present = [key for key in FIELD_ALIASES if key in body]
+        if len(present) == 1:
+            return body[present[0]]
+    return _MISSING
 
 
 def _looks_like_json(body: bytes | bytearray) -> bool:
@@ -220,7 +249,7 @@ def decode_values(values: Any, spec: InputSpec) -> torch.Tensor:
         # One level more: a batch around the item. A batch of one is the item (clients
         # written for servers that take a batch send [[...]]); more is refused by its count,
         # as TorchServe batches requests itself.
-        outer = _shape_of(values, len(shape) + 1)
+        outer = _shape_of(values, len(shape) + 1, spec.dtype == "bool")
         if outer is not None and (
             fits_shape(outer[1:], spec) if spec.length_dim is not None else outer[1:] == shape
         ):
@@ -236,7 +265,7 @@ def decode_values(values: Any, spec: InputSpec) -> torch.Tensor:
             f"one nested more than {len(shape)} levels",
             reason="too_deep",
         )
-    got = _shape_of(values, len(shape))
+    got = _shape_of(values, len(shape), spec.dtype == "bool")
     if got is None:
         raise BadInputError(
             f"a rectangular array of numbers of shape {spec.shape_text}{_flat(spec)}",
@@ -348,7 +377,7 @@ def decode_as(values: Any, dtype: str) -> torch.Tensor:
             raise BadInputError(
                 f"whole numbers (input dtype {dtype})", "fractional values", reason="wrong_type"
             )
-    elif array.dtype.kind not in "iu":
+    elif array.dtype.kind not in "iub":  # JSON's true and false: a bool input's 1 and 0
         # Python ints beyond int64 make an object array.
         raise BadInputError(
             f"whole numbers within {dtype}'s range",

@@ -227,3 +227,57 @@ def test_the_command_line_leaves_only_the_mar_without_a_build_directory(
     # The staging copy (weights, handler, profile) went with the temporary directory.
     assert sorted(p.name for p in work.iterdir()) == sorted([*before, "store"])
     assert [p.name for p in (work / "store").iterdir()] == ["tiny.mar"]
+
+
+BLIND = (
+    "import torch\nfrom torch import nn\n\n"
+    "class Blind(nn.Module):\n"
+    "    def __init__(self):\n"
+    "        super().__init__()\n"
+    "        torch.manual_seed(0)\n"
+    "        self.seeing = nn.Sequential(nn.Linear(6, 16), nn.ReLU())\n"
+    "        self.blind = nn.Sequential(nn.Linear(6, 16), nn.ReLU())\n"
+    "        self.out = nn.Linear(16, 3)\n\n"
+    "    def forward(self, x):\n"
+    "        g = torch.Generator().manual_seed(7)\n"
+    "        self.blind(torch.randn(x.shape[0], 6, generator=g))  # sees nothing of x\n"
+    "        return self.out(self.seeing(x))\n"
+)
+
+
+def test_archive_warns_where_the_estimate_reads_far_from_the_accuracy(tmp_path: Path) -> None:
+    """A layer that sees nothing of the answer: its estimate on the reference sits far from
+    the accuracy measured there, and `archive` says so (chosen by the config; unset, the
+    layer that sees is read and nothing is said)."""
+    (tmp_path / "blind.py").write_text(BLIND)
+    x = _inputs(400)
+    import torch
+
+    namespace: dict[str, object] = {}
+    exec(compile(BLIND, "blind.py", "exec"), namespace)
+    net = namespace["Blind"]().eval()  # type: ignore[operator]
+    with torch.inference_mode():
+        y = net(torch.from_numpy(x)).argmax(1).numpy()
+    np.savez(tmp_path / "ref.npz", x=x, y=y)
+    said: dict[str, list[str]] = {}
+    for case, harm in (("unset", {}), ("blind", {"harm": {"layer": "blind.1"}})):
+        config = tmp_path / f"{case}.yaml"
+        monitoring = {"layers": ["seeing.1", "blind.1"], **harm}
+        config.write_text(
+            yaml.safe_dump({"handler": {"input": {"shape": [6]}, "monitoring": monitoring}})
+        )
+        said[case] = []
+        archive_model(
+            ModelRef.parse(f"{tmp_path / 'blind.py'}:Blind"),
+            case,
+            config,
+            tmp_path / "ref.npz",
+            tmp_path / "store",
+            tmp_path / f"build-{case}",
+            say=said[case].append,
+        )
+    assert any("layer seeing.1, reference accuracy 100.0%" in line for line in said["unset"])
+    assert not any("warning: the estimate" in line for line in said["unset"]), said["unset"]
+    warned = [line for line in said["blind"] if "warning: the estimate" in line]
+    assert warned and "far from the 100.0% measured" in warned[0], said["blind"]
+    assert "a class over 3 classes" in warned[0]

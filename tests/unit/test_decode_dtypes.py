@@ -163,3 +163,30 @@ def test_a_batch_of_one_around_the_item_is_the_item_and_more_are_refused_by_coun
     assert decode_payload({"data": [[[1, 2], [3, 4], [5, 6]]]}, series).shape == (3, 2)
     with pytest.raises(BadInputError, match="2 items"):
         decode_payload({"data": [[[1, 2]], [[3, 4]]]}, series)
+
+
+def test_a_bool_input_takes_json_true_and_false_and_others_do_not() -> None:
+    # A mask sent as JSON booleans was "a ragged or non-numeric list".
+    assert _decode("bool", [True, False, True]).tolist() == [True, False, True]
+    with pytest.raises(BadInputError, match="rectangular array of numbers"):
+        _decode("float32", [True, False, True])
+
+
+def test_the_input_is_found_where_other_serving_apis_put_it() -> None:
+    """A bare array, or (with the default field) KServe's and TF Serving's ``instances`` or
+    ``inputs``: the clients of those servers send these, and got a 400."""
+    spec = InputSpec(shape=(3,))
+    for body in ([1, 2, 3], {"instances": [[1, 2, 3]]}, {"inputs": [1, 2, 3]}):
+        assert decode_payload(body, spec).tolist() == [1.0, 2.0, 3.0]
+    refused = {
+        "2 items": {"instances": [[1, 2, 3], [4, 5, 6]]},  # TorchServe batches requests
+        "keys \\[inputs, instances\\]": {"instances": [[1, 2, 3]], "inputs": [1, 2, 3]},
+        "null": {"data": None},
+    }
+    for got, body in refused.items():
+        with pytest.raises(BadInputError, match=got):
+            decode_payload(body, spec)
+    # A field of the config's own naming is the one place looked.
+    with pytest.raises(BadInputError, match='"pixels"'):
+        decode_payload({"inputs": [1, 2, 3]}, InputSpec(shape=(3,), field="pixels"))
+    assert decode_payload({"pixels": [1, 2, 3]}, InputSpec(shape=(3,), field="pixels")).numel()

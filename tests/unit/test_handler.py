@@ -75,7 +75,7 @@ def test_valid_requests_get_class_and_probabilities(handler: tuple[Any, FakeCont
         ({"data": [99.0] * 64}, "values in [0, 16]", "[99, 99]"),
         ({"data": ["a"] * 64}, "rectangular array", "non-numeric"),
         (b'{"data": [NaN' + b", 0" * 63 + b"]}", "finite numbers", "NaN"),
-        ([1, 2, 3], "a JSON object", "a list of 3 items"),
+        ([1, 2, 3], "shape [1, 8, 8]", "shape [3]"),  # a bare array is the payload
     ],
 )
 def test_bad_items_get_a_clear_4xx_and_the_rest_of_the_batch_is_served(

@@ -280,3 +280,43 @@ def test_an_unwatched_harm_layer_is_refused() -> None:
     profile = build_profile(net, config, batches, "m")
     with pytest.raises(ConfigError, match=r"expected one of the watched hidden layers \['act'\]"):
         with_accuracy(profile, net, config, batches, y)
+
+
+class _Blind(nn.Module):
+    """A classifier of 4 features whose last watched layer sees none of them: ``blind`` reads
+    a fixed noise of its own, which says nothing about the answer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.seeing = nn.Sequential(nn.Linear(4, 16), nn.ReLU())
+        self.blind = nn.Sequential(nn.Linear(4, 16), nn.ReLU())
+        self.out = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.seeing(x)
+        noise = torch.randn(x.shape[0], 4, generator=torch.Generator().manual_seed(7))
+        self.blind(noise)
+        out: torch.Tensor = self.out(h)
+        return out
+
+
+def test_a_default_layer_far_from_the_accuracy_gives_way_to_a_nearer_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The last watched layer is the default; where its own estimate on the reference sits
+    far from the model's accuracy and another watched layer's nearer, that one is read, and
+    the log says why. Chosen by the config, the layer stays as it is."""
+    net = _Blind().eval()
+    batches, y = _reference(net)
+    raw = {"layers": ["seeing.1", "blind.1"], "sample_rate": 1.0, "drift": {"window": 50}}
+    config = MonitoringConfig.from_mapping(raw)
+    with caplog.at_level(logging.WARNING, logger="hookwatch"):
+        profile = build_profile(net, config, (b for b in batches), "m", labels=y)
+    assert profile.accuracy is not None and profile.accuracy_layer == "seeing.1"
+    assert abs(profile.accuracy.reference_score - profile.accuracy.reference_accuracy) < 0.1
+    assert "reads layer 'seeing.1', not the last watched 'blind.1'" in caplog.text
+    chosen = MonitoringConfig.from_mapping(raw | {"harm": {"layer": "blind.1"}})
+    kept = build_profile(net, chosen, (b for b in batches), "m", labels=y)
+    assert kept.accuracy is not None and kept.accuracy_layer == "blind.1"
+    assert abs(kept.accuracy.reference_score - kept.accuracy.reference_accuracy) > 0.1

@@ -67,6 +67,56 @@ def as_labels(labels: object, where: str = "reference labels") -> NDArray[np.int
     return y
 
 
+#: How far the default layer's own estimate on the reference may sit from the reference's
+#: accuracy before another watched layer whose estimate sits nearer is read instead: a
+#: layer that sees little of what the answer depends on (a recommender's user features,
+#: not its history) agrees with its neighbours' labels at another rate than the model is
+#: right.
+MAX_ESTIMATE_GAP = 0.10
+
+
+def _fit(
+    rows: dict[str, NDArray[np.float32]], layer: str, config: MonitoringConfig, seed: int
+) -> AccuracyEstimator:
+    harm = config.harm
+    try:
+        return AccuracyEstimator.fit(
+            rows[f"f:{layer}"],
+            rows["z"],
+            rows["y"][:, 0].astype(np.int64),
+            k=harm.neighbours,
+            support_quantile=None if harm.support_quantile >= 1.0 else harm.support_quantile,
+            seed=seed,
+        )
+    except ValueError as error:
+        raise ConfigError(f"reference labels: {error}") from None
+
+
+def _closest(
+    fitted: dict[str, AccuracyEstimator], default: str, accuracy: float
+) -> tuple[str, AccuracyEstimator]:
+    """The default layer's estimator, unless its own estimate sits more than
+    :data:`MAX_ESTIMATE_GAP` from the reference accuracy and another's sits nearer: that
+    layer's (the choice logged, with every candidate's estimate)."""
+    gap = {layer: abs(e.reference_score - accuracy) for layer, e in fitted.items()}
+    best = min(gap, key=lambda layer: (gap[layer], layer != default))
+    if gap[default] <= MAX_ESTIMATE_GAP or best == default:
+        return default, fitted[default]
+    log.warning(
+        "hookwatch: the accuracy estimate reads layer %r, not the last watched %r: its own "
+        "estimate on the reference is %.3f against the model's accuracy %.3f there, %r's %.3f "
+        "(%s); set monitoring.harm.layer to choose",
+        best,
+        default,
+        fitted[best].reference_score,
+        accuracy,
+        default,
+        fitted[default].reference_score,
+        ", ".join(f"{layer} {e.reference_score:.3f}" for layer, e in fitted.items()),
+    )
+    return best, fitted[best]
+
+
 def with_accuracy(
     profile: DriftProfile,
     model: nn.Module,
@@ -89,11 +139,15 @@ def with_accuracy(
             "got it off: the estimate compares the prediction with the reference's"
         )
     layer = harm_layer(config)
+    # Unchosen, every watched hidden layer is a candidate (the last is the default): one
+    # pass of the reference captures them all.
+    candidates = [layer] if config.harm.layer is not None else list(config.layers)
     collector = _Collector()
     reservoir = _Reservoir(MAX_FIT_SAMPLES, seed)
     seen = correct = 0
     for features in capture_features(model, config, batches, collector):
-        hidden, logits = features.get(layer), features.get(OUTPUT_LAYER)
+        logits = features.get(OUTPUT_LAYER)
+        hidden = features.get(layer)
         if hidden is None or logits is None:
             raise ConfigError(
                 f"reference labels: expected layer {layer!r} and the output on every reference "
@@ -105,10 +159,15 @@ def with_accuracy(
                 f"monitoring.harm.layer: expected one row of {layer!r} per sample, got "
                 f"{len(hidden)} rows for {n} samples (choose a layer with the batch first)"
             )
+        # Another candidate without a row per sample on every batch is dropped.
+        candidates = [
+            c for c in candidates if (got := features.get(c)) is not None and len(got) == n
+        ]
         batch_labels = y[seen : seen + n]
         if len(batch_labels) == n:
             correct += int((class_logits(logits).argmax(axis=1) == batch_labels).sum())
-            reservoir.add({"f": hidden, "z": logits, "y": batch_labels[:, None].astype(np.float32)})
+            kept = {f"f:{c}": features[c] for c in candidates}
+            reservoir.add(kept | {"z": logits, "y": batch_labels[:, None].astype(np.float32)})
         seen += n
     if seen != len(y):
         raise ConfigError(
@@ -121,19 +180,9 @@ def with_accuracy(
             "sample; archive it without labels"
         )
     rows = reservoir.take()
-    harm = config.harm
-    try:
-        estimator = AccuracyEstimator.fit(
-            rows["f"],
-            rows["z"],
-            rows["y"][:, 0].astype(np.int64),
-            k=harm.neighbours,
-            support_quantile=None if harm.support_quantile >= 1.0 else harm.support_quantile,
-            seed=seed,
-        )
-    except ValueError as error:
-        raise ConfigError(f"reference labels: {error}") from None
     accuracy = correct / seen if seen else math.nan
+    fitted = {c: _fit(rows, c, config, seed) for c in candidates if f"f:{c}" in rows}
+    layer, estimator = _closest(fitted, layer, accuracy)
     estimator = dataclasses.replace(estimator, reference_accuracy=accuracy)
     log.info(
         "hookwatch: accuracy estimator of model %r fitted on %d labelled reference samples in "

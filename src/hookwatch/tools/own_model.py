@@ -40,6 +40,7 @@ from hookwatch._config import (
     MonitoringConfig,
     read_model_config,
 )
+from hookwatch._drift import AccuracyEstimator
 from hookwatch._drift.projection import SAMPLES_PER_COMPONENT
 from hookwatch._errors import BadInputError, ConfigError, HookwatchError, error_line
 from hookwatch._hooks import (
@@ -57,6 +58,7 @@ from hookwatch._hooks import (
 )
 from hookwatch._model import MODEL_SPEC_FILE, ModelSpec, build_model, serialized_kind
 from hookwatch._names import INPUT_LAYER, OUTPUT_LAYER
+from hookwatch._profile.accuracy import MAX_ESTIMATE_GAP
 from hookwatch._service import (
     ArgumentsPipeline,
     InputPipeline,
@@ -1189,6 +1191,12 @@ def _check_class_names(labels: Sequence[str], logits: torch.Tensor, head: str) -
         )
 
 
+def _per_class(estimate: AccuracyEstimator) -> str:
+    """The labelled reference's samples per class the estimate holds, in words."""
+    classes = max(1, len(np.unique(estimate.labels)))
+    return f"{len(estimate.labels) / classes:.1f} a class over {classes} classes"
+
+
 def _part_text(part: int | str) -> str:
     """A part of the output as YAML reads it back: an index as a number, a key a string."""
     return str(part) if isinstance(part, int) else _flow_scalar(part)
@@ -1698,11 +1706,25 @@ def archive_model(
     for detector, reason in profile.left_out.items():
         say(f"  left out: detector {detector}: {reason} (it can never alarm)")
     if profile.accuracy is not None and labelled is not None:
+        estimate = profile.accuracy
         say(
             f"  accuracy estimate from {labelled[1]}: layer {profile.accuracy_layer}, "
-            f"reference accuracy {profile.accuracy.reference_accuracy:.1%}; it pages on harm "
+            f"reference accuracy {estimate.reference_accuracy:.1%}; it pages on harm "
             "(HookwatchAccuracyDrop), drift warns"
         )
+        if abs(estimate.reference_score - estimate.reference_accuracy) > MAX_ESTIMATE_GAP:
+            # Pages compare the estimate with its own on the reference, so they hold; what the
+            # dashboards show as accuracy does not read as the model's.
+            say(
+                f"  warning: the estimate on the reference itself is "
+                f"{estimate.reference_score:.1%}, far from the {estimate.reference_accuracy:.1%} "
+                f"measured: the neighbours in {profile.accuracy_layer!r} agree with the model at "
+                f"another rate than it is right (a layer that sees little of what the answer "
+                f"depends on, or few labelled samples a class: {_per_class(estimate)}); harm "
+                "pages compare the estimate with that figure, but read it as a signal, not as "
+                "the accuracy; more labelled samples or another monitoring.harm.layer bring "
+                "it nearer"
+            )
     elif config.output.head != "logits":
         say(
             f"  output head {config.output.head}: no accuracy estimate (logits heads only); "
