@@ -1191,6 +1191,14 @@ def _check_class_names(labels: Sequence[str], logits: torch.Tensor, head: str) -
         )
 
 
+def _row_per_sample(tensor: torch.Tensor, samples: int) -> bool:
+    """A row per sample, batch-first or (a sequence-first ``[T, B, ...]``) second, as the
+    service answers it."""
+    return bool(tensor.dim()) and (
+        tensor.shape[0] == samples or (tensor.dim() > 2 and tensor.shape[1] == samples)
+    )
+
+
 def _per_class(estimate: AccuracyEstimator) -> str:
     """The labelled reference's samples per class the estimate holds, in words."""
     classes = max(1, len(np.unique(estimate.labels)))
@@ -1502,10 +1510,7 @@ def archive_model(
             f"{type(output).__name__} with select={config.output.select!r}"
             f"{_select_choices(output)}"
         )
-    if not per_sample_items(output) and not (
-        selected.dim()
-        and (selected.shape[0] == samples or (selected.dim() > 2 and selected.shape[1] == samples))
-    ):
+    if not per_sample_items(output) and not _row_per_sample(selected, samples):
         # Answers go out a row per request: rows that are not the samples' would answer
         # each request with another's, silently.
         raise ConfigError(
@@ -1518,13 +1523,7 @@ def archive_model(
         )
     for part in config.output.also:
         answered = select_tensor(output, part)
-        if answered is None or not (
-            answered.dim()
-            and (
-                answered.shape[0] == samples
-                or (answered.dim() > 2 and answered.shape[1] == samples)
-            )
-        ):
+        if answered is None or not _row_per_sample(answered, samples):
             got = "none" if answered is None else f"shape {list(answered.shape)}"
             raise ConfigError(
                 f"monitoring.output.also: expected {part!r} to pick a tensor of the output with "
