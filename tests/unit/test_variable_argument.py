@@ -211,33 +211,24 @@ def test_layers_init_and_archive_from_bodies_or_arrays(
     assert written["batchSize"] == 4
     rng = np.random.default_rng(2)
     (tmp_path / "ref.jsonl").write_text("".join(json.dumps(b) + "\n" for b in _bodies(rng, 80)))
-    ref = ModelRef.parse(model)
-    mar = archive_model(
-        ref,
-        "rec",
-        config,
-        tmp_path / "ref.jsonl",
-        tmp_path / "store",
-        tmp_path / "build",
-        say=lambda _: None,
-    )
-    assert mar.is_file()
-    # An array per argument: the variable one's samples all as long.
+    # Request bodies of any length, or an array per argument (the variable one's samples
+    # all as long).
     np.savez(
         tmp_path / "ref.npz",
         user=rng.normal(size=(40, 4)).astype(np.float32),
         history=rng.integers(0, 10, (40, 7)),
     )
-    again = archive_model(
-        ref,
-        "rec2",
-        config,
-        tmp_path / "ref.npz",
-        tmp_path / "store",
-        tmp_path / "build2",
-        say=lambda _: None,
-    )
-    assert again.is_file()
+    for name, reference in (("rec", "ref.jsonl"), ("rec2", "ref.npz")):
+        mar = archive_model(
+            ModelRef.parse(model),
+            name,
+            config,
+            tmp_path / reference,
+            tmp_path / "store",
+            tmp_path / f"build-{name}",
+            say=lambda _: None,
+        )
+        assert mar.is_file()
 
 
 class Forecast(nn.Module):
