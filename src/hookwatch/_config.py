@@ -1068,7 +1068,6 @@ class InputSpec:
             parsed_shape = None
         elif not (
             isinstance(shape, list | tuple)
-            and shape
             and all(
                 d is None or (isinstance(d, int) and not isinstance(d, bool) and d > 0)
                 for d in shape
@@ -1077,7 +1076,7 @@ class InputSpec:
         ):
             raise ConfigError(
                 f"input.shape: expected a list of positive integers (one of them null for a "
-                f"length each request chooses), got {shape!r}"
+                f"length each request chooses; [] for one number a sample), got {shape!r}"
             )
         else:
             length_dim = next((i for i, d in enumerate(shape) if d is None), None)
@@ -1301,7 +1300,7 @@ class InputSpec:
     def numel(self) -> int:
         if self.arguments:
             return sum(part.numel for part in self.arguments)
-        return math.prod(self.shape) if self.shape else 0
+        return math.prod(self.shape) if self.shape is not None else 0
 
 
 @dataclass(frozen=True)

@@ -116,6 +116,7 @@ def test_init_writes_a_dtype_archive_accepts(run: Run, tmp_path: Path) -> None:
         ("3, 32, 32", (3, 32, 32)),
         ("3", (3,)),
         ("20,4", (20, 4)),
+        ("", ()),  # one number a sample: forward(x[batch])
     ],
 )
 def test_documented_shapes_parse(text: str, shape: tuple[int, ...]) -> None:

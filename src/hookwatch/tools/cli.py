@@ -718,8 +718,9 @@ def _dry_run_rows(args: argparse.Namespace) -> tuple[Any, tuple[int, ...], str, 
         return _text_dry_run(model, spec, model_args)
     if spec is not None and spec.arguments:
         return _arguments_dry_run(model, spec)
-    shape = parse_shape(args.input_shape) if args.input_shape else spec.shape if spec else None
-    if not shape:
+    given = args.input_shape
+    shape = parse_shape(given) if given is not None else spec.shape if spec else None
+    if shape is None:
         raise ConfigError(
             "expected --input-shape (e.g. 3,224,224) or --config with input.shape, got neither"
         )
@@ -1281,7 +1282,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     def dry_run_options(cmd: argparse.ArgumentParser) -> None:
         model_options(cmd)
-        cmd.add_argument("--input-shape", default="", help="one item's shape, e.g. 3,224,224")
+        cmd.add_argument(
+            "--input-shape",
+            default=None,
+            help="one item's shape, e.g. 3,224,224 ('' for one number a sample: forward(x[batch]))",
+        )
         cmd.add_argument(
             "--input-dtype",
             type=_input_dtype,

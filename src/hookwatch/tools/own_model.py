@@ -232,7 +232,9 @@ _SHAPE = re.compile(r"\s*0*[1-9][0-9]*\s*(?:[,x]\s*0*[1-9][0-9]*\s*)*")
 
 def parse_shape(text: str) -> tuple[int, ...]:
     # The whole text must match: an empty piece (20,,4) or a stray word (20,4,x) is a typo,
-    # never a shape with that dimension left out.
+    # never a shape with that dimension left out. Empty: one number a sample, [batch].
+    if text == "":
+        return ()
     if not _SHAPE.fullmatch(text):
         raise ConfigError(f"--input-shape: expected positive integers like 1,28,28, got {text!r}")
     return tuple(int(part) for part in re.split("[,x]", text))
@@ -882,6 +884,10 @@ def guess_head(rows: Sequence[LayerInfo]) -> str:
         # Independent probabilities, one a label; one a sample: a binary classifier's.
         return "multilabel" if len(shape) == 2 and shape[1] > 1 else "logits"
     if len(shape) == 2:
+        if shape[1] > 1 and _final_type(rows) in _NOT_LOGITS:
+            # Several values out of an activation (an embedding tower ending in Tanh):
+            # logits come out of a linear layer, never through one of these.
+            return "embedding"
         return "logits" if shape[1] > 1 else "values"
     if len(shape) == 3 and shape[2] > 1 and _ends_in_classifier(rows):
         return "logits"
@@ -889,6 +895,17 @@ def guess_head(rows: Sequence[LayerInfo]) -> str:
         return "logits"
     # [B]: one value per sample (a squeezed regression output, class ids): not logits.
     return "values" if len(shape) == 1 else "embedding"
+
+
+#: Activations a model's output never comes through when it is class scores.
+_NOT_LOGITS = frozenset(
+    {"Tanh", "Hardtanh", "ReLU", "ReLU6", "Softplus", "GELU", "SiLU", "ELU", "LeakyReLU"}
+)
+
+
+def _final_type(rows: Sequence[LayerInfo]) -> str | None:
+    last = _final_module(rows)
+    return last.type if last is not None else None
 
 
 #: Activations a model's last module may be when it answers an image, not class scores.
