@@ -131,7 +131,7 @@ def _check_values(tensor: torch.Tensor, spec: InputSpec) -> torch.Tensor:
                 # 6, not 6.0, for a bound the config gave as a whole number (an id's range).
                 f"values in [{lo if lo is not None else -math.inf:g}, "
                 f"{hi if hi is not None else math.inf:g}]",
-                f"values in [{vmin:g}, {vmax:g}]",
+                f"values in [{vmin:g}, {vmax:g}]" if tensor.numel() > 1 else f"{vmin:g}",
                 reason="out_of_range",
             )
     if (

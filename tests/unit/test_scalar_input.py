@@ -46,7 +46,7 @@ def test_a_sample_of_one_number_is_sent_bare_or_in_a_list() -> None:
         assert decode_payload({"data": data}, spec).shape == ()
     with pytest.raises(BadInputError, match=r"2 items"):
         decode_payload({"data": [7, 8]}, spec)
-    with pytest.raises(BadInputError, match=r"values in \[0, 99\]"):
+    with pytest.raises(BadInputError, match=r"values in \[0, 99\], got 100$"):
         decode_payload({"data": 100}, spec)
 
 
