@@ -582,7 +582,7 @@ class ArgumentsPipeline:
         )
 
     def decode(self, body: Any) -> dict[str, torch.Tensor]:
-        payload = _parse_json(body, self._expected, self._limit)
+        payload = self._fields(_parse_json(body, self._expected, self._limit))
         if not isinstance(payload, dict) or not all(name in payload for name in self.parts):
             raise BadInputError(self._expected, _describe(payload), reason="missing_field")
         item: dict[str, torch.Tensor] = {}
@@ -594,6 +594,26 @@ class ArgumentsPipeline:
                     f"{name}: {error.expected}", error.got, error.status, error.reason
                 ) from None
         return item
+
+    def _fields(self, payload: Any) -> Any:
+        """The object holding the arguments' fields: the payload, or where it lacks them, what
+        one of :data:`FIELD_ALIASES` alone holds (``{"instances": [{...}]}``, KServe's and TF
+        Serving's row format, of one instance: TorchServe batches requests itself)."""
+        if not isinstance(payload, dict) or all(name in payload for name in self.parts):
+            return payload
+        present = [key for key in FIELD_ALIASES if key in payload]
+        if len(present) != 1:
+            return payload
+        inner = payload[present[0]]
+        if isinstance(inner, list) and all(isinstance(row, dict) for row in inner) and inner:
+            if len(inner) > 1:
+                raise BadInputError(
+                    "one instance a request (TorchServe batches requests)",
+                    f"{len(inner)} instances",
+                    reason="wrong_shape",
+                )
+            return inner[0]
+        return inner if isinstance(inner, dict) else payload
 
     def batch(
         self, items: Sequence[Mapping[str, torch.Tensor]]

@@ -134,6 +134,16 @@ def test_a_request_is_answered_as_if_alone_and_its_bad_argument_named() -> None:
     assert refused[1]["got"] == "an empty list"
     missing = service.handle([json.dumps({"user": [0, 0, 0, 0]}).encode()])[0]
     assert '"history": <1 to 12 numbers>' in missing["expected"]
+    # KServe's and TF Serving's row format: one instance a request.
+    wrapped = service.handle(
+        [
+            json.dumps({"instances": [bodies[0]]}).encode(),
+            json.dumps({"inputs": bodies[0]}).encode(),
+            json.dumps({"instances": bodies[:2]}).encode(),
+        ]
+    )
+    assert wrapped[0] == wrapped[1] == alone[0]
+    assert wrapped[2]["got"] == "2 instances" and wrapped[2]["code"] == 400
 
 
 def test_the_input_is_read_by_its_own_steps_whatever_the_batch() -> None:
