@@ -16,6 +16,7 @@ from hookwatch._errors import ConfigError
 from hookwatch._profile import DriftProfile
 from hookwatch.tools.own_model import ModelRef, archive_model
 from tests.fakes import archived_handler, handled
+from tests.unit.test_variable_length import _model_class
 
 MODEL = (
     "import torch\nfrom torch import nn\n\n"
@@ -253,9 +254,7 @@ def test_archive_warns_where_the_estimate_reads_far_from_the_accuracy(tmp_path: 
     x = _inputs(400)
     import torch
 
-    namespace: dict[str, object] = {}
-    exec(compile(BLIND, "blind.py", "exec"), namespace)
-    net = namespace["Blind"]().eval()  # type: ignore[operator]
+    net = _model_class(BLIND, "Blind")().eval()
     with torch.inference_mode():
         y = net(torch.from_numpy(x)).argmax(1).numpy()
     np.savez(tmp_path / "ref.npz", x=x, y=y)

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from torch import nn
 
 from hookwatch._config import HandlerConfig, InputSpec
 from hookwatch._errors import BadInputError
 from hookwatch._service import ModelService, decode_payload
 from hookwatch.tools import cli
 from hookwatch.tools.own_model import ModelRef, archive_model
+from tests.unit.test_variable_length import _model_class
 
 TOWER = '''
 import torch
@@ -77,10 +77,7 @@ def test_the_model_gets_a_batch_of_numbers_and_is_watched(
     )
     assert mar.is_file()
     handler = HandlerConfig.from_mapping(written["handler"])
-    namespace: dict[str, object] = {}
-    exec(compile(TOWER, "tower.py", "exec"), namespace)
-    net = namespace["Tower"]().eval()  # type: ignore[operator]
-    assert isinstance(net, nn.Module)
+    net = _model_class(TOWER, "Tower")().eval()
     service = ModelService(net, handler.input, None, output=handler.monitoring.output)
     answers = service.handle([json.dumps({"data": i}).encode() for i in (3, 4)])
     with torch.no_grad():

@@ -25,6 +25,7 @@ from hookwatch._service import ArgumentsPipeline, ModelService
 from hookwatch.tools import cli
 from hookwatch.tools.own_model import ModelRef, archive_model
 from tests.unit.test_any_model import monitored, value
+from tests.unit.test_variable_length import _model_class
 
 MODEL = '''
 import torch
@@ -53,11 +54,7 @@ class Session(nn.Module):
 
 
 def _session() -> nn.Module:
-    namespace: dict[str, object] = {}
-    exec(compile(MODEL, "session.py", "exec"), namespace)
-    found = namespace["Session"]
-    assert isinstance(found, type) and issubclass(found, nn.Module)
-    return found().eval()
+    return _model_class(MODEL, "Session")().eval()
 
 
 ARGUMENTS: dict[str, dict[str, object]] = {
