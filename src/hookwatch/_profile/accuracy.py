@@ -21,6 +21,7 @@ from torch import nn
 
 from hookwatch._config import MonitoringConfig
 from hookwatch._drift import AccuracyEstimator, class_logits
+from hookwatch._drift.accuracy import MAX_SAMPLES
 from hookwatch._errors import ConfigError
 from hookwatch._names import OUTPUT_LAYER
 from hookwatch._profile.builder import Batch, _Collector, _Reservoir, capture_features
@@ -76,12 +77,14 @@ MAX_ESTIMATE_GAP = 0.10
 
 
 def _fit(
-    rows: dict[str, NDArray[np.float32]], layer: str, config: MonitoringConfig, seed: int
+    rows: dict[str, NDArray[np.float32]], key: str, config: MonitoringConfig, seed: int
 ) -> AccuracyEstimator:
+    """The estimator of the features under ``key`` in ``rows``, with their logits and
+    labels."""
     harm = config.harm
     try:
         return AccuracyEstimator.fit(
-            rows[f"f:{layer}"],
+            rows[key],
             rows["z"],
             rows["y"][:, 0].astype(np.int64),
             k=harm.neighbours,
@@ -144,6 +147,9 @@ def with_accuracy(
     candidates = [layer] if config.harm.layer is not None else list(config.layers)
     collector = _Collector()
     reservoir = _Reservoir(MAX_FIT_SAMPLES, seed)
+    # The other candidates in a reservoir of what an estimator keeps at most: every watched
+    # layer's features of 20,000 samples would hold hundreds of MB for a deep model.
+    others = _Reservoir(MAX_SAMPLES, seed)
     seen = correct = 0
     for features in capture_features(model, config, batches, collector):
         logits = features.get(OUTPUT_LAYER)
@@ -166,8 +172,10 @@ def with_accuracy(
         batch_labels = y[seen : seen + n]
         if len(batch_labels) == n:
             correct += int((class_logits(logits).argmax(axis=1) == batch_labels).sum())
-            kept = {f"f:{c}": features[c] for c in candidates}
-            reservoir.add(kept | {"z": logits, "y": batch_labels[:, None].astype(np.float32)})
+            scored = {"z": logits, "y": batch_labels[:, None].astype(np.float32)}
+            reservoir.add({"f": hidden} | scored)
+            if len(candidates) > 1:
+                others.add({f"f:{c}": features[c] for c in candidates if c != layer} | scored)
         seen += n
     if seen != len(y):
         raise ConfigError(
@@ -179,9 +187,12 @@ def with_accuracy(
             "([batch, positions, classes], or a class map): the accuracy estimate is per "
             "sample; archive it without labels"
         )
-    rows = reservoir.take()
     accuracy = correct / seen if seen else math.nan
-    fitted = {c: _fit(rows, c, config, seed) for c in candidates if f"f:{c}" in rows}
+    fitted = {layer: _fit(reservoir.take(), "f", config, seed)}
+    if len(candidates) > 1 and abs(fitted[layer].reference_score - accuracy) > MAX_ESTIMATE_GAP:
+        # Only where the default reads far: a default that reads near is kept as it was.
+        rows = others.take()
+        fitted |= {c: _fit(rows, f"f:{c}", config, seed) for c in candidates if c != layer}
     layer, estimator = _closest(fitted, layer, accuracy)
     estimator = dataclasses.replace(estimator, reference_accuracy=accuracy)
     log.info(
