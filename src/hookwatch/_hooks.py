@@ -979,13 +979,20 @@ class LayerHook:
         self.state = HookState.DETACHED
 
 
+def steps_of(padded: Padded) -> StepsOf | None:
+    """How :func:`joined_inputs` reads a padded batch of several arguments (None for a lone
+    padded input)."""
+    if padded.field is None:
+        return None
+    return StepsOf(padded.field, frozenset(padded.keywords()), padded.step_mask())
+
+
 def read_padded(gate: Gate, padded: Padded) -> None:
     """Give the open ``gate`` what a padded batch tells its hooks: the mask of its steps
     (:func:`read_mask`) where its length is a sample's first dimension and, for a padded one
-    of several arguments, which it is (:class:`StepsOf`)."""
+    of several arguments, which it is (:func:`steps_of`)."""
+    gate.steps_of = steps_of(padded)
     steps = padded.step_mask()
-    if padded.field is not None:
-        gate.steps_of = StepsOf(padded.field, frozenset(padded.keywords()), steps)
     if steps is not None:
         read_mask(gate, steps)
 

@@ -182,7 +182,7 @@ def decode_payload(body: Any, spec: InputSpec, limit: int | None = None) -> torc
     image = spec.encoding == "image"
     if limit is None:
         limit = body_limit(spec.numel, spec.max_body_bytes, image=image)
-    numbers = f"<{spec.shape_text.strip('[]').replace(', ', 'x')} numbers>"
+    numbers = f"<{_count_text(spec)} numbers>"
     expected_body = f'a JSON object {{"{spec.field}": {numbers}}}'
     if spec.encoding == "float32" and isinstance(body, bytes | bytearray):
         check_body_size(body, limit, _LIMIT_SETTING)
@@ -224,11 +224,14 @@ def _field_value(body: Any, field_name: str) -> Any:
         return _MISSING
     if field_name in body:
         return body[field_name]
-    if field_name == InputSpec.field:
-        present = [key for key in FIELD_ALIASES if key in body]
-        if len(present) == 1:
-            return body[present[0]]
-    return _MISSING
+    return _aliased(body) if field_name == InputSpec.field else _MISSING
+
+
+def _aliased(body: Mapping[str, Any]) -> Any:
+    """What the one of :data:`FIELD_ALIASES` in ``body`` holds; :data:`_MISSING` where there
+    is none, or more than one."""
+    present = [key for key in FIELD_ALIASES if key in body]
+    return body[present[0]] if len(present) == 1 else _MISSING
 
 
 def _looks_like_json(body: bytes | bytearray) -> bool:
@@ -601,10 +604,7 @@ class ArgumentsPipeline:
         Serving's row format, of one instance: TorchServe batches requests itself)."""
         if not isinstance(payload, dict) or all(name in payload for name in self.parts):
             return payload
-        present = [key for key in FIELD_ALIASES if key in payload]
-        if len(present) != 1:
-            return payload
-        inner = payload[present[0]]
+        inner = _aliased(payload)
         if isinstance(inner, list) and all(isinstance(row, dict) for row in inner) and inner:
             if len(inner) > 1:
                 raise BadInputError(
@@ -631,14 +631,15 @@ class ArgumentsPipeline:
             return {name: part.stacked(values[name]) for name, part in self.parts.items()}
         fixed: list[tuple[str, torch.Tensor]] = []
         padded: Padded | None = None
+        field_name = ""
         for name, part in self.parts.items():
             batched = part.batch(values[name])
             if isinstance(batched, Padded):
-                padded = replace(batched, field=name)
+                padded, field_name = batched, name
             else:
                 fixed.append((name, batched))
         assert padded is not None
-        return replace(padded, others=tuple(fixed), at=self._variable)
+        return replace(padded, field=field_name, others=tuple(fixed), at=self._variable)
 
 
 #: A forward's input: one tensor, or keyword arguments (token ids, attention mask, ...), or a

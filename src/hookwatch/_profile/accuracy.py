@@ -98,12 +98,13 @@ def _fit(
 def _closest(
     fitted: dict[str, AccuracyEstimator], default: str, accuracy: float
 ) -> tuple[str, AccuracyEstimator]:
-    """The default layer's estimator, unless its own estimate sits more than
-    :data:`MAX_ESTIMATE_GAP` from the reference accuracy and another's sits nearer: that
-    layer's (the choice logged, with every candidate's estimate)."""
+    """The layer whose estimate on the reference sits nearest its accuracy, the default on a
+    tie (the others are fitted only where the default's sits more than
+    :data:`MAX_ESTIMATE_GAP` from it); another one chosen is logged, with every candidate's
+    estimate."""
     gap = {layer: abs(e.reference_score - accuracy) for layer, e in fitted.items()}
     best = min(gap, key=lambda layer: (gap[layer], layer != default))
-    if gap[default] <= MAX_ESTIMATE_GAP or best == default:
+    if best == default:
         return default, fitted[default]
     log.warning(
         "hookwatch: the accuracy estimate reads layer %r, not the last watched %r: its own "

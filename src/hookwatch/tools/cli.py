@@ -735,52 +735,54 @@ def _dry_run_rows(args: argparse.Namespace) -> tuple[Any, tuple[int, ...], str, 
 DRY_LENGTH = 256
 
 
-def _example_batch(shape: Sequence[int], dtype: str, spec: Any) -> Any:
-    """Two random items of ``shape`` for a dry run, in ``spec``'s range (else [0, 1]), through
-    its pipeline's batching (normalisation), as ``dtype``."""
-    import torch
-
-    from hookwatch._service import InputPipeline, Padded
+def _example_items(shape: Sequence[int], dtype: str, spec: Any) -> Any:
+    """Two random items of ``shape`` for a dry run, in ``spec``'s range (else [0, 1]), raw as
+    requests send them: ``[2, *shape]``, or for a length each request chooses (``shape`` the
+    config's own) two tensors, the longest and half of it. At most DRY_LENGTH: a max_length
+    of 100,000 would make a dry run of attention need 40 GB."""
     from hookwatch.tools.own_model import example_input
 
     low = spec.min_value if spec and spec.min_value is not None else 0.0
     high = spec.max_value if spec and spec.max_value is not None else 1.0
     floating = dtype.startswith(("float", "bfloat"))
     x = example_input(shape, "float32" if floating else dtype, low, high)
-    target = getattr(torch, dtype)
-    if spec is not None and spec.length_dim is not None and tuple(shape) == spec.shape:
-        # A length each request chooses: two lengths, padded as served. At most DRY_LENGTH:
-        # a max_length of 100,000 would make a dry run of attention need 40 GB.
-        import dataclasses
+    if spec is None or spec.length_dim is None or tuple(shape) != spec.shape:
+        return x
+    at = spec.length_dim
+    longest = min(shape[at], DRY_LENGTH)
+    return [x[0].narrow(at, 0, longest), x[1].narrow(at, 0, max(1, longest // 2))]
 
-        at = spec.length_dim
-        longest = min(shape[at], DRY_LENGTH)
-        half = x[1].narrow(at, 0, max(1, longest // 2))
-        padded = InputPipeline(spec).batch([x[0].narrow(at, 0, longest), half])
+
+def _example_batch(shape: Sequence[int], dtype: str, spec: Any) -> Any:
+    """:func:`_example_items` through ``spec``'s pipeline's batching (normalisation; two
+    lengths padded as served), as ``dtype``."""
+    import dataclasses
+
+    import torch
+
+    from hookwatch._service import InputPipeline, Padded
+
+    items = _example_items(shape, dtype, spec)
+    target = getattr(torch, dtype)
+    if isinstance(items, list):
+        padded = InputPipeline(spec).batch(items)
         assert isinstance(padded, Padded)
         return dataclasses.replace(padded, values=padded.values.to(target))
-    x = InputPipeline(spec).stacked(x) if spec is not None else x
+    x = InputPipeline(spec).stacked(items) if spec is not None else items
     # --input-dtype over the config's: the dtype the model is tried on is the one written.
     return x.to(target)
 
 
 def _arguments_dry_run(model: Any, spec: Any) -> tuple[Any, tuple[int, ...], str, str | None]:
     """A several-tensor model's layers, on two random items of each ``input.arguments``
-    entry (its declared shape, dtype and range) through the serving pipeline."""
-    import dataclasses
-
-    from hookwatch._service import Padded
+    entry (its declared shape, dtype and range) through the serving pipeline (one of a
+    variable length padded as served, the others beside it)."""
+    from hookwatch._service import ArgumentsPipeline
     from hookwatch.tools.own_model import discover_layers
 
-    inputs: Any = {
-        part.field: _example_batch(part.shape or (), part.dtype, part) for part in spec.arguments
-    }
-    padded = [(i, name, x) for i, (name, x) in enumerate(inputs.items()) if isinstance(x, Padded)]
-    if padded:
-        # One argument of a variable length: padded as served, the others beside it.
-        ((at, name, x),) = padded
-        others = tuple((n, v) for n, v in inputs.items() if n != name)
-        inputs = dataclasses.replace(x, field=name, others=others, at=at)
+    inputs = ArgumentsPipeline(spec).columns(
+        {part.field: _example_items(part.shape or (), part.dtype, part) for part in spec.arguments}
+    )
     return discover_layers(model, inputs, spec.argument), (), ARGUMENTS_INPUT, spec.argument
 
 

@@ -45,7 +45,6 @@ from hookwatch._drift.projection import SAMPLES_PER_COMPONENT
 from hookwatch._errors import BadInputError, ConfigError, HookwatchError, error_line
 from hookwatch._hooks import (
     FeatureReading,
-    StepsOf,
     as_items,
     feature_reading,
     hookable_root,
@@ -54,6 +53,7 @@ from hookwatch._hooks import (
     per_sample_items,
     plan_watch,
     select_tensor,
+    steps_of,
     watchable_modules,
 )
 from hookwatch._model import MODEL_SPEC_FILE, ModelSpec, build_model, serialized_kind
@@ -594,8 +594,7 @@ def discover_layers(
     if isinstance(x, Padded) and x.field is not None:
         # Several arguments, one padded: read side by side, that one by its own steps.
         given = x.arguments()
-        read = StepsOf(x.field, frozenset(x.keywords()), x.step_mask())
-        joined = joined_inputs(x.call_arguments(), width, read)
+        joined = joined_inputs(x.call_arguments(), width, steps_of(x))
     shapes: tuple[tuple[int, ...], ...]
     if joined is not None and joined is not first:
         # Several arguments: the hooks read them side by side (input.arguments).
