@@ -130,7 +130,7 @@ def phases(result: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
         return {"steady": samples}
     back = kill.get("replaced_t") or kill["t"]
     return {
-        "before the kill": [x for x in samples if x["t"] < kill["t"]],
+        "before the kill": [x for x in samples if x.get("until", x["t"]) < kill["t"]],
         "after the kill": [x for x in samples if x["t"] >= back + s["settle_s"]],
     }
 

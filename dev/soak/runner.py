@@ -140,12 +140,16 @@ class Sampler:
                 workers[str(pid)] = [round(held[0], 3), held[1]]
         exporter = _proc_status(stack.recorded_pids().get("exporter", -1))
         scrape = scraped(stack.ports.exporter, timeout=10)[1]
+        files = len(list(stack.multiproc_dir.glob("*.db")))
         return {
             "t": round(t, 2),
+            # A scrape under load can take seconds: a sample begun just before the kill may
+            # read the files and series after it, so its phase is judged by when it ended.
+            "until": round(time.monotonic() - self.origin, 2),
             "workers": workers,
             "ready": stack.ready_workers(),
             "exporter": [round(exporter[0], 3), exporter[1]] if exporter else None,
-            "files": len(list(stack.multiproc_dir.glob("*.db"))),
+            "files": files,
             "series": sum(1 for _, labels in scrape if ("model", MODEL) in labels),
         }
 

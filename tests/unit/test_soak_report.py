@@ -136,3 +136,19 @@ def test_files_or_series_that_move_are_caught(result: dict[str, Any]) -> None:
                 sample["series"] += 3
 
     assert any("before and after the kill" in p for p in _broken(result, series))
+
+
+def test_a_sample_that_ends_after_the_kill_is_not_judged_before_it(result: dict[str, Any]) -> None:
+    # A sample begun just before the kill whose scrape outlasted it reads the files the kill
+    # left (the victim's merged away): judged by when it ended, it is in neither stretch.
+    def straddles(until: float) -> Any:
+        def change(r: dict[str, Any]) -> None:
+            last = [x for x in r["samples"] if x["t"] < r["kill"]["t"]][-1]
+            last["until"] = r["kill"]["t"] + until
+            last["files"] -= 5
+
+        return change
+
+    assert _broken(result, straddles(1.0)) == []
+    # Ended just before the kill: a file count that moved is caught as ever.
+    assert any(p.startswith("files before the kill") for p in _broken(result, straddles(-0.1)))
