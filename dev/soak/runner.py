@@ -331,8 +331,10 @@ def run(
         def at(seconds: float) -> None:
             if not kill and seconds >= settings.kill_at * settings.seconds:
                 victim = stack.worker_pids()[0]
+                # Read before the signal: a sample that ended before this saw no kill.
+                t = time.monotonic() - mono_origin
                 os.kill(victim, signal.SIGKILL)
-                kill.update({"t": round(time.monotonic() - mono_origin, 2), "pid": victim})
+                kill.update({"t": round(t, 2), "pid": victim})
                 say(f"killed worker {victim} at {kill['t']:.0f} s")
 
         traffic = _open_loop(
