@@ -97,6 +97,49 @@ def _shape_of(value: Any, depth: int, booleans: bool = False) -> tuple[int, ...]
     return (len(value), *inner)
 
 
+def _list_fault(value: list[Any], depth: int, booleans: bool) -> str:
+    """What makes ``value`` no rectangular array of numbers ``depth`` levels deep, said with
+    where (``null at [6]``, ``rows of 3 and 4 items at [0] and [1]``); only on the refusal's
+    path. The walk stops at the first fault, as deep as the shape and no deeper."""
+
+    def walk(item: Any, level: int, at: str) -> str | tuple[int, ...]:
+        if isinstance(item, bool) and not booleans:
+            return f"{str(item).lower()} at {at}" if at else str(item).lower()
+        if isinstance(item, int | float):
+            return ()
+        if not isinstance(item, list):
+            what = _describe(item)
+            return f"{what} at {at}" if at else what
+        if level >= depth:
+            return f"a list where a number belongs at {at}"
+        if not item:
+            return f"an empty list at {at}" if at else "an empty list"
+        shapes: list[tuple[int, ...]] = []
+        for i, inner in enumerate(item):
+            got = walk(inner, level + 1, f"{at}[{i}]")
+            if isinstance(got, str):
+                return got
+            if shapes and got != shapes[0]:
+                first, other = (_items(g) for g in (shapes[0], got))
+                return f"ragged: {first} at {at}[0], {other} at {at}[{i}]"
+            shapes.append(got)
+        return (len(item), *shapes[0])
+
+    fault = walk(value, 0, "")
+    if not isinstance(fault, str):
+        return "a ragged or non-numeric list"
+    if fault.startswith("ragged: "):
+        return f"a ragged list: {fault.removeprefix('ragged: ')}"
+    return f"a list holding {fault}"
+
+
+def _items(shape: tuple[int, ...]) -> str:
+    """A nested list's shape as a fault's text says it: a number, 3 items, 2 x 3 items."""
+    if not shape:
+        return "a number"
+    return f"{' x '.join(map(str, shape))} items"
+
+
 def _depth(value: Any, limit: int) -> int:
     """Nesting depth of lists in ``value``, counted up to ``limit + 1`` and no further."""
     depth = 0
@@ -276,7 +319,7 @@ def decode_values(values: Any, spec: InputSpec) -> torch.Tensor:
             if not isinstance(values, list)
             else "an empty list"
             if not values
-            else "a ragged or non-numeric list",
+            else _list_fault(values, len(shape), spec.dtype == "bool"),
             reason="wrong_shape",
         )
     if spec.length_dim is not None:

@@ -190,3 +190,24 @@ def test_the_input_is_found_where_other_serving_apis_put_it() -> None:
     with pytest.raises(BadInputError, match='"pixels"'):
         decode_payload({"inputs": [1, 2, 3]}, InputSpec(shape=(3,), field="pixels"))
     assert decode_payload({"pixels": [1, 2, 3]}, InputSpec(shape=(3,), field="pixels")).numel()
+
+
+@pytest.mark.parametrize(
+    ("data", "got"),
+    [
+        # A missing value sent as JSON null: where it is, not "a ragged or non-numeric list".
+        ([0.5, None, 2], "a list holding null at [1]"),
+        ([[1, 2], [3, "4"]], "a list holding str '4' at [1][1]"),
+        ([[1, 2], [3, 4, 5]], "a ragged list: 2 items at [0], 3 items at [1]"),
+        ([[1, 2], 3], "a ragged list: 2 items at [0], a number at [1]"),
+        ([[1, 2], []], "a list holding an empty list at [1]"),
+        ([[1, 2], {"x": 1}], "a list holding an object with keys [x] at [1]"),
+        ([True, 1, 0, 1], "a list holding true at [0]"),
+    ],
+)
+def test_a_refused_list_says_what_and_where(data: list[Any], got: str) -> None:
+    spec = InputSpec(shape=(2, 2))
+    with pytest.raises(BadInputError) as raised:
+        decode_payload({"data": data}, spec)
+    assert raised.value.got == got
+    assert raised.value.expected.startswith("a rectangular array of numbers of shape [2, 2]")
