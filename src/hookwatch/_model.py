@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookwatch._errors import ConfigError
+from hookwatch._errors import ConfigError, error_line
 
 __all__ = [
     "MODEL_SPEC_FILE",
@@ -230,20 +230,96 @@ def _positional_names(program: Any) -> tuple[str, ...]:
     return tuple(str(name) for name in names[: given.num_children])
 
 
+def package_root(path: Path) -> Path | None:
+    """The outermost package ``path`` lies in (the highest of its directories, each holding
+    an ``__init__.py``, up from its own), or None for a file outside any package."""
+    root = None
+    directory = path.resolve().parent
+    while (directory / "__init__.py").is_file() and directory.parent != directory:
+        root = directory
+        directory = directory.parent
+    return root
+
+
+def module_name(path: Path) -> str:
+    """The name ``path`` is imported under: dotted from its package's parent
+    (``netpkg.model``) inside a package, so its relative imports resolve; else a name of its
+    own (``hookwatch_model_<stem>``)."""
+    root = package_root(path)
+    if root is None:
+        return f"hookwatch_model_{path.stem}"
+    return ".".join(path.resolve().relative_to(root.parent).with_suffix("").parts)
+
+
 def _import_file(path: Path) -> Any:
+    """The module of ``path``, run. Whatever its code raises on import is a
+    :class:`ConfigError` naming the file and line (a missing dependency, a syntax error)."""
     if not path.is_file():
         raise ConfigError(f"model: expected a Python file at {path}, got no such file")
-    # The model's own directory first, so the file can import its siblings.
-    if str(path.parent) not in sys.path:
-        sys.path.insert(0, str(path.parent))
-    spec = importlib.util.spec_from_file_location(f"hookwatch_model_{path.stem}", path)
-    if spec is None or spec.loader is None:
-        raise ConfigError(f"model: cannot import {path}")
-    module = importlib.util.module_from_spec(spec)
-    # Registered before it runs, as an import would: dataclasses and pickling look it up.
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    root = package_root(path)
+    # The model's own directory first, so the file can import its siblings; inside a
+    # package, the package's parent, so `from .blocks import Block` finds its package.
+    home = str(path.parent if root is None else root.parent)
+    if home not in sys.path:
+        sys.path.insert(0, home)
+    name = module_name(path)
+    try:
+        if root is not None:
+            _forget_other_package(root)
+            return importlib.import_module(name)
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ConfigError(f"model: cannot import {path}")
+        module = importlib.util.module_from_spec(spec)
+        # Registered before it runs, as an import would: dataclasses and pickling look it up.
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    except ConfigError:
+        raise
+    except Exception as error:
+        sys.modules.pop(name, None)
+        raise ConfigError(
+            f"model: importing {path} raised {type(error).__name__}{_where(error, path)}: "
+            f"{error_line(error)}{_import_hint(error, root)}"
+        ) from error
     return module
+
+
+def _forget_other_package(root: Path) -> None:
+    """Drop from ``sys.modules`` a package of ``root``'s name imported from elsewhere (another
+    model's of the same name, earlier in this process), so this one is imported."""
+    loaded = sys.modules.get(root.name)
+    where = getattr(loaded, "__file__", None)
+    if loaded is None or (where and Path(where).resolve().parent == root.resolve()):
+        return
+    for key in [k for k in sys.modules if k == root.name or k.startswith(root.name + ".")]:
+        del sys.modules[key]
+
+
+def _where(error: BaseException, path: Path) -> str:
+    """`` at file.py:LINE``: the deepest frame of the error in the model's own directory tree,
+    or the syntax error's line; empty when none is."""
+    if isinstance(error, SyntaxError) and error.filename and error.lineno:
+        return f" at {Path(error.filename).name}:{error.lineno}"
+    root = package_root(path)
+    top = (path.parent if root is None else root).resolve()
+    named_from = top if root is None else top.parent
+    found = ""
+    frame = error.__traceback__
+    while frame is not None:
+        file = Path(frame.tb_frame.f_code.co_filename)
+        if file.is_absolute() and file.resolve().is_relative_to(top):
+            found = f" at {file.resolve().relative_to(named_from)}:{frame.tb_lineno}"
+        frame = frame.tb_next
+    return found
+
+
+def _import_hint(error: BaseException, root: Path | None) -> str:
+    if isinstance(error, ImportError) and "no known parent package" in str(error) and not root:
+        return " (a relative import outside a package: give its directory an __init__.py)"
+    if isinstance(error, ModuleNotFoundError) and error.name:
+        return f" (install {error.name.split('.')[0]} where the model is built and served)"
+    return ""
 
 
 def load_state(path: Path) -> dict[str, torch.Tensor]:
@@ -284,6 +360,20 @@ def load_state(path: Path) -> dict[str, torch.Tensor]:
         if tensors and all(k.startswith(prefix) for k in tensors):
             tensors = {k.removeprefix(prefix): v for k, v in tensors.items()}
     return tensors
+
+
+def _without_wrapper(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    """``state`` with one prefix common to all its names dropped where that makes its names
+    exactly ``model``'s: a training wrapper's attribute (a Lightning module's ``model.``,
+    ``net.``) around the model. Else ``state`` as it is, for load_state_dict to judge."""
+    names = model.state_dict().keys()
+    if state.keys() == names or not state:
+        return state
+    prefix = next(iter(state)).split(".", 1)[0] + "."
+    if not all(key.startswith(prefix) for key in state):
+        return state
+    inner = {key.removeprefix(prefix): value for key, value in state.items()}
+    return inner if inner.keys() == names else state
 
 
 def named_by_state(model: nn.Module) -> nn.Module:
@@ -347,12 +437,18 @@ def build_model(spec: ModelSpec, directory: Path, device: torch.device | None = 
             f"model: expected {spec.name}(**{dict(spec.args)!r}) to build the model, got "
             f"TypeError: {error}"
         ) from None
+    except Exception as error:
+        # The user's constructor or factory failed on its own (a file it reads, a check).
+        raise ConfigError(
+            f"model: {spec.name}() raised {type(error).__name__}"
+            f"{_where(error, directory / spec.file)}: {error_line(error)}"
+        ) from error
     if not isinstance(model, nn.Module):
         raise ConfigError(
             f"model: expected {spec.name} to return an nn.Module, got {type(model).__name__}"
         )
     if spec.weights is not None:
-        state = load_state(directory / spec.weights)
+        state = _without_wrapper(load_state(directory / spec.weights), named_by_state(model))
         try:
             named_by_state(model).load_state_dict(state)
         except RuntimeError as error:

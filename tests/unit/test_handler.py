@@ -241,3 +241,142 @@ def test_an_archive_carries_the_modules_and_packages_its_model_file_imports(
         assert sys.modules["nets"].__file__ == str(model_dir / "nets" / "__init__.py")
     finally:
         handler.service.close()
+
+
+def test_a_model_file_inside_a_package_imports_relatively_and_travels_with_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``project/netpkg/model.py`` doing ``from .blocks import Block`` was imported as a file
+    of its own (ImportError: no known parent package, as a traceback). It is imported as
+    ``netpkg.model``, its package archived whole, and the worker builds it from the archive;
+    a module beside the package is still asked for. Its weights come from a training
+    wrapper's checkpoint (``state_dict`` of ``model.``-prefixed names)."""
+    import sys
+    import zipfile
+
+    import numpy as np
+
+    from hookwatch.tools.own_model import ModelRef, archive_model, load_user_model
+
+    project = tmp_path / "project"
+    (project / "netpkg").mkdir(parents=True)
+    (project / "netpkg" / "__init__.py").write_text("")
+    (project / "netpkg" / "blocks.py").write_text(
+        "from torch import nn\n\n"
+        "class Block(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc = nn.Linear(6, 6)\n"
+        "        self.act = nn.ReLU()\n\n"
+        "    def forward(self, x):\n"
+        "        return self.act(self.fc(x))\n"
+    )
+    (project / "sizes.py").write_text("CLASSES = 3\n")
+    (project / "netpkg" / "model.py").write_text(
+        "from torch import nn\nfrom sizes import CLASSES\nfrom .blocks import Block\n\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.block = Block()\n"
+        "        self.head = nn.Linear(6, CLASSES)\n\n"
+        "    def forward(self, x):\n"
+        "        return self.head(self.block(x))\n"
+    )
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(sys, "modules", dict(sys.modules))
+    ref = ModelRef.parse(f"{project / 'netpkg' / 'model.py'}:Net")
+    model, spec = load_user_model(ref)
+    assert type(model).__module__ == "netpkg.model" and spec.kind == "class"
+    torch.manual_seed(3)
+    trained = {f"model.{k}": torch.randn_like(v) for k, v in model.state_dict().items()}
+    checkpoint = tmp_path / "last.ckpt"
+    torch.save({"state_dict": trained, "epoch": 4}, checkpoint)
+    config = tmp_path / "model-config.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {"handler": {"input": {"shape": [6]}, "monitoring": {"layers": ["block.act"]}}}
+        )
+    )
+    reference = tmp_path / "ref.npy"
+    np.save(reference, np.random.default_rng(0).normal(size=(64, 6)).astype(np.float32))
+
+    def archive(extra: list[Path]) -> Path:
+        return archive_model(
+            ref,
+            "net",
+            config,
+            reference,
+            tmp_path / "store",
+            tmp_path / "build",
+            weights=checkpoint,
+            extra_files=extra,
+            say=lambda *_: None,
+        )
+
+    # The package's own modules travel with it: only the module beside it is asked for.
+    with pytest.raises(ConfigError, match=r"got none for sizes\.py\)? "):
+        archive([])
+    mar = archive([project / "sizes.py"])
+    for name in ("sizes", "netpkg", "netpkg.blocks", "netpkg.model"):
+        sys.modules.pop(name, None)  # a worker has only the archive
+    sys.path.remove(str(project))
+    model_dir = tmp_path / "extracted"
+    with zipfile.ZipFile(mar) as archived:
+        archived.extractall(model_dir)
+    assert json.loads((model_dir / "hookwatch-model.json").read_text())["file"] == (
+        "netpkg/model.py"
+    )
+    context = FakeContext(
+        model_dir,
+        yaml.safe_load(config.read_text()),
+        model_name="net",
+        serialized_file="weights.pt",
+    )
+    handler = load_handler("hookwatch_handler")()
+    handler.initialize(context)
+    try:
+        x = [0.5, -1.0, 0.25, 2.0, 0.0, 1.5]
+        out = handled(handler, [{"body": {"data": x}}], context)
+        served = sys.modules["netpkg.model"]
+        assert served.__file__ == str(model_dir / "netpkg" / "model.py")
+        expected = served.Net()
+        expected.load_state_dict({k.removeprefix("model."): v for k, v in trained.items()})
+        with torch.no_grad():
+            probabilities = torch.softmax(expected(torch.tensor([x])), -1)[0]
+        assert out[0]["probabilities"] == pytest.approx(probabilities.tolist(), abs=1e-5)
+    finally:
+        handler.service.close()
+
+
+@pytest.mark.parametrize(
+    ("source", "said"),
+    [
+        (
+            "import torch\nimport not_installed_here\n",
+            r"^model: importing .*broken\.py raised ModuleNotFoundError at broken\.py:2: No "
+            r"module named 'not_installed_here' \(install not_installed_here where",
+        ),
+        (
+            "from .blocks import Block\n",
+            r"ImportError at broken\.py:1: attempted relative import with no known parent "
+            r"package \(a relative import outside a package: give its directory an __init__\.py",
+        ),
+        ("def Net(:\n", r"raised SyntaxError at broken\.py:1: "),
+        (
+            "from torch import nn\n\ndef Net():\n    raise FileNotFoundError('vocab.txt')\n",
+            r"^model: Net\(\) raised FileNotFoundError at broken\.py:4: vocab\.txt$",
+        ),
+    ],
+)
+def test_a_model_file_that_fails_on_import_is_one_line_naming_where(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, said: str
+) -> None:
+    import sys
+
+    from hookwatch.tools.own_model import ModelRef, load_user_model
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    (tmp_path / "broken.py").write_text(source)
+    with pytest.raises(ConfigError, match=said) as raised:
+        load_user_model(ModelRef.parse(f"{tmp_path / 'broken.py'}:Net"))
+    assert "\n" not in str(raised.value)

@@ -56,7 +56,14 @@ from hookwatch._hooks import (
     steps_of,
     watchable_modules,
 )
-from hookwatch._model import MODEL_SPEC_FILE, ModelSpec, build_model, serialized_kind
+from hookwatch._model import (
+    MODEL_SPEC_FILE,
+    ModelSpec,
+    build_model,
+    module_name,
+    package_root,
+    serialized_kind,
+)
 from hookwatch._names import INPUT_LAYER, OUTPUT_LAYER
 from hookwatch._profile.accuracy import MAX_ESTIMATE_GAP
 from hookwatch._service import (
@@ -193,7 +200,7 @@ def load_user_model(
     spec = ref.spec(args or {}, weights)
     model = build_model(spec, Path("/"))
     if not ref.scripted:
-        module = sys.modules.get(f"hookwatch_model_{ref.path.stem}")
+        module = sys.modules.get(module_name(ref.path))
         target = getattr(module, ref.name, None)
         kind = "class" if isinstance(target, type) else "factory"
         spec = ModelSpec(kind, spec.file, spec.name, spec.args, spec.weights)
@@ -206,6 +213,10 @@ def undeclared_imports(model_file: Path, extra_files: Sequence[Path]) -> list[Pa
     own = model_file.resolve()
     home = own.parent
     carried = {Path(f).resolve() for f in extra_files}
+    package = package_root(own)
+    if package is not None:
+        # The model's package travels whole; what else it imports by name lies beside it.
+        home, own = package.parent, package
     found: list[Path] = []
     for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)
@@ -1622,10 +1633,23 @@ def archive_model(
         archived = ModelSpec(spec.kind, serialized.name, directories=directories)
     else:
         source = Path(spec.file)
-        shutil.copy(source, build / source.name)
-        files.append(build / source.name)
+        package = package_root(source)
+        if package is None:
+            shutil.copy(source, build / source.name)
+            files.append(build / source.name)
+            inside = source.name
+        else:
+            # A file of a package (its relative imports): the package travels whole, staged
+            # as --extra-files packages are, and the worker imports the file by its dotted
+            # name from the model directory.
+            shutil.copytree(
+                package,
+                build / "packages" / package.name,
+                ignore=shutil.ignore_patterns("__pycache__"),
+            )
+            inside = source.resolve().relative_to(package.parent).as_posix()
         kept = {k: v for k, v in spec.args.items() if k not in directories}
-        archived = ModelSpec(spec.kind, source.name, spec.name, kept, None, directories)
+        archived = ModelSpec(spec.kind, inside, spec.name, kept, None, directories)
         if directories and _rebuilds_same_weights(model, archived, build, staged, extra_files):
             # The archived directories hold the weights already (a pretrained model's files):
             # a second copy would double the archive. Checked, not assumed: a layer the
@@ -1668,9 +1692,13 @@ def archive_model(
     for extra in extra_files:
         if extra.is_dir():
             # A package the model imports: the archiver copies a directory's contents into
-            # the model directory, so it is staged inside one of its own, under its name.
+            # the model directory, so it is staged inside one of its own, under its name
+            # (over the model's own package when that is named too).
             shutil.copytree(
-                extra, packages / extra.name, ignore=shutil.ignore_patterns("__pycache__")
+                extra,
+                packages / extra.name,
+                ignore=shutil.ignore_patterns("__pycache__"),
+                dirs_exist_ok=True,
             )
             continue
         if not extra.is_file():
@@ -1765,12 +1793,16 @@ def _rebuilt(spec: ModelSpec, build: Path, staged: Path, extra_files: Sequence[P
     directory arguments, the extra files), in a directory of their own, as a worker builds it."""
     with tempfile.TemporaryDirectory(dir=build) as tmp:
         directory = Path(tmp)
-        shutil.copy(build / spec.file, directory / spec.file)
+        if "/" in spec.file:
+            # The model's package, staged whole (archive_model).
+            shutil.copytree(build / "packages", directory, dirs_exist_ok=True)
+        else:
+            shutil.copy(build / spec.file, directory / spec.file)
         for name in spec.directories:
             (directory / name).symlink_to((staged / name).resolve())
         for extra in extra_files:
             if extra.is_dir():
-                shutil.copytree(extra, directory / extra.name)
+                shutil.copytree(extra, directory / extra.name, dirs_exist_ok=True)
             else:
                 shutil.copy(extra, directory / extra.name)
         return build_model(spec, directory)
