@@ -151,7 +151,9 @@ def test_a_labels_file_that_is_not_numpy_is_refused(archive: Archive, tmp_path: 
     reference, path = tmp_path / "ref.npy", tmp_path / "labels.csv"
     np.save(reference, _inputs())
     path.write_text("0,1,2\n")
-    with pytest.raises(ConfigError, match=r"--reference-labels: expected a \.npy or \.npz file"):
+    with pytest.raises(
+        ConfigError, match=r"--reference-labels: expected a \.npy, \.npz or \.pt file"
+    ):
         archive(reference, path)
 
 
@@ -194,7 +196,7 @@ def test_the_command_line_takes_reference_labels_and_words_a_mistake(
         return code, capsys.readouterr().err
 
     code, err = run("--reference-labels", str(tmp_path / "none.npy"))
-    assert code == 2 and "expected the reference's class labels (.npy)" in err
+    assert code == 2 and "expected the reference's class labels (.npy or .pt)" in err
     assert len(err.strip().splitlines()) == 1, err
     code, err = run("--reference-labels", str(labels))
     assert code == 2, err
@@ -280,3 +282,35 @@ def test_archive_warns_where_the_estimate_reads_far_from_the_accuracy(tmp_path: 
     warned = [line for line in said["blind"] if "warning: the estimate" in line]
     assert warned and "far from the 100.0% measured" in warned[0], said["blind"]
     assert "a class over 3 classes" in warned[0]
+
+
+def test_a_reference_saved_by_torch_save_is_read_as_numpy_s(
+    archive: Archive, tmp_path: Path
+) -> None:
+    """PyTorch users hold tensors: a ``.pt`` of a tensor is the array, a ``.pt`` of a dict the
+    ``.npz``'s arrays (``y`` its labels); the profile is the one the numpy files give. Anything
+    else in it, or a table, is one line saying what to save."""
+    import torch
+
+    x, y = _inputs(), _labels()
+    np.savez(tmp_path / "ref.npz", x=x, y=y)
+    torch.save({"x": torch.from_numpy(x), "y": torch.from_numpy(y)}, tmp_path / "ref.pt")
+    from_numpy, _ = archive(tmp_path / "ref.npz")
+    expected = _profile(from_numpy, tmp_path / "a")
+    from_torch, said = archive(tmp_path / "ref.pt")
+    got = _profile(from_torch, tmp_path / "b")
+    assert any("the 'y' array of ref.pt" in line for line in said), said
+    assert got.accuracy is not None and expected.accuracy is not None
+    assert got.accuracy.reference_accuracy == expected.accuracy.reference_accuracy
+    assert got.n_seen == expected.n_seen == len(x)
+    # A tensor alone, its labels from a tensor's .pt too.
+    torch.save(torch.from_numpy(x), tmp_path / "inputs.pt")
+    torch.save(torch.from_numpy(y), tmp_path / "labels.pt")
+    mar, _ = archive(tmp_path / "inputs.pt", tmp_path / "labels.pt")
+    assert _profile(mar, tmp_path / "c").accuracy is not None
+    torch.save((torch.from_numpy(x), torch.from_numpy(y)), tmp_path / "pair.pt")
+    with pytest.raises(ConfigError, match=r"got a tuple of 2: save the inputs as one tensor, or"):
+        archive(tmp_path / "pair.pt")
+    (tmp_path / "ref.csv").write_text("0,1,2,3,4,5\n")
+    with pytest.raises(ConfigError, match=r"got ref\.csv \(a table: numpy\.save\(path, table"):
+        archive(tmp_path / "ref.csv")

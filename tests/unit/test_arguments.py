@@ -192,7 +192,10 @@ def test_a_bad_reference_is_one_line(
 
 def test_one_array_for_several_arguments_is_refused(archive: Archive, tmp_path: Path) -> None:
     np.save(tmp_path / "ref.npy", _reference()["signal"])
-    with pytest.raises(ConfigError, match=r"expected an \.npz with an array per argument"):
+    with pytest.raises(
+        ConfigError,
+        match=r"expected an \.npz \(or a \.pt of a dict of tensors\) with an array per argument",
+    ):
         archive(tmp_path / "ref.npy")
 
 

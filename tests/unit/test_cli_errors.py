@@ -105,7 +105,8 @@ MISTAKES = [
     ),
     (
         ("archive", IMAGENET, "--name", "x", "--config", CONFIG, "--reference", "{tmp}/no"),
-        "--reference: expected held-out inputs (.npy, .npz or .jsonl, or a directory of images",
+        "--reference: expected held-out inputs (.npy, .npz, .pt or .jsonl, or a directory of "
+        "images",
         "no such file",
     ),
     (

@@ -189,7 +189,7 @@ def _file(what: str, next_step: str) -> Callable[[str], Path]:
 ARGUMENTS_INPUT = "arguments"
 _MODEL_CONFIG = _file("a model-config.yaml", "`hookwatch init` writes one")
 _INPUTS = _file(
-    "held-out inputs (.npy, .npz or .jsonl)",
+    "held-out inputs (.npy, .npz, .pt or .jsonl)",
     "numpy.save writes an array, or write request bodies one a line",
 )
 
@@ -201,7 +201,7 @@ def _inputs_or_images(text: str) -> Path:
         return path
     if not path.exists():
         raise argparse.ArgumentTypeError(
-            f"expected held-out inputs (.npy, .npz or .jsonl, or a directory of images for "
+            f"expected held-out inputs (.npy, .npz, .pt or .jsonl, or a directory of images for "
             f"input.encoding: image), got {text}, no such file: numpy.save writes an array, or "
             "write request bodies one a line"
         )
@@ -210,7 +210,7 @@ def _inputs_or_images(text: str) -> Path:
 
 _inputs_or_images.__name__ = "held-out inputs"
 _LABELS = _file(
-    "the reference's class labels (.npy)",
+    "the reference's class labels (.npy or .pt)",
     "numpy.save writes one integer label per reference sample",
 )
 
@@ -1240,7 +1240,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--data",
         type=_inputs_or_images,
         default=None,
-        help=".npy/.npz array of inputs [N, *shape], .jsonl request bodies or a directory of "
+        help=".npy/.npz/.pt array of inputs [N, *shape], .jsonl request bodies or a directory of "
         "image files (input.encoding: image) (default: the demo's reference images)",
     )
     prof.add_argument(
@@ -1336,7 +1336,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--reference",
         type=_inputs_or_images,
         required=True,
-        help="held-out inputs: .npy/.npz array [N, *shape], .jsonl request bodies, or a "
+        help="held-out inputs: .npy/.npz/.pt array [N, *shape], .jsonl request bodies, or a "
         "directory of image files (input.encoding: image)",
     )
     archive.add_argument(
@@ -1346,7 +1346,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE.npy",
         help="the reference's true classes, one integer per sample (logits heads): the "
         "accuracy estimate without labels, and pages on harm instead of drift, are fitted on "
-        "them. Also read from a 'y' array in a reference .npz, or a 'label' field on every "
+        "them. Also read from a 'y' array in a reference .npz (or key of a .pt dict), or a "
+        "'label' field on every "
         "line of a reference .jsonl; without any, the model pages on drift",
     )
     archive.add_argument(

@@ -11,7 +11,6 @@ images (``hookwatch.tools.images``). Every mistake is one line, "expected X, got
 from __future__ import annotations
 
 import json
-import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from hookwatch._errors import ConfigError
+from hookwatch.tools.arrays import ARRAY_SUFFIXES, read_arrays
 from hookwatch.tools.images import folder_labels
 
 __all__ = ["LABELS_ARRAY", "LABEL_FIELD", "check_labels", "reference_labels"]
@@ -43,16 +43,15 @@ def reference_labels(
         return _array(_load(labels, "--reference-labels"), "--reference-labels"), str(labels)
     if reference.is_dir():
         return folder_labels(reference, class_names)
-    if reference.suffix == ".npz":
+    if reference.suffix in (".npz", ".pt", ".pth"):
         try:
-            with np.load(reference, allow_pickle=False) as data:
-                if LABELS_ARRAY not in data.files:
-                    return None
-                y = data[LABELS_ARRAY]
-        except (OSError, ValueError, zipfile.BadZipFile):
+            arrays = read_arrays(reference, "reference")
+        except ConfigError:
             return None  # the reference's own reader says what is wrong with it
+        if not isinstance(arrays, dict) or LABELS_ARRAY not in arrays:
+            return None
         where = f"the {LABELS_ARRAY!r} array of {reference.name}"
-        return _array(y, where), where
+        return _array(arrays[LABELS_ARRAY], where), where
     if reference.suffix == ".jsonl":
         return _jsonl(reference)
     return None
@@ -72,22 +71,18 @@ def check_labels(y: NDArray[np.int64], where: str, samples: int, head: str) -> N
 
 
 def _load(path: Path, where: str) -> object:
-    if path.suffix not in (".npy", ".npz"):
-        raise ConfigError(f"{where}: expected a .npy or .npz file of labels, got {path.name}")
-    try:
-        loaded = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, zipfile.BadZipFile) as error:
-        raise ConfigError(f"{where}: expected a numpy array of labels, got {error}") from None
-    if isinstance(loaded, np.lib.npyio.NpzFile):
-        with loaded:
-            if LABELS_ARRAY in loaded.files:
-                return loaded[LABELS_ARRAY]
-            if len(loaded.files) != 1:
-                raise ConfigError(
-                    f"{where}: expected an .npz with a {LABELS_ARRAY!r} array (or one array), "
-                    f"got arrays {loaded.files}"
-                )
-            return loaded[loaded.files[0]]
+    if path.suffix not in ARRAY_SUFFIXES:
+        raise ConfigError(f"{where}: expected a .npy, .npz or .pt file of labels, got {path.name}")
+    loaded = read_arrays(path, where)
+    if isinstance(loaded, dict):
+        if LABELS_ARRAY in loaded:
+            return loaded[LABELS_ARRAY]
+        if len(loaded) != 1:
+            raise ConfigError(
+                f"{where}: expected arrays with a {LABELS_ARRAY!r} array (or one array), "
+                f"got arrays {list(loaded)}"
+            )
+        return next(iter(loaded.values()))
     return loaded
 
 

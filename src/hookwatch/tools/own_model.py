@@ -79,6 +79,7 @@ from hookwatch._service import (
     make_pipeline,
 )
 from hookwatch._text import TextPipeline
+from hookwatch.tools.arrays import ARRAY_SUFFIXES, read_arrays
 from hookwatch.tools.images import IMAGE_SUFFIXES, class_folders, image_files
 from hookwatch.tools.labels import LABELS_ARRAY, check_labels, reference_labels
 
@@ -1251,11 +1252,18 @@ def _flow_scalar(name: str) -> str:
 
 # -- reference data ----------------------------------------------------------------------------
 
+#: A table is not read as a reference: its columns' order, header and types are the user's to
+#: say, which an array or request bodies do.
+_CSV_HINT = (
+    " (a table: numpy.save(path, table.to_numpy(dtype='float32')) writes its rows as an array "
+    "in the input's order)"
+)
+
 
 def load_reference(path: Path, pipeline: Pipeline, batch_size: int = 64) -> Iterator[ModelInputs]:
     """Reference inputs as serving would feed them to the model, in batches.
 
-    ``.npy``/``.npz``: an array of raw inputs ``[N, *shape]`` (as requests send them; the
+    ``.npy``/``.npz``/``.pt``: an array of raw inputs ``[N, *shape]`` (as requests send them; the
     pipeline applies dtype and normalisation). ``.jsonl``: one request body per line, decoded
     exactly as a request (a text model's reference: a JSON string per line). A directory:
     image files (``input.encoding: image``), each decoded as a request's body would be, in
@@ -1292,24 +1300,23 @@ def load_reference(path: Path, pipeline: Pipeline, batch_size: int = 64) -> Iter
             f"reference: expected a .jsonl of texts (a JSON string per line) for a text model, "
             f"got {path.name}"
         )
-    if path.suffix not in (".npy", ".npz"):
-        raise ConfigError(f"reference: expected a .npy, .npz or .jsonl file, got {path.name}")
-    try:
-        loaded = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as error:
-        raise ConfigError(f"reference: expected a numpy array in {path}, got {error}") from None
+    if path.suffix not in ARRAY_SUFFIXES:
+        raise ConfigError(
+            f"reference: expected a .npy, .npz, .pt or .jsonl file, got {path.name}"
+            f"{_CSV_HINT if path.suffix in ('.csv', '.tsv', '.txt') else ''}"
+        )
+    loaded = read_arrays(path, "reference")
     if isinstance(pipeline, ArgumentsPipeline):
         yield from _argument_batches(path, loaded, pipeline, batch_size)
         return
-    if isinstance(loaded, np.lib.npyio.NpzFile):
-        with loaded:
-            # A `y` array beside the inputs holds the reference's labels (tools/labels.py).
-            inputs = [name for name in loaded.files if name != LABELS_ARRAY]
-            if not inputs:
-                raise ConfigError(
-                    f"reference: expected an array of inputs in {path}, got arrays {loaded.files}"
-                )
-            array = loaded[inputs[0]]
+    if isinstance(loaded, dict):
+        # A `y` array beside the inputs holds the reference's labels (tools/labels.py).
+        inputs = [name for name in loaded if name != LABELS_ARRAY]
+        if not inputs:
+            raise ConfigError(
+                f"reference: expected an array of inputs in {path}, got arrays {list(loaded)}"
+            )
+        array = loaded[inputs[0]]
     else:
         array = loaded
     values = _reference_values(array, pipeline.spec, "handler.input")
@@ -1320,7 +1327,7 @@ def load_reference(path: Path, pipeline: Pipeline, batch_size: int = 64) -> Iter
 def _image_batches(directory: Path, pipeline: Pipeline, batch_size: int) -> Iterator[ModelInputs]:
     if not (isinstance(pipeline, InputPipeline) and pipeline.spec.encoding == "image"):
         raise ConfigError(
-            f"reference: expected a .npy, .npz or .jsonl file (a directory holds images, for "
+            f"reference: expected a .npy, .npz, .pt or .jsonl file (a directory holds images, for "
             f"input.encoding: image), got the directory {directory}"
         )
     files = image_files(directory)
@@ -1347,22 +1354,22 @@ def _argument_batches(
     """Reference batches of a several-tensor input: an ``.npz`` with an array per argument,
     named as the argument, the same samples in the same order in each."""
     names = list(pipeline.parts)
-    if not isinstance(loaded, np.lib.npyio.NpzFile):
+    if not isinstance(loaded, dict):
         raise ConfigError(
-            f"reference: expected an .npz with an array per argument of input.arguments "
-            f"({', '.join(names)}), or request bodies in a .jsonl, got one array in {path.name}"
+            f"reference: expected an .npz (or a .pt of a dict of tensors) with an array per "
+            f"argument of input.arguments ({', '.join(names)}), or request bodies in a .jsonl, "
+            f"got one array in {path.name}"
         )
-    with loaded:
-        missing = [name for name in names if name not in loaded.files]
-        if missing:
-            raise ConfigError(
-                f"reference: expected arrays named {', '.join(names)} in {path.name} (one per "
-                f"argument of input.arguments), got {loaded.files}"
-            )
-        values = {
-            name: _reference_values(loaded[name], part.spec, f"input.arguments.{name}", name)
-            for name, part in pipeline.parts.items()
-        }
+    missing = [name for name in names if name not in loaded]
+    if missing:
+        raise ConfigError(
+            f"reference: expected arrays named {', '.join(names)} in {path.name} (one per "
+            f"argument of input.arguments), got {list(loaded)}"
+        )
+    values = {
+        name: _reference_values(loaded[name], part.spec, f"input.arguments.{name}", name)
+        for name, part in pipeline.parts.items()
+    }
     counts = {name: len(v) for name, v in values.items()}
     if len(set(counts.values())) > 1:
         raise ConfigError(
