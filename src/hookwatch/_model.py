@@ -57,6 +57,9 @@ class ModelSpec:
     #: Arguments naming a directory (a HuggingFace ``save_pretrained`` directory): archived
     #: in the model directory under the argument's name and passed as that path when built.
     directories: tuple[str, ...] = ()
+    #: An installed module to import by name (``mycompany.models``: a package installed in
+    #: the serving image) instead of ``file``, which is then empty in an archive.
+    module: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -73,6 +76,7 @@ class ModelSpec:
                 "args": dict(self.args),
                 "weights": self.weights,
                 "directories": list(self.directories),
+                **({"module": self.module} if self.module else {}),
             },
             indent=2,
         )
@@ -92,6 +96,7 @@ class ModelSpec:
             args=dict(raw.get("args") or {}),
             weights=raw.get("weights"),
             directories=tuple(str(d) for d in raw.get("directories") or ()),
+            module=str(raw["module"]) if raw.get("module") else None,
         )
 
 
@@ -285,6 +290,23 @@ def _import_file(path: Path) -> Any:
     return module
 
 
+def _import_module(name: str) -> Any:
+    """An installed module by name (the serving environment's own); what its import raises is
+    a :class:`ConfigError`, as for a file."""
+    try:
+        return importlib.import_module(name)
+    except Exception as error:
+        hint = (
+            " (install its package where the model is built and served)"
+            if isinstance(error, ModuleNotFoundError)
+            else ""
+        )
+        raise ConfigError(
+            f"model: importing module {name} raised {type(error).__name__}: "
+            f"{error_line(error)}{hint}"
+        ) from error
+
+
 def _forget_other_package(root: Path) -> None:
     """Drop from ``sys.modules`` a package of ``root``'s name imported from elsewhere (another
     model's of the same name, earlier in this process), so this one is imported."""
@@ -414,7 +436,7 @@ def build_model(spec: ModelSpec, directory: Path, device: torch.device | None = 
         return ScriptedModel(scripted).eval()
     if spec.kind == "exported":
         return _load_exported(directory / spec.file, device)
-    module = _import_file(directory / spec.file)
+    module = _import_module(spec.module) if spec.module else _import_file(directory / spec.file)
     target = getattr(module, spec.name, None)
     if target is None:
         found = sorted(
@@ -426,7 +448,7 @@ def build_model(spec: ModelSpec, directory: Path, device: torch.device | None = 
             and getattr(v, "__module__", None) == module.__name__
         )
         raise ConfigError(
-            f"model: expected {spec.name!r} in {spec.file}, got no such name "
+            f"model: expected {spec.name!r} in {spec.module or spec.file}, got no such name "
             f"(it defines: {', '.join(found) or 'nothing callable'})"
         )
     args = {**spec.args, **{name: str(directory / name) for name in spec.directories}}
@@ -441,7 +463,8 @@ def build_model(spec: ModelSpec, directory: Path, device: torch.device | None = 
         # The user's constructor or factory failed on its own (a file it reads, a check).
         raise ConfigError(
             f"model: {spec.name}() raised {type(error).__name__}"
-            f"{_where(error, directory / spec.file)}: {error_line(error)}"
+            f"{'' if spec.module else _where(error, directory / spec.file)}: "
+            f"{error_line(error)}"
         ) from error
     if not isinstance(model, nn.Module):
         raise ConfigError(

@@ -73,7 +73,7 @@ def test_valid_requests_get_class_and_probabilities(handler: tuple[Any, FakeCont
         ({"data": [1, 2, 3]}, "shape [1, 8, 8]", "shape [3]"),
         ({"data": [[1, 2], [3]]}, "rectangular array", "ragged"),
         ({"data": [99.0] * 64}, "values in [0, 16]", "[99, 99]"),
-        ({"data": ["a"] * 64}, "rectangular array", "non-numeric"),
+        ({"data": ["a"] * 64}, "rectangular array", "a list holding str 'a' at [0]"),
         (b'{"data": [NaN' + b", 0" * 63 + b"]}", "finite numbers", "NaN"),
         ([1, 2, 3], "shape [1, 8, 8]", "shape [3]"),  # a bare array is the payload
     ],
@@ -243,6 +243,18 @@ def test_an_archive_carries_the_modules_and_packages_its_model_file_imports(
         handler.service.close()
 
 
+@pytest.fixture
+def forget_modules() -> Iterator[None]:
+    """The modules a test imports from its own files, gone after it (another test's files
+    may use the same names)."""
+    import sys
+
+    yield
+    for name in [n for n in sys.modules if n.split(".")[0] in ("netpkg", "sizes", "acme_models")]:
+        del sys.modules[name]
+
+
+@pytest.mark.usefixtures("forget_modules")
 def test_a_model_file_inside_a_package_imports_relatively_and_travels_with_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -283,7 +295,6 @@ def test_a_model_file_inside_a_package_imports_relatively_and_travels_with_it(
         "        return self.head(self.block(x))\n"
     )
     monkeypatch.setattr(sys, "path", list(sys.path))
-    monkeypatch.setattr(sys, "modules", dict(sys.modules))
     ref = ModelRef.parse(f"{project / 'netpkg' / 'model.py'}:Net")
     model, spec = load_user_model(ref)
     assert type(model).__module__ == "netpkg.model" and spec.kind == "class"
@@ -380,3 +391,83 @@ def test_a_model_file_that_fails_on_import_is_one_line_naming_where(
     with pytest.raises(ConfigError, match=said) as raised:
         load_user_model(ModelRef.parse(f"{tmp_path / 'broken.py'}:Net"))
     assert "\n" not in str(raised.value)
+
+
+@pytest.mark.usefixtures("forget_modules")
+def test_a_model_named_by_module_path_is_imported_by_name_where_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``acme_models.tabular:Net`` (uvicorn's form) of a package installed in site-packages,
+    as the serving image installs it: the archive records the module, carries none of its
+    files, and a worker imports it by name. The same form for a module under the working
+    directory is archived as its file is."""
+    import sys
+    import zipfile
+
+    import numpy as np
+
+    from hookwatch.tools.own_model import ModelRef, archive_model
+
+    site = tmp_path / "venv" / "lib" / "site-packages"
+    (site / "acme_models").mkdir(parents=True)
+    (site / "acme_models" / "__init__.py").write_text("")
+    (site / "acme_models" / "tabular.py").write_text(
+        "from torch import nn\n\n"
+        "class Net(nn.Sequential):\n"
+        "    def __init__(self):\n"
+        "        super().__init__(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))\n"
+    )
+    monkeypatch.setattr(sys, "path", [str(site), *sys.path])
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "local_net.py").write_text((site / "acme_models" / "tabular.py").read_text())
+    monkeypatch.chdir(work)
+    ref = ModelRef.parse("acme_models.tabular:Net")
+    assert ref.module == "acme_models.tabular" and ref.name == "Net"
+    local = ModelRef.parse("local_net:Net")
+    assert local.module == "" and local.path.resolve() == (work / "local_net.py").resolve()
+    with pytest.raises(ConfigError, match=r"importable module\.path:Name, got 'acme_models\.no"):
+        ModelRef.parse("acme_models.nope:Net")
+    config = tmp_path / "model-config.yaml"
+    config.write_text(
+        yaml.safe_dump({"handler": {"input": {"shape": [6]}, "monitoring": {"layers": ["1"]}}})
+    )
+    reference = tmp_path / "ref.npy"
+    np.save(reference, np.random.default_rng(0).normal(size=(64, 6)).astype(np.float32))
+    said: list[str] = []
+    mar = archive_model(
+        ref, "acme", config, reference, tmp_path / "store", tmp_path / "build", say=said.append
+    )
+    assert any("model module acme_models.tabular: a worker imports it by name" in s for s in said)
+    model_dir = tmp_path / "extracted"
+    with zipfile.ZipFile(mar) as archived:
+        archived.extractall(model_dir)
+        assert not [n for n in archived.namelist() if n.endswith(".py") and "acme" in n]
+    spec = json.loads((model_dir / "hookwatch-model.json").read_text())
+    assert spec["module"] == "acme_models.tabular" and spec["file"] == ""
+    for name in ("acme_models", "acme_models.tabular"):
+        sys.modules.pop(name, None)
+    context = FakeContext(
+        model_dir,
+        yaml.safe_load(config.read_text()),
+        model_name="acme",
+        serialized_file="weights.pt",
+    )
+    handler = load_handler("hookwatch_handler")()
+    handler.initialize(context)
+    try:
+        out = handled(handler, [{"body": {"data": [0.5] * 6}}], context)
+        assert set(out[0]) == {"class", "probabilities"}
+        assert sys.modules["acme_models.tabular"].__file__ == str(
+            site / "acme_models" / "tabular.py"
+        )
+    finally:
+        handler.service.close()
+    # Not installed where the worker runs: one line, naming what to install.
+    sys.path.remove(str(site))
+    for name in ("acme_models", "acme_models.tabular"):
+        sys.modules.pop(name, None)
+    from hookwatch._model import ModelSpec, build_model
+
+    with pytest.raises(ConfigError, match=r"No module named 'acme_models' \(install its package"):
+        build_model(ModelSpec.load(model_dir / "hookwatch-model.json"), model_dir)

@@ -137,17 +137,26 @@ class Handler(HookwatchHandler):
 
 @dataclass(frozen=True)
 class ModelRef:
-    """``path/file.py:Name`` (an nn.Module class or a factory), a TorchScript file or a
-    ``torch.export`` program (``.pt2``)."""
+    """``path/file.py:Name`` (an nn.Module class or a factory), ``module.path:Name``, a
+    TorchScript file or a ``torch.export`` program (``.pt2``)."""
 
     path: Path
     name: str = ""
+    #: An installed module's name (``module.path:Name`` found in site-packages): a worker
+    #: imports it by that name from its own environment; nothing of it is archived.
+    module: str = ""
 
     @classmethod
     def parse(cls, text: str) -> ModelRef:
         file, sep, name = text.rpartition(":")
         if sep and file.endswith(".py") and name.isidentifier():
             return cls(Path(file), name)
+        if sep and name.isidentifier() and all(p.isidentifier() for p in file.split(".")):
+            # module.path:Name, as uvicorn and entry points name one: an installed package's
+            # (the serving image's own: imported by name there too) or one under the working
+            # directory (archived as a file of its package is).
+            path = _module_file(file)
+            return cls(path, name, file if _installed(path) else "")
         if not sep and text.endswith(".py"):
             raise ConfigError(
                 f"model: expected path/file.py:Name (a class or factory function in the file), "
@@ -191,7 +200,58 @@ class ModelRef:
             self.name,
             dict(args),
             str(weights.resolve()) if weights is not None else None,
+            module=self.module or None,
         )
+
+
+def _installed(path: Path) -> bool:
+    """Whether ``path`` lies in an installed distribution's directory (site-packages), which
+    the serving image installs the same way, rather than in the user's own tree."""
+    return any(part in ("site-packages", "dist-packages") for part in path.resolve().parts)
+
+
+def _distribution(module: str) -> str:
+    """``name version`` of the distribution that installs ``module``'s top package, or the
+    top package's name where none is recorded."""
+    from importlib import metadata
+
+    top = module.split(".")[0]
+    for dist in metadata.packages_distributions().get(top, []):
+        try:
+            return f"{dist} {metadata.version(dist)}"
+        except metadata.PackageNotFoundError:
+            continue
+    return top
+
+
+def _module_file(module: str) -> Path:
+    """The source file of ``module`` (a package's ``__init__.py``), found as an import would
+    find it, the working directory first."""
+    import importlib.util
+
+    cwd = os.getcwd()
+    added = cwd not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError) as error:
+        # A parent package missing or failing to import.
+        raise ConfigError(
+            f"model: expected path/file.py:Name or an importable module.path:Name, got "
+            f"{module!r}: {type(error).__name__}: {error_line(error)}"
+        ) from None
+    finally:
+        if added:
+            sys.path.remove(cwd)
+    origin = found.origin if found is not None else None
+    if origin is None or not origin.endswith(".py"):
+        got = "no such module" if found is None else f"a module without Python source ({origin})"
+        raise ConfigError(
+            f"model: expected path/file.py:Name or an importable module.path:Name, got "
+            f"{module!r}: {got}"
+        )
+    return Path(origin)
 
 
 def load_user_model(
@@ -201,10 +261,10 @@ def load_user_model(
     spec = ref.spec(args or {}, weights)
     model = build_model(spec, Path("/"))
     if not ref.scripted:
-        module = sys.modules.get(module_name(ref.path))
+        module = sys.modules.get(ref.module or module_name(ref.path))
         target = getattr(module, ref.name, None)
         kind = "class" if isinstance(target, type) else "factory"
-        spec = ModelSpec(kind, spec.file, spec.name, spec.args, spec.weights)
+        spec = dataclasses.replace(spec, kind=kind)
     return model, spec
 
 
@@ -1469,7 +1529,7 @@ def archive_model(
     handler: HandlerConfig = model_config.handler
     labelled = reference_labels(labels, reference, handler.labels)
     model, spec = load_user_model(ref, args, weights)
-    if not ref.scripted:
+    if not ref.scripted and not ref.module:
         undeclared = undeclared_imports(Path(spec.file), extra_files)
         if undeclared:
             # It imports here from the model's directory; a worker has only the archive.
@@ -1641,7 +1701,14 @@ def archive_model(
     else:
         source = Path(spec.file)
         package = package_root(source)
-        if package is None:
+        if ref.module:
+            # Installed in the serving image as here: imported there by name.
+            inside = ""
+            say(
+                f"  model module {ref.module}: a worker imports it by name from its own "
+                f"environment (install {_distribution(ref.module)} in the serving image)"
+            )
+        elif package is None:
             shutil.copy(source, build / source.name)
             files.append(build / source.name)
             inside = source.name
@@ -1656,7 +1723,9 @@ def archive_model(
             )
             inside = source.resolve().relative_to(package.parent).as_posix()
         kept = {k: v for k, v in spec.args.items() if k not in directories}
-        archived = ModelSpec(spec.kind, inside, spec.name, kept, None, directories)
+        archived = ModelSpec(
+            spec.kind, inside, spec.name, kept, None, directories, ref.module or None
+        )
         if directories and _rebuilds_same_weights(model, archived, build, staged, extra_files):
             # The archived directories hold the weights already (a pretrained model's files):
             # a second copy would double the archive. Checked, not assumed: a layer the
@@ -1800,7 +1869,9 @@ def _rebuilt(spec: ModelSpec, build: Path, staged: Path, extra_files: Sequence[P
     directory arguments, the extra files), in a directory of their own, as a worker builds it."""
     with tempfile.TemporaryDirectory(dir=build) as tmp:
         directory = Path(tmp)
-        if "/" in spec.file:
+        if spec.module:
+            pass  # imported by name
+        elif "/" in spec.file:
             # The model's package, staged whole (archive_model).
             shutil.copytree(build / "packages", directory, dirs_exist_ok=True)
         else:
