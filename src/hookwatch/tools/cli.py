@@ -1267,8 +1267,8 @@ def build_parser() -> argparse.ArgumentParser:
     def model_options(cmd: argparse.ArgumentParser) -> None:
         cmd.add_argument(
             "model",
-            help="path/file.py:Name (an nn.Module class or factory), a TorchScript file or a "
-            "torch.export program (.pt2)",
+            help="path/file.py:Name (an nn.Module class or factory), module.path:Name (an "
+            "installed or local module's), a TorchScript file or a torch.export program (.pt2)",
         )
         cmd.add_argument(
             "--model-args", default="{}", help="JSON object of constructor/factory arguments"
@@ -1343,7 +1343,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--reference-labels",
         type=_LABELS,
         default=None,
-        metavar="FILE.npy",
+        metavar="FILE",
         help="the reference's true classes, one integer per sample (logits heads): the "
         "accuracy estimate without labels, and pages on harm instead of drift, are fitted on "
         "them. Also read from a 'y' array in a reference .npz (or key of a .pt dict), or a "
