@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from hookwatch._config import HandlerConfig, InputSpec
-from hookwatch._errors import BadInputError
+from hookwatch._errors import BadInputError, ConfigError
 from hookwatch._metrics import MetricSet
 from hookwatch._profile import build_profile
 from hookwatch._service import InputPipeline, decode_payload
@@ -211,3 +211,32 @@ def test_a_refused_list_says_what_and_where(data: list[Any], got: str) -> None:
         decode_payload({"data": data}, spec)
     assert raised.value.got == got
     assert raised.value.expected.startswith("a rectangular array of numbers of shape [2, 2]")
+
+
+def test_a_reference_npy_is_read_a_batch_at_a_time(tmp_path: Any) -> None:
+    """A uint8 image array for a float32 input was converted whole (four times the file's
+    size in memory at once, after reading it whole); the .npy is mapped and each batch
+    converted as it is used, to the same values. Its checks still see every sample."""
+    import numpy as np
+
+    from hookwatch.tools.arrays import read_arrays
+    from hookwatch.tools.own_model import load_reference
+
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, size=(300, 3), dtype=np.uint8)
+    path = tmp_path / "pixels.npy"
+    np.save(path, pixels)
+    assert isinstance(read_arrays(path, "reference"), np.memmap)
+    pipeline = InputPipeline(InputSpec(shape=(3,), min_value=0, max_value=255))
+    batches = list(load_reference(path, pipeline, batch_size=64))
+    assert [len(b) for b in batches] == [64, 64, 64, 64, 44]
+    joined = torch.cat(batches)
+    assert joined.dtype == torch.float32 and torch.equal(joined, torch.from_numpy(pixels).float())
+    narrow = InputPipeline(InputSpec(shape=(3,), min_value=0, max_value=200))
+    with pytest.raises(ConfigError, match=r"expected values in \[0, 200\].*got \[0, 255\]"):
+        list(load_reference(path, narrow))
+    late = rng.normal(size=(9000, 3))
+    late[[5000, 8999], 1] = np.inf  # past the first slice checked
+    np.save(path, late)
+    with pytest.raises(ConfigError, match=r"in 2 of 9000 samples \(the first: sample 5000\)"):
+        list(load_reference(path, InputPipeline(InputSpec(shape=(3,)))))

@@ -27,7 +27,8 @@ def read_arrays(path: Path, what: str) -> NDArray[Any] | dict[str, NDArray[Any]]
     if path.suffix in (".pt", ".pth"):
         return _torch_arrays(path, what)
     try:
-        loaded = np.load(path, allow_pickle=False)
+        # An .npy is mapped, not read: a reference larger than memory is read a batch at a time.
+        loaded = np.load(path, mmap_mode="r" if path.suffix == ".npy" else None, allow_pickle=False)
     except (OSError, ValueError, zipfile.BadZipFile) as error:
         raise ConfigError(f"{what}: expected a numpy array in {path}, got {error}") from None
     if isinstance(loaded, np.lib.npyio.NpzFile):

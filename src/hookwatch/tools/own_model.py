@@ -1442,7 +1442,7 @@ def _argument_batches(
 
 def _reference_values(
     array: NDArray[Any], spec: InputSpec, where: str, name: str = ""
-) -> torch.Tensor:
+) -> torch.Tensor | _Float32Rows:
     """One input's reference array ``[N, *shape]`` as serving decodes a request's numbers:
     its shape, finiteness, dtype and range checked (``name``: the argument's array)."""
     what = f"reference{f' {name}' if name else ''}"
@@ -1463,12 +1463,20 @@ def _reference_values(
         raise ConfigError(f"{what}: expected numbers, got dtype {array.dtype}")
     if np.issubdtype(array.dtype, np.inexact):
         # Before any cast: an integer input's would hide a NaN from the builder's own check.
-        from hookwatch._profile.builder import refuse_nonfinite
-
-        # torch has no long double: those are checked as float64 (or complex128).
-        wide = np.complex128 if array.dtype.kind == "c" else np.float64
-        checked = array if array.dtype.itemsize <= np.dtype(wide).itemsize else array.astype(wide)
-        refuse_nonfinite(torch.from_numpy(np.ascontiguousarray(checked)))
+        # A slice at a time: the array may be mapped from a file larger than memory.
+        bad, first = 0, -1
+        for start in range(0, len(array), _CHECKED_ROWS):
+            chunk = np.asarray(array[start : start + _CHECKED_ROWS])
+            rows = ~np.isfinite(chunk.reshape(len(chunk), -1)).all(axis=1)
+            if rows.any():
+                first = first if bad else start + int(rows.argmax())
+                bad += int(rows.sum())
+        if bad:
+            raise ConfigError(
+                f"reference: expected finite values, got NaN or Infinity in {bad} of "
+                f"{len(array)} samples (the first: sample {first}){f' of {name}' if name else ''}"
+            )
+    values: torch.Tensor | _Float32Rows
     if spec.dtype != "float32" and spec.mean is None and spec.std is None:
         # As a request's numbers are decoded: exact integers (no float32 on the way), and a
         # value the input's dtype cannot hold refused.
@@ -1477,18 +1485,42 @@ def _reference_values(
         except BadInputError as error:
             raise ConfigError(f"{what}: {error}") from None
     else:
-        values = torch.from_numpy(np.ascontiguousarray(array).astype(np.float32, copy=False))
+        values = _Float32Rows(array)
     lo, hi = spec.min_value, spec.max_value
-    if (lo is not None and float(values.min()) < lo) or (
-        hi is not None and float(values.max()) > hi
-    ):
-        raise ConfigError(
-            f"{what}: expected values in [{-math.inf if lo is None else lo:g}, "
-            f"{math.inf if hi is None else hi:g}] ({where}), got "
-            f"[{float(values.min()):g}, {float(values.max()):g}]: pass raw inputs, as requests "
-            "send them"
-        )
+    if lo is not None or hi is not None:
+        low, high = float(values.min()), float(values.max())
+        if (lo is not None and low < lo) or (hi is not None and high > hi):
+            raise ConfigError(
+                f"{what}: expected values in [{-math.inf if lo is None else lo:g}, "
+                f"{math.inf if hi is None else hi:g}] ({where}), got [{low:g}, {high:g}]: pass "
+                "raw inputs, as requests send them"
+            )
     return values
+
+
+#: Samples a reference's finiteness is checked over at a time.
+_CHECKED_ROWS = 4096
+
+
+class _Float32Rows:
+    """A reference array read as float32 a batch at a time: the whole of a large uint8 image
+    array as float32 would take four times its size at once (an ``.npy`` is mapped, not
+    read, so only the batches in use are in memory)."""
+
+    def __init__(self, array: NDArray[Any]) -> None:
+        self._array = array
+
+    def __len__(self) -> int:
+        return len(self._array)
+
+    def __getitem__(self, rows: slice) -> torch.Tensor:
+        return torch.from_numpy(np.array(self._array[rows], dtype=np.float32))
+
+    def min(self) -> float:
+        return float(np.float32(self._array.min()))
+
+    def max(self) -> float:
+        return float(np.float32(self._array.max()))
 
 
 # -- archive -----------------------------------------------------------------------------------
