@@ -489,3 +489,43 @@ def test_init_quotes_layer_paths_yaml_would_read_as_numbers(tmp_path: Path) -> N
     for name in ("0", "blocks.0.act", "*.relu", "true", "null", "1e3", "a: b", "x, y", "~"):
         assert yaml.safe_load(f"[{_flow_scalar(name)}]") == [name], name
     assert _flow_scalar("blocks.0.act") == "blocks.0.act"
+
+
+#: A model that maps its logits to class names itself: it answers strings, no tensor.
+NAMES_MODEL = """\
+import torch
+from torch import nn
+
+
+class Named(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return [["cat", "dog", "bird"][i] for i in self.fc(x).argmax(-1).tolist()]
+"""
+
+
+def test_a_model_answering_no_tensor_is_told_to_return_its_logits(run: Run, tmp_path: Path) -> None:
+    """Its output read "(did not run)" in `layers`, `init` wrote a config with head none and
+    `archive` said `output.select` found tensors at "indices none"."""
+    import numpy as np
+    import yaml
+
+    (tmp_path / "named.py").write_text(NAMES_MODEL)
+    code, out, _ = run("layers", "named.py:Named", "--input-shape", "4")
+    assert code == 0
+    row = next(line for line in out.splitlines() if line.startswith("output"))
+    assert "(no tensor)" in row and "a list of str, no tensor" in row
+    assert "name the classes in handler.labels" in row
+    code, _, err = run("init", "named.py:Named", "--input-shape", "4", "--out", "c.yaml")
+    line = _one_error_line(err, "init")
+    assert code == 2 and "model output: expected a tensor, got a list of str" in line
+    assert not (tmp_path / "c.yaml").exists()
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({"handler": {"input": {"shape": [4]}}}))
+    np.save(tmp_path / "ref.npy", np.zeros((8, 4), dtype=np.float32))
+    code, _, err = run(
+        "archive", "named.py:Named", "--name", "n", "--config", "c.yaml", "--reference", "ref.npy"
+    )
+    assert code == 2 and "expected a tensor, got a list of str" in _one_error_line(err, "archive")

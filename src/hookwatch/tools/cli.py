@@ -820,7 +820,7 @@ def _layers(args: argparse.Namespace) -> int:
 
 
 def _init(args: argparse.Namespace) -> int:
-    from hookwatch.tools.own_model import init_config
+    from hookwatch.tools.own_model import NO_TENSOR_HINT, init_config
 
     out: Path = args.out
     if out.exists() and not args.force:
@@ -833,6 +833,12 @@ def _init(args: argparse.Namespace) -> int:
     arguments: tuple[Any, ...] = spec.arguments if spec is not None else ()
     # The config's own input of a variable length, when the shape is still its own.
     variable = spec if spec is not None and tuple(shape) == spec.shape else None
+    answered = rows[-1]
+    if answered.untensored:
+        # No config can serve it as it is: said before a file is written that archive refuses.
+        raise ConfigError(
+            f"model output: expected a tensor, got {answered.untensored}: {NO_TENSOR_HINT}"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     served = config.raw if config is not None else None
     # A text model (--config with input.text): its text section as declared.

@@ -510,6 +510,9 @@ class LayerInfo:
     #: The output row of a tuple, list or dict output: each tensor's index or key, and its
     #: shape per sample (None where it has no row per sample), in the output's order.
     parts: tuple[tuple[int | str, tuple[int, ...] | None], ...] = ()
+    #: The output row of a model answering no tensor at all (class names as strings): what
+    #: it answered, in words; empty otherwise.
+    untensored: str = ""
 
 
 #: The most values a sample ``init`` proposes answering of an output's other part
@@ -728,9 +731,41 @@ def discover_layers(
             items=items,
             listed=listed,
             parts=() if listed or items else _output_parts(result, batch),
+            untensored="" if out_shapes else _no_tensor(result),
         )
     )
     return rows
+
+
+def _no_tensor(value: Any) -> str:
+    """``value`` in words where no tensor is in it (``a list of str``), else empty."""
+    if _holds_tensor(value):
+        return ""
+    if isinstance(value, list | tuple) and value:
+        kinds = sorted({type(item).__name__ for item in value})
+        return f"a {type(value).__name__} of {', '.join(kinds)}"
+    if isinstance(value, Mapping):
+        return f"a {type(value).__name__} of {', '.join(map(str, list(value)[:5]))}"
+    return f"a {type(value).__name__}"
+
+
+def _holds_tensor(value: Any, depth: int = 4) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if depth <= 0:
+        return False
+    if isinstance(value, Mapping):
+        value = list(value.values())
+    if isinstance(value, list | tuple):
+        return any(_holds_tensor(item, depth - 1) for item in value)
+    return False
+
+
+#: What a model answering no tensor is told: the answers and drift are a tensor's.
+NO_TENSOR_HINT = (
+    "hookwatch answers and watches the tensors a model computes: return the logits, and name "
+    "the classes in handler.labels (each request is then answered its class's name)"
+)
 
 
 def _output_parts(result: Any, batch: int) -> tuple[tuple[int | str, tuple[int, ...] | None], ...]:
@@ -822,6 +857,8 @@ def format_layers(rows: Sequence[LayerInfo], max_features: int) -> str:
         shapes = row.shapes
         if not shapes:
             # A TorchScript module takes no hooks, so the dry run could not see it run.
+            if row.untensored:
+                return "(no tensor)"
             return "(TorchScript)" if row.type in _SCRIPTED_TYPES else "(did not run)"
         text = ", ".join("x".join(map(str, s[1:])) or "scalar" for s in shapes)
         return text if len(text) <= 28 else text[:25] + "..."
@@ -849,6 +886,8 @@ def format_layers(rows: Sequence[LayerInfo], max_features: int) -> str:
             notes.append(f"{r.partial}: rows not one per sample, init leaves it out")
         if r.vocabulary:
             notes.append(f"ids into an embedding of {r.vocabulary} rows (init writes max)")
+        if r.untensored:
+            notes.append(f"{r.untensored}, no tensor: {NO_TENSOR_HINT}")
         note = "; ".join(notes)
         lines.append(
             f"{r.name:<{name_w}}  {r.type:<{type_w}}  {fmt(r):<28}  "
@@ -1630,6 +1669,10 @@ def archive_model(
             )
         output = items
     selected = select_tensor(output, config.output.select)
+    if selected is None and _no_tensor(output):
+        raise ConfigError(
+            f"model output: expected a tensor, got {_no_tensor(output)}: {NO_TENSOR_HINT}"
+        )
     if selected is None:
         raise ConfigError(
             f"monitoring.output.select: expected it to pick a tensor of the output, got "
