@@ -48,7 +48,12 @@ def _pillow() -> Any:
 
 def image_bytes(value: Any) -> bytes | None:
     """A request's image as bytes: a body as TorchServe hands it over (bytes), or a JSON
-    string holding the file base64-encoded. None for anything else (JSON numbers)."""
+    string holding the file base64-encoded, also as TF Serving's and KServe's clients send
+    it (``{"b64": ...}``, in a batch of one). None for anything else (JSON numbers)."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str | dict):
+        value = value[0]  # `instances` of one
+    if isinstance(value, dict) and len(value) == 1 and isinstance(value.get("b64"), str):
+        value = value["b64"]
     if isinstance(value, bytes | bytearray):
         return bytes(value)
     if isinstance(value, str):

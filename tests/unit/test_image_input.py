@@ -101,6 +101,14 @@ def test_base64_in_the_json_field_and_numbers_are_taken_too() -> None:
     assert torch.equal(pipeline.decode({"image": raw.tolist()}), raw)
     # JSON sent without its Content-Type arrives as bytes: read as JSON, not as an image.
     assert torch.equal(pipeline.decode(f'{{"image": "{encoded}"}}'.encode()), raw)
+    # As TF Serving's and KServe's clients send binary data: {"b64": ...}, in `instances`
+    # of one (each a 400 "an object with keys [b64]" or "a list of 1 items" before).
+    assert torch.equal(pipeline.decode({"image": {"b64": encoded}}), raw)
+    default = _pipeline([3, 24, 40])
+    for body in ({"instances": [{"b64": encoded}]}, {"instances": [encoded]}):
+        assert torch.equal(default.decode(body), raw)
+    with pytest.raises(BadInputError, match="not base64"):
+        default.decode({"instances": [{"b64": "**"}]})
 
 
 @pytest.mark.parametrize(
