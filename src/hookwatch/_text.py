@@ -78,8 +78,10 @@ class TextItem:
         return len(self.tokens)
 
 
-#: The keys of a JSON object whose value is a request's texts (a string or a list of them).
-TEXT_KEYS = ("text", "texts", "inputs", "input")
+#: The keys of a JSON object whose value is a request's texts (a string or a list of them):
+#: text-serving APIs' (``inputs``), KServe's and TF Serving's (``instances``), TorchServe's
+#: examples' (``data``), plain ones.
+TEXT_KEYS = ("text", "texts", "inputs", "input", "instances", "data")
 
 
 class TextPipeline:
@@ -108,8 +110,8 @@ class TextPipeline:
         }
         self._expected = (
             f"a JSON string or a list of 1 to {spec.max_texts} strings (or a text/plain body, "
-            'or either under "text" or "inputs" in a JSON object), of at most '
-            f"{spec.max_chars} characters and {spec.max_tokens} tokens each"
+            'or either under "text", "inputs", "instances" or "data" in a JSON object), of at '
+            f"most {spec.max_chars} characters and {spec.max_tokens} tokens each"
         )
 
     def decode(self, body: Any) -> TextItem:

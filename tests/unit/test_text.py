@@ -99,6 +99,9 @@ def test_texts_under_text_or_inputs_in_an_object_are_the_texts(tokenizer_dir: Pa
     assert pipe.decode({"inputs": "w1 w2"}).tokens == pipe.decode("w1 w2").tokens
     listed = pipe.decode({"text": ["w1", "w2 w3"], "parameters": {"top_k": 2}})
     assert listed.listed and listed.tokens == pipe.decode(["w1", "w2 w3"]).tokens
+    # KServe's and TF Serving's clients' `instances`, TorchServe's examples' `data`: 400s too.
+    assert pipe.decode({"instances": ["w1", "w2 w3"]}).tokens == listed.tokens
+    assert pipe.decode({"data": "w1 w2"}).tokens == pipe.decode("w1 w2").tokens
 
 
 def test_a_request_without_a_payload_says_what_it_carried(tokenizer_dir: Path) -> None:
