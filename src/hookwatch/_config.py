@@ -947,7 +947,16 @@ class TextSpec:
 
 #: Keys of a single input that an argument of ``input.arguments`` does not take.
 _SINGLE_INPUT_KEYS = frozenset(
-    {"arguments", "argument", "field", "encoding", "max_body_bytes", "preprocess", "text"}
+    {
+        "arguments",
+        "argument",
+        "field",
+        "encoding",
+        "max_body_bytes",
+        "max_items",
+        "preprocess",
+        "text",
+    }
 )
 
 
@@ -1023,6 +1032,9 @@ class InputSpec:
     mask: str | None = None
     #: What padding holds, in the model's units (after normalisation).
     pad_value: float = 0.0
+    #: Most items one request may send as a list of them (``{"instances": [[...], [...]]}``),
+    #: each answered in order; 1: one item a request. A fixed shape only.
+    max_items: int = 64
 
     @property
     def shape_text(self) -> str:
@@ -1137,6 +1149,14 @@ class InputSpec:
                 f"input.argument: expected a keyword argument name of forward(), got {argument!r}"
             )
         lengths, mask, pad_value = cls._length_keys(raw, length_dim, encoding, argument)
+        max_items = raw.get("max_items", cls.max_items)
+        if not (isinstance(max_items, int) and not isinstance(max_items, bool)) or not (
+            1 <= max_items <= 4096
+        ):
+            raise ConfigError(
+                f"input.max_items: expected an integer from 1 to 4096 (items a request), got "
+                f"{max_items!r}"
+            )
         return cls(
             shape=parsed_shape,
             min_value=lo,
@@ -1153,6 +1173,7 @@ class InputSpec:
             lengths=lengths,
             mask=mask,
             pad_value=pad_value,
+            max_items=max_items,
         )
 
     @staticmethod

@@ -213,11 +213,26 @@ def _parse_json(body: Any, expected: str, limit: int = MAX_BODY_BYTES) -> Any:
     return body
 
 
-def decode_payload(body: Any, spec: InputSpec, limit: int | None = None) -> torch.Tensor:
+@dataclass(frozen=True)
+class Items:
+    """A request's several items of the input's shape (``{"instances": [[...], [...]]}``),
+    ``[k, *shape]``: answered as a list, an answer an item, in order."""
+
+    rows: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.rows.shape[0])
+
+
+def decode_payload(
+    body: Any, spec: InputSpec, limit: int | None = None, several: bool = False
+) -> torch.Tensor | Items:
     """One request's payload → a float32 tensor of ``spec.shape``; raises :class:`BadInputError`.
 
     Values are checked against the spec's range as sent (before any normalisation). The body
     is held to ``limit`` bytes (by default the spec's, :func:`~hookwatch._body.body_limit`).
+    ``several``: a list of up to ``spec.max_items`` items is taken too, as :class:`Items`
+    (the service's pipeline; a caller that takes one item leaves it false).
     """
     shape = spec.shape
     if shape is None:
@@ -246,6 +261,19 @@ def decode_payload(body: Any, spec: InputSpec, limit: int | None = None) -> torc
         data = image_bytes(values)
         if data is not None:
             return _check_values(decode_image(data, shape, _DTYPES[spec.dtype]), spec)
+    if several and type(values) is list and _depth(values, len(shape)) > len(shape):
+        # A list of items, each of the input's shape: decoded and checked as one array.
+        outer = _shape_of(values, len(shape) + 1, spec.dtype == "bool")
+        if outer is not None and outer[1:] == shape and outer[0] > 1:
+            if outer[0] > spec.max_items:
+                raise BadInputError(
+                    f"at most {spec.max_items} items of shape {spec.shape_text} a request "
+                    "(input.max_items)",
+                    f"{outer[0]} items",
+                    reason="too_large",
+                    status=413,
+                )
+            return Items(decode_values(values, replace(spec, shape=outer)))
     return decode_values(values, spec)
 
 
@@ -500,6 +528,15 @@ class InputPipeline:
             load_preprocess(spec.preprocess, model_dir) if spec.preprocess is not None else None
         )
         self._dtype = _DTYPES[spec.dtype]
+        #: A request may send a list of several items (a fixed shape only: items of a
+        #: variable length would each need their own padding; a preprocess function takes
+        #: the payload whole).
+        self.takes_several = (
+            spec.max_items > 1 and spec.length_dim is None and spec.preprocess is None
+        )
+        #: Set when :meth:`decode` gave :class:`Items` since the service last looked (one
+        #: attribute read a batch, where a scan of its items would cost every batch).
+        self.several_seen = False
         # Decided once: a request pays a comparison for it (a preprocess model's shape, where
         # given, sizes it too; without one, 1 MiB unless configured).
         self._limit = body_limit(spec.numel, spec.max_body_bytes, image=spec.encoding == "image")
@@ -516,9 +553,13 @@ class InputPipeline:
             else None
         )
 
-    def decode(self, body: Any) -> torch.Tensor:
+    def decode(self, body: Any) -> torch.Tensor | Items:
+        """One request's payload → one item, or :class:`Items` for a list of several."""
         if self._preprocess is None:
-            return decode_payload(body, self.spec, self._limit)
+            item = decode_payload(body, self.spec, self._limit, self.takes_several)
+            if type(item) is Items:
+                self.several_seen = True
+            return item
         payload = _parse_json(
             body, "a payload the model's preprocess function accepts", self._limit
         )
@@ -546,18 +587,25 @@ class InputPipeline:
             )
         return tensor
 
-    def batch(self, items: Sequence[torch.Tensor] | torch.Tensor) -> torch.Tensor | Padded:
+    def batch(self, items: Sequence[torch.Tensor | Items] | torch.Tensor) -> torch.Tensor | Padded:
         """Stacked items as the model takes them: dtype, then ``(x - mean) / std``; items of
         a variable length padded to the longest (:class:`Padded`)."""
         at = self.spec.length_dim
         if at is not None:
-            return self._padded(items, at)
+            return self._padded(items, at)  # type: ignore[arg-type]  # no Items: fixed shapes only
         return self.stacked(items)
 
-    def stacked(self, items: Sequence[torch.Tensor] | torch.Tensor) -> torch.Tensor:
+    def stacked(self, items: Sequence[torch.Tensor | Items] | torch.Tensor) -> torch.Tensor:
         """Items of one shape stacked as the model takes them (:meth:`batch` without the
-        padding of a variable length)."""
-        x = items if isinstance(items, torch.Tensor) else torch.stack(list(items))
+        padding of a variable length); a request's several (:class:`Items`) in its place."""
+        if isinstance(items, torch.Tensor):
+            x = items
+        elif any(isinstance(item, Items) for item in items):
+            x = torch.cat(
+                [item.rows if isinstance(item, Items) else item.unsqueeze(0) for item in items]
+            )
+        else:
+            x = torch.stack(list(items))  # type: ignore[arg-type]
         return self._scaled(x)
 
     def _scaled(self, x: torch.Tensor) -> torch.Tensor:
@@ -894,6 +942,12 @@ class ModelService:
         self.model = model
         self.spec = spec
         self.pipeline = make_pipeline(spec, model_dir)
+        #: The pipeline when its requests may send several items (:class:`Items`).
+        self._items = (
+            self.pipeline
+            if isinstance(self.pipeline, InputPipeline) and self.pipeline.takes_several
+            else None
+        )
         self.monitor = monitor
         self.labels = list(labels) if labels is not None else None
         self.device = device or torch.device("cpu")
@@ -973,6 +1027,13 @@ class ModelService:
         if isinstance(self.pipeline, TextPipeline):
             sizes = [item.rows for item in items]
             listed = frozenset(p for p, item in zip(positions, items, strict=True) if item.listed)
+        elif self._items is not None and self._items.several_seen:
+            # A request of several items: its rows side by side, answered as a list.
+            self._items.several_seen = False
+            sizes = [len(item) if isinstance(item, Items) else 1 for item in items]
+            listed = frozenset(
+                p for p, item in zip(positions, items, strict=True) if isinstance(item, Items)
+            )
         return DecodedBatch(
             len(bodies), inputs, positions, errors, sizes, listed, received, items, arrivals, due
         )

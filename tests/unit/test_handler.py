@@ -97,6 +97,34 @@ def test_bad_items_get_a_clear_4xx_and_the_rest_of_the_batch_is_served(
     assert sum(counts.rejected_by.values()) == 1
 
 
+def test_a_request_of_several_items_is_answered_a_list_in_order(
+    handler: tuple[Any, FakeContext],
+) -> None:
+    """``{"instances": [x, y, z]}`` (a KServe or TF Serving client's batch) was a 400 "one item
+    a request": each item is a sample of the forward beside the other requests', answered in
+    order as it is alone, and watched as a sample (every request sampled here)."""
+    instance, context = handler
+    alone = handled(instance, [{"body": {"data": digit(i)}} for i in range(4)], context)
+    several = {"body": {"instances": [digit(1), digit(2), digit(3)]}}
+    out = handled(instance, [{"body": {"data": digit(0)}}, several, {"body": b"{"}], context)
+    assert out[0] == alone[0] and out[1] == alone[1:4] and out[2]["code"] == 400
+    assert context.statuses == {2: (400, "Bad Request")}
+    assert handled(instance, [{"body": {"data": [digit(1), digit(2)]}}], context) == [alone[1:3]]
+    monitor = instance.service.monitor
+    monitor.flush()
+    # Requests are counted as requests; the sampled samples are the items.
+    counts = monitor._counts()
+    assert counts.requests == 4 + 3 + 1 and counts.rejected == 1
+    assert counts.sampled == 4 + 2 + 1
+    # The several items' rows were captured as samples, without a fault.
+    assert monitor._gate.hook_faults() == {} and monitor._processor.faults == {}
+    # Past input.max_items: a 413 saying the limit; a mixed list stays a 400.
+    too_many = {"body": {"data": [digit(0)] * 65}}
+    out = handled(instance, [too_many, {"body": {"data": [digit(0), [1, 2]]}}], context)
+    assert out[0]["code"] == 413 and "at most 64 items" in out[0]["expected"], out[0]
+    assert out[1]["code"] == 400
+
+
 def test_a_batch_of_only_bad_items_runs_no_forward(handler: tuple[Any, FakeContext]) -> None:
     instance, context = handler
     out = handled(instance, [{"body": b""}, {"data": None}], context)
