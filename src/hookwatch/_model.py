@@ -60,6 +60,10 @@ class ModelSpec:
     #: An installed module to import by name (``mycompany.models``: a package installed in
     #: the serving image) instead of ``file``, which is then empty in an archive.
     module: str | None = None
+    #: Arguments naming a file (a vocabulary, a label map, a checkpoint the factory reads):
+    #: the argument -> the file's name, archived as ``<argument>/<name>`` in the model
+    #: directory and passed as that path when built (its name kept: loaders read suffixes).
+    files: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -77,6 +81,7 @@ class ModelSpec:
                 "weights": self.weights,
                 "directories": list(self.directories),
                 **({"module": self.module} if self.module else {}),
+                **({"files": dict(self.files)} if self.files else {}),
             },
             indent=2,
         )
@@ -97,6 +102,7 @@ class ModelSpec:
             weights=raw.get("weights"),
             directories=tuple(str(d) for d in raw.get("directories") or ()),
             module=str(raw["module"]) if raw.get("module") else None,
+            files={str(k): str(v) for k, v in (raw.get("files") or {}).items()},
         )
 
 
@@ -451,7 +457,11 @@ def build_model(spec: ModelSpec, directory: Path, device: torch.device | None = 
             f"model: expected {spec.name!r} in {spec.module or spec.file}, got no such name "
             f"(it defines: {', '.join(found) or 'nothing callable'})"
         )
-    args = {**spec.args, **{name: str(directory / name) for name in spec.directories}}
+    args = {
+        **spec.args,
+        **{name: str(directory / name) for name in spec.directories},
+        **{name: str(directory / name / file) for name, file in spec.files.items()},
+    }
     try:
         model = target(**args)
     except TypeError as error:

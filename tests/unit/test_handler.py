@@ -499,3 +499,59 @@ def test_a_model_named_by_module_path_is_imported_by_name_where_installed(
 
     with pytest.raises(ConfigError, match=r"No module named 'acme_models' \(install its package"):
         build_model(ModelSpec.load(model_dir / "hookwatch-model.json"), model_dir)
+
+
+def test_a_file_a_model_argument_names_travels_in_the_archive(tmp_path: Path) -> None:
+    """``--model-args '{"labels_file": "classes.json"}'``: the worker was given the build
+    machine's path, which a container does not have. The file is archived, its name kept,
+    and the worker's factory reads the archive's copy."""
+    import zipfile
+
+    import numpy as np
+
+    from hookwatch.tools.own_model import ModelRef, archive_model
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "classes.json").write_text('{"width": 5}')
+    (project / "sized.py").write_text(
+        "import json\nfrom torch import nn\n\n"
+        "def build(labels_file, hidden=8):\n"
+        "    with open(labels_file) as f:\n"
+        "        width = json.load(f)['width']\n"
+        "    return nn.Sequential(nn.Linear(4, hidden), nn.ReLU(), nn.Linear(hidden, width))\n"
+    )
+    config = tmp_path / "model-config.yaml"
+    config.write_text(
+        yaml.safe_dump({"handler": {"input": {"shape": [4]}, "monitoring": {"layers": ["1"]}}})
+    )
+    reference = tmp_path / "ref.npy"
+    np.save(reference, np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32))
+    said: list[str] = []
+    mar = archive_model(
+        ModelRef.parse(f"{project / 'sized.py'}:build"),
+        "sized",
+        config,
+        reference,
+        tmp_path / "store",
+        tmp_path / "build",
+        args={"labels_file": str(project / "classes.json"), "hidden": 8},
+        say=said.append,
+    )
+    assert any("labels_file (classes.json)" in line for line in said), said
+    model_dir = tmp_path / "extracted"
+    with zipfile.ZipFile(mar) as archived:
+        archived.extractall(model_dir)
+    spec = json.loads((model_dir / "hookwatch-model.json").read_text())
+    assert spec["files"] == {"labels_file": "classes.json"} and spec["args"] == {"hidden": 8}
+    (project / "classes.json").unlink()  # a worker elsewhere has only the archive
+    context = FakeContext(
+        model_dir, yaml.safe_load(config.read_text()), model_name="sized", serialized_file="x"
+    )
+    handler = load_handler("hookwatch_handler")()
+    handler.initialize(context)
+    try:
+        out = handled(handler, [{"body": {"data": [0.5] * 4}}], context)
+        assert len(out[0]["probabilities"]) == 5
+    finally:
+        handler.service.close()

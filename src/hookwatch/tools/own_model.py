@@ -1624,6 +1624,21 @@ def archive_model(
     )
     for key in directories:
         shutil.copytree(Path(str((args or {})[key])), staged / key)
+    # Arguments naming a file travel too, each in a directory of its argument's name (two
+    # arguments may name files of one name), its own name kept.
+    named_files = {
+        key: Path(value).name
+        for key, value in (args or {}).items()
+        if isinstance(value, str) and key not in directories and Path(value).is_file()
+    }
+    for key, file_name in named_files.items():
+        (staged / key).mkdir(parents=True)
+        shutil.copy(Path(str((args or {})[key])), staged / key / file_name)
+    if named_files:
+        say(
+            "  files the model's arguments name travel in the archive: "
+            + ", ".join(f"{key} ({name})" for key, name in named_files.items())
+        )
     if handler.input.text is not None:
         if handler.input.text.tokenizer not in directories:
             raise ConfigError(
@@ -1767,7 +1782,7 @@ def archive_model(
     profile_path = profile.save(build / config.drift.profile)
     files = [profile_path]
     rebuilt_note = ""
-    if directories:
+    if directories or named_files:
         # torch-model-archiver copies a directory's contents into the model directory.
         files.append(staged)
     if spec.kind in ("torchscript", "exported"):
@@ -1797,11 +1812,13 @@ def archive_model(
                 ignore=shutil.ignore_patterns("__pycache__"),
             )
             inside = source.resolve().relative_to(package.parent).as_posix()
-        kept = {k: v for k, v in spec.args.items() if k not in directories}
+        kept = {k: v for k, v in spec.args.items() if k not in directories and k not in named_files}
         archived = ModelSpec(
-            spec.kind, inside, spec.name, kept, None, directories, ref.module or None
+            spec.kind, inside, spec.name, kept, None, directories, ref.module or None, named_files
         )
-        if directories and _rebuilds_same_weights(model, archived, build, staged, extra_files):
+        if (directories or named_files) and _rebuilds_same_weights(
+            model, archived, build, staged, extra_files
+        ):
             # The archived directories hold the weights already (a pretrained model's files):
             # a second copy would double the archive. Checked, not assumed: a layer the
             # constructor initialises at random keeps weights.pt in the archive.
@@ -1951,7 +1968,7 @@ def _rebuilt(spec: ModelSpec, build: Path, staged: Path, extra_files: Sequence[P
             shutil.copytree(build / "packages", directory, dirs_exist_ok=True)
         else:
             shutil.copy(build / spec.file, directory / spec.file)
-        for name in spec.directories:
+        for name in (*spec.directories, *spec.files):
             (directory / name).symlink_to((staged / name).resolve())
         for extra in extra_files:
             if extra.is_dir():
