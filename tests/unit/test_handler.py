@@ -339,6 +339,10 @@ def test_a_model_file_inside_a_package_imports_relatively_and_travels_with_it(
     reference = tmp_path / "ref.npy"
     np.save(reference, np.random.default_rng(0).normal(size=(64, 6)).astype(np.float32))
 
+    said: list[str] = []
+    (project / "netpkg" / ".cache").mkdir()
+    (project / "netpkg" / ".cache" / "big.bin").write_bytes(b"x" * 1000)
+
     def archive(extra: list[Path]) -> Path:
         return archive_model(
             ref,
@@ -349,13 +353,19 @@ def test_a_model_file_inside_a_package_imports_relatively_and_travels_with_it(
             tmp_path / "build",
             weights=checkpoint,
             extra_files=extra,
-            say=lambda *_: None,
+            say=said.append,
         )
 
     # The package's own modules travel with it: only the module beside it is asked for.
     with pytest.raises(ConfigError, match=r"got none for sizes\.py\)? "):
         archive([])
     mar = archive([project / "sizes.py"])
+    assert any(
+        line.startswith("  model package netpkg (") and "netpkg/model.py imports from it" in line
+        for line in said
+    ), said
+    with zipfile.ZipFile(mar) as archived:
+        assert not [n for n in archived.namelist() if ".cache" in n]  # hidden: left out
     for name in ("sizes", "netpkg", "netpkg.blocks", "netpkg.model"):
         sys.modules.pop(name, None)  # a worker has only the archive
     sys.path.remove(str(project))

@@ -737,6 +737,10 @@ def discover_layers(
     return rows
 
 
+#: A model package larger than this is said to be large when archived whole.
+_LARGE_PACKAGE = 50 * 2**20
+
+
 def _no_tensor(value: Any) -> str:
     """``value`` in words where no tensor is in it (``a list of str``), else empty."""
     if _holds_tensor(value):
@@ -1806,12 +1810,23 @@ def archive_model(
             # A file of a package (its relative imports): the package travels whole, staged
             # as --extra-files packages are, and the worker imports the file by its dotted
             # name from the model directory.
+            staged_package = build / "packages" / package.name
+            # Hidden entries (.git, .venv, tool caches) are no part of what it imports.
             shutil.copytree(
-                package,
-                build / "packages" / package.name,
-                ignore=shutil.ignore_patterns("__pycache__"),
+                package, staged_package, ignore=shutil.ignore_patterns("__pycache__", ".*")
             )
             inside = source.resolve().relative_to(package.parent).as_posix()
+            size = sum(f.stat().st_size for f in staged_package.rglob("*") if f.is_file())
+            say(
+                f"  model package {package.name} ({size / 2**20:.1f} MiB) archived whole: "
+                f"{inside} imports from it"
+                + (
+                    " (large: data or checkpoints inside it travel too; move them out of the "
+                    "package)"
+                    if size > _LARGE_PACKAGE
+                    else ""
+                )
+            )
         kept = {k: v for k, v in spec.args.items() if k not in directories and k not in named_files}
         archived = ModelSpec(
             spec.kind, inside, spec.name, kept, None, directories, ref.module or None, named_files
