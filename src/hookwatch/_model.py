@@ -350,20 +350,31 @@ def _import_hint(error: BaseException, root: Path | None) -> str:
     return ""
 
 
+def safe_load(path: Path, what: str, expected: str, hint: str) -> Any:
+    """``torch.load`` of ``path`` on the CPU with ``weights_only`` (no code runs from the
+    file); a missing file or one that holds more than tensors is a :class:`ConfigError`
+    naming ``what`` it is, what was ``expected`` in it, and ``hint``."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise ConfigError(f"{what}: expected a file at {path}, got no such file") from None
+    except Exception as error:
+        raise ConfigError(
+            f"{what}: expected {expected} in {path}, got {type(error).__name__} ({hint})"
+        ) from None
+
+
 def load_state(path: Path) -> dict[str, torch.Tensor]:
     """A state_dict from ``path``, on the CPU: a plain state_dict, or a checkpoint holding one
     under ``state_dict``, ``model_state_dict`` or ``model`` (a ``module.`` prefix from
     DataParallel and an ``_orig_mod.`` prefix from ``torch.compile`` are dropped). Loaded
     with ``weights_only``: no code runs from the file."""
-    try:
-        loaded = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise ConfigError(f"weights: expected a file at {path}, got no such file") from None
-    except Exception as error:
-        raise ConfigError(
-            f"weights: expected a state_dict or a checkpoint of tensors in {path} (a pickled "
-            f"model cannot be loaded safely: save model.state_dict()), got {type(error).__name__}"
-        ) from None
+    loaded = safe_load(
+        path,
+        "weights",
+        "a state_dict or a checkpoint of tensors",
+        "a pickled model cannot be loaded safely: save model.state_dict()",
+    )
     state: Any = loaded
     if isinstance(loaded, dict):
         for key in ("state_dict", "model_state_dict", "model"):

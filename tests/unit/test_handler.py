@@ -185,6 +185,19 @@ def test_an_archive_from_hookwatch_archive_is_built_by_the_handler(tmp_path: Pat
         handler.service.close()
 
 
+#: A module of a user's project: a block of a linear layer and a ReLU, 6 features.
+BLOCK_SOURCE = (
+    "from torch import nn\n\n"
+    "class Block(nn.Module):\n"
+    "    def __init__(self):\n"
+    "        super().__init__()\n"
+    "        self.fc = nn.Linear(6, 6)\n"
+    "        self.act = nn.ReLU()\n\n"
+    "    def forward(self, x):\n"
+    "        return self.act(self.fc(x))\n"
+)
+
+
 def test_an_archive_carries_the_modules_and_packages_its_model_file_imports(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -201,16 +214,7 @@ def test_an_archive_carries_the_modules_and_packages_its_model_file_imports(
     source = tmp_path / "project"
     (source / "nets").mkdir(parents=True)
     (source / "nets" / "__init__.py").write_text("from nets.parts import Block\n")
-    (source / "nets" / "parts.py").write_text(
-        "from torch import nn\n\n"
-        "class Block(nn.Module):\n"
-        "    def __init__(self):\n"
-        "        super().__init__()\n"
-        "        self.fc = nn.Linear(6, 6)\n"
-        "        self.act = nn.ReLU()\n\n"
-        "    def forward(self, x):\n"
-        "        return self.act(self.fc(x))\n"
-    )
+    (source / "nets" / "parts.py").write_text(BLOCK_SOURCE)
     (source / "heads.py").write_text("from torch import nn\n\nHead = lambda: nn.Linear(6, 3)\n")
     (source / "split_model.py").write_text(
         "from torch import nn\nfrom heads import Head\nfrom nets import Block\n\n"
@@ -301,16 +305,7 @@ def test_a_model_file_inside_a_package_imports_relatively_and_travels_with_it(
     project = tmp_path / "project"
     (project / "netpkg").mkdir(parents=True)
     (project / "netpkg" / "__init__.py").write_text("")
-    (project / "netpkg" / "blocks.py").write_text(
-        "from torch import nn\n\n"
-        "class Block(nn.Module):\n"
-        "    def __init__(self):\n"
-        "        super().__init__()\n"
-        "        self.fc = nn.Linear(6, 6)\n"
-        "        self.act = nn.ReLU()\n\n"
-        "    def forward(self, x):\n"
-        "        return self.act(self.fc(x))\n"
-    )
+    (project / "netpkg" / "blocks.py").write_text(BLOCK_SOURCE)
     (project / "sizes.py").write_text("CLASSES = 3\n")
     (project / "netpkg" / "model.py").write_text(
         "from torch import nn\nfrom sizes import CLASSES\nfrom .blocks import Block\n\n"

@@ -13,6 +13,7 @@ import torch
 from numpy.typing import NDArray
 
 from hookwatch._errors import ConfigError
+from hookwatch._model import safe_load
 
 __all__ = ["ARRAY_SUFFIXES", "read_arrays"]
 
@@ -39,16 +40,12 @@ def read_arrays(path: Path, what: str) -> NDArray[Any] | dict[str, NDArray[Any]]
 
 
 def _torch_arrays(path: Path, what: str) -> NDArray[Any] | dict[str, NDArray[Any]]:
-    try:
-        loaded = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise ConfigError(f"{what}: expected a file at {path}, got no such file") from None
-    except Exception as error:
-        raise ConfigError(
-            f"{what}: expected a tensor or a dict of tensors saved by torch.save in {path}, "
-            f"got {type(error).__name__} (a dataset or other object cannot be loaded safely: "
-            "save its tensors)"
-        ) from None
+    loaded = safe_load(
+        path,
+        what,
+        "a tensor or a dict of tensors saved by torch.save",
+        "a dataset or other object cannot be loaded safely: save its tensors",
+    )
     if isinstance(loaded, torch.Tensor):
         return _numpy(loaded, path, what)
     if (
