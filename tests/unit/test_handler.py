@@ -16,7 +16,7 @@ import yaml
 from hookwatch._errors import ConfigError
 from hookwatch.tools.demo import digits_cnn
 from hookwatch.tools.demo.data import load_split
-from tests.fakes import FakeContext, handled, load_handler
+from tests.fakes import FakeContext, archived_handler, handled, load_handler
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = yaml.safe_load((ROOT / "models/digits/model-config.yaml").read_text())
@@ -185,6 +185,21 @@ def test_an_archive_from_hookwatch_archive_is_built_by_the_handler(tmp_path: Pat
         handler.service.close()
 
 
+def _config_and_reference(tmp_path: Path, width: int, layer: str) -> tuple[Path, Path]:
+    """A model-config of a ``[width]`` input watching ``layer``, and 64 reference samples."""
+    import numpy as np
+
+    config = tmp_path / "model-config.yaml"
+    monitoring = {"layers": [layer]}
+    config.write_text(
+        yaml.safe_dump({"handler": {"input": {"shape": [width]}, "monitoring": monitoring}})
+    )
+    reference = tmp_path / "ref.npy"
+    rng = np.random.default_rng(0)
+    np.save(reference, rng.normal(size=(64, width)).astype(np.float32))
+    return config, reference
+
+
 #: A module of a user's project: a block of a linear layer and a ReLU, 6 features.
 BLOCK_SOURCE = (
     "from torch import nn\n\n"
@@ -207,8 +222,6 @@ def test_an_archive_carries_the_modules_and_packages_its_model_file_imports(
     import sys
     import zipfile
 
-    import numpy as np
-
     from hookwatch.tools.own_model import ModelRef, archive_model
 
     source = tmp_path / "project"
@@ -226,14 +239,7 @@ def test_an_archive_carries_the_modules_and_packages_its_model_file_imports(
         "    def forward(self, x):\n"
         "        return self.head(self.block(x))\n"
     )
-    config = tmp_path / "model-config.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {"handler": {"input": {"shape": [6]}, "monitoring": {"layers": ["block.act"]}}}
-        )
-    )
-    reference = tmp_path / "ref.npy"
-    np.save(reference, np.random.default_rng(0).normal(size=(64, 6)).astype(np.float32))
+    config, reference = _config_and_reference(tmp_path, 6, "block.act")
     ref = ModelRef.parse(f"{source / 'split_model.py'}:Split")
 
     def archive(extra: list[Path]) -> Path:
@@ -298,8 +304,6 @@ def test_a_model_file_inside_a_package_imports_relatively_and_travels_with_it(
     import sys
     import zipfile
 
-    import numpy as np
-
     from hookwatch.tools.own_model import ModelRef, archive_model, load_user_model
 
     project = tmp_path / "project"
@@ -325,14 +329,7 @@ def test_a_model_file_inside_a_package_imports_relatively_and_travels_with_it(
     trained = {f"model.{k}": torch.randn_like(v) for k, v in model.state_dict().items()}
     checkpoint = tmp_path / "last.ckpt"
     torch.save({"state_dict": trained, "epoch": 4}, checkpoint)
-    config = tmp_path / "model-config.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {"handler": {"input": {"shape": [6]}, "monitoring": {"layers": ["block.act"]}}}
-        )
-    )
-    reference = tmp_path / "ref.npy"
-    np.save(reference, np.random.default_rng(0).normal(size=(64, 6)).astype(np.float32))
+    config, reference = _config_and_reference(tmp_path, 6, "block.act")
 
     said: list[str] = []
     (project / "netpkg" / ".cache").mkdir()
@@ -365,31 +362,18 @@ def test_a_model_file_inside_a_package_imports_relatively_and_travels_with_it(
         sys.modules.pop(name, None)  # a worker has only the archive
     sys.path.remove(str(project))
     model_dir = tmp_path / "extracted"
-    with zipfile.ZipFile(mar) as archived:
-        archived.extractall(model_dir)
-    assert json.loads((model_dir / "hookwatch-model.json").read_text())["file"] == (
-        "netpkg/model.py"
-    )
-    context = FakeContext(
-        model_dir,
-        yaml.safe_load(config.read_text()),
-        model_name="net",
-        serialized_file="weights.pt",
-    )
-    handler = load_handler("hookwatch_handler")()
-    handler.initialize(context)
-    try:
-        x = [0.5, -1.0, 0.25, 2.0, 0.0, 1.5]
+    x = [0.5, -1.0, 0.25, 2.0, 0.0, 1.5]
+    with archived_handler(mar, model_dir) as (handler, context):
         out = handled(handler, [{"body": {"data": x}}], context)
-        served = sys.modules["netpkg.model"]
-        assert served.__file__ == str(model_dir / "netpkg" / "model.py")
-        expected = served.Net()
-        expected.load_state_dict({k.removeprefix("model."): v for k, v in trained.items()})
-        with torch.no_grad():
-            probabilities = torch.softmax(expected(torch.tensor([x])), -1)[0]
-        assert out[0]["probabilities"] == pytest.approx(probabilities.tolist(), abs=1e-5)
-    finally:
-        handler.service.close()
+    spec = json.loads((model_dir / "hookwatch-model.json").read_text())
+    assert spec["file"] == "netpkg/model.py"
+    served = sys.modules["netpkg.model"]
+    assert served.__file__ == str(model_dir / "netpkg" / "model.py")
+    expected = served.Net()
+    expected.load_state_dict({k.removeprefix("model."): v for k, v in trained.items()})
+    with torch.no_grad():
+        probabilities = torch.softmax(expected(torch.tensor([x])), -1)[0]
+    assert out[0]["probabilities"] == pytest.approx(probabilities.tolist(), abs=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -437,8 +421,6 @@ def test_a_model_named_by_module_path_is_imported_by_name_where_installed(
     import sys
     import zipfile
 
-    import numpy as np
-
     from hookwatch.tools.own_model import ModelRef, archive_model
 
     site = tmp_path / "venv" / "lib" / "site-packages"
@@ -461,41 +443,23 @@ def test_a_model_named_by_module_path_is_imported_by_name_where_installed(
     assert local.module == "" and local.path.resolve() == (work / "local_net.py").resolve()
     with pytest.raises(ConfigError, match=r"importable module\.path:Name, got 'acme_models\.no"):
         ModelRef.parse("acme_models.nope:Net")
-    config = tmp_path / "model-config.yaml"
-    config.write_text(
-        yaml.safe_dump({"handler": {"input": {"shape": [6]}, "monitoring": {"layers": ["1"]}}})
-    )
-    reference = tmp_path / "ref.npy"
-    np.save(reference, np.random.default_rng(0).normal(size=(64, 6)).astype(np.float32))
+    config, reference = _config_and_reference(tmp_path, 6, "1")
     said: list[str] = []
     mar = archive_model(
         ref, "acme", config, reference, tmp_path / "store", tmp_path / "build", say=said.append
     )
     assert any("model module acme_models.tabular: a worker imports it by name" in s for s in said)
-    model_dir = tmp_path / "extracted"
     with zipfile.ZipFile(mar) as archived:
-        archived.extractall(model_dir)
         assert not [n for n in archived.namelist() if n.endswith(".py") and "acme" in n]
-    spec = json.loads((model_dir / "hookwatch-model.json").read_text())
-    assert spec["module"] == "acme_models.tabular" and spec["file"] == ""
     for name in ("acme_models", "acme_models.tabular"):
         sys.modules.pop(name, None)
-    context = FakeContext(
-        model_dir,
-        yaml.safe_load(config.read_text()),
-        model_name="acme",
-        serialized_file="weights.pt",
-    )
-    handler = load_handler("hookwatch_handler")()
-    handler.initialize(context)
-    try:
+    model_dir = tmp_path / "extracted"
+    with archived_handler(mar, model_dir) as (handler, context):
         out = handled(handler, [{"body": {"data": [0.5] * 6}}], context)
-        assert set(out[0]) == {"class", "probabilities"}
-        assert sys.modules["acme_models.tabular"].__file__ == str(
-            site / "acme_models" / "tabular.py"
-        )
-    finally:
-        handler.service.close()
+    assert set(out[0]) == {"class", "probabilities"}
+    assert sys.modules["acme_models.tabular"].__file__ == str(site / "acme_models" / "tabular.py")
+    spec = json.loads((model_dir / "hookwatch-model.json").read_text())
+    assert spec["module"] == "acme_models.tabular" and spec["file"] == ""
     # Not installed where the worker runs: one line, naming what to install.
     sys.path.remove(str(site))
     for name in ("acme_models", "acme_models.tabular"):
@@ -510,9 +474,6 @@ def test_a_file_a_model_argument_names_travels_in_the_archive(tmp_path: Path) ->
     """``--model-args '{"labels_file": "classes.json"}'``: the worker was given the build
     machine's path, which a container does not have. The file is archived, its name kept,
     and the worker's factory reads the archive's copy."""
-    import zipfile
-
-    import numpy as np
 
     from hookwatch.tools.own_model import ModelRef, archive_model
 
@@ -526,12 +487,7 @@ def test_a_file_a_model_argument_names_travels_in_the_archive(tmp_path: Path) ->
         "        width = json.load(f)['width']\n"
         "    return nn.Sequential(nn.Linear(4, hidden), nn.ReLU(), nn.Linear(hidden, width))\n"
     )
-    config = tmp_path / "model-config.yaml"
-    config.write_text(
-        yaml.safe_dump({"handler": {"input": {"shape": [4]}, "monitoring": {"layers": ["1"]}}})
-    )
-    reference = tmp_path / "ref.npy"
-    np.save(reference, np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32))
+    config, reference = _config_and_reference(tmp_path, 4, "1")
     said: list[str] = []
     mar = archive_model(
         ModelRef.parse(f"{project / 'sized.py'}:build"),
@@ -544,19 +500,10 @@ def test_a_file_a_model_argument_names_travels_in_the_archive(tmp_path: Path) ->
         say=said.append,
     )
     assert any("labels_file (classes.json)" in line for line in said), said
+    (project / "classes.json").unlink()  # a worker elsewhere has only the archive
     model_dir = tmp_path / "extracted"
-    with zipfile.ZipFile(mar) as archived:
-        archived.extractall(model_dir)
+    with archived_handler(mar, model_dir) as (handler, context):
+        out = handled(handler, [{"body": {"data": [0.5] * 4}}], context)
+    assert len(out[0]["probabilities"]) == 5
     spec = json.loads((model_dir / "hookwatch-model.json").read_text())
     assert spec["files"] == {"labels_file": "classes.json"} and spec["args"] == {"hidden": 8}
-    (project / "classes.json").unlink()  # a worker elsewhere has only the archive
-    context = FakeContext(
-        model_dir, yaml.safe_load(config.read_text()), model_name="sized", serialized_file="x"
-    )
-    handler = load_handler("hookwatch_handler")()
-    handler.initialize(context)
-    try:
-        out = handled(handler, [{"body": {"data": [0.5] * 4}}], context)
-        assert len(out[0]["probabilities"]) == 5
-    finally:
-        handler.service.close()
