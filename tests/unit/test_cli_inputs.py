@@ -529,3 +529,22 @@ def test_a_model_answering_no_tensor_is_told_to_return_its_logits(run: Run, tmp_
         "archive", "named.py:Named", "--name", "n", "--config", "c.yaml", "--reference", "ref.npy"
     )
     assert code == 2 and "expected a tensor, got a list of str" in _one_error_line(err, "archive")
+
+
+def test_init_reads_an_output_of_the_inputs_shape_as_a_reconstruction() -> None:
+    """An autoencoder's `[B, 64]` reconstruction of a `[64]` input was proposed as 64
+    classes' logits, or out of a Sigmoid as 64 labels (multilabel); it is values now, with a
+    note naming the other reading. A classifier of a few classes is proposed as before."""
+    from hookwatch.tools.own_model import discover_layers, example_input, guess_head, init_config
+
+    torch.manual_seed(0)
+    for ending in (nn.Sigmoid(), nn.Identity()):
+        autoencoder = nn.Sequential(nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 64), ending)
+        rows = discover_layers(autoencoder, example_input((64,)))
+        assert guess_head(rows) == "values"
+        text = init_config(rows, (64,), "float32", None, "ae.py:build")
+        assert "reconstruction (an" in text and "output: {head: values}" in text
+    classifier = nn.Sequential(nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10))
+    assert guess_head(discover_layers(classifier, example_input((64,)))) == "logits"
+    small = nn.Sequential(nn.Linear(8, 8))  # 8 values: too few to tell from 8 classes
+    assert guess_head(discover_layers(small, example_input((8,)))) == "logits"

@@ -994,6 +994,8 @@ def guess_head(rows: Sequence[LayerInfo]) -> str:
     if rows[-1].items:
         return "values"  # each entry's count and mean, one detector
     shape = shapes[0]
+    if _reconstruction(rows):
+        return "values"
     if final_activation(rows) == "Sigmoid" and len(shape) in (1, 2):
         # Independent probabilities, one a label; one a sample: a binary classifier's.
         return "multilabel" if len(shape) == 2 and shape[1] > 1 else "logits"
@@ -1009,6 +1011,25 @@ def guess_head(rows: Sequence[LayerInfo]) -> str:
         return "logits"
     # [B]: one value per sample (a squeezed regression output, class ids): not logits.
     return "values" if len(shape) == 1 else "embedding"
+
+
+def _reconstruction(rows: Sequence[LayerInfo]) -> bool:
+    """An output ``[B, F]`` of the input's own shape, at least :data:`_RECONSTRUCTED` values
+    (an autoencoder's, a denoiser's): values, not ``F`` classes (read as logits or, out of a
+    Sigmoid, ``F`` labels, before)."""
+    given = rows[0].shapes if rows else ()
+    out = rows[-1].shapes if rows else ()
+    return (
+        len(given) == 1
+        and len(out) == 1
+        and len(out[0]) == 2
+        and given[0][1:] == out[0][1:]
+        and out[0][1] >= _RECONSTRUCTED
+    )
+
+
+#: Values a sample from which an output of the input's shape is read as its reconstruction.
+_RECONSTRUCTED = 16
 
 
 #: Activations a model's output never comes through when it is class scores.
@@ -1217,6 +1238,12 @@ def init_config(
     )
     one_value_note = (
         [
+            f"    # The output has the input's shape ({out[1]} values): read as its "
+            "reconstruction (an",
+            "    # autoencoder's), head values; if these are classes' scores, head logits.",
+        ]
+        if rows and _reconstruction(rows)
+        else [
             "    # One value a sample: a regression output (values), or a binary classifier's",
             "    # logit (logits: class 1 where it is positive, with probability sigmoid(z)).",
         ]
