@@ -439,6 +439,9 @@ def test_a_model_named_by_module_path_is_imported_by_name_where_installed(
     monkeypatch.chdir(work)
     ref = ModelRef.parse("acme_models.tabular:Net")
     assert ref.module == "acme_models.tabular" and ref.name == "Net"
+    # Named by its file in site-packages: the same module.
+    by_file = ModelRef.parse(f"{site / 'acme_models' / 'tabular.py'}:Net")
+    assert by_file.module == "acme_models.tabular"
     local = ModelRef.parse("local_net:Net")
     assert local.module == "" and local.path.resolve() == (work / "local_net.py").resolve()
     with pytest.raises(ConfigError, match=r"importable module\.path:Name, got 'acme_models\.no"):

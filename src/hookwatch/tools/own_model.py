@@ -150,7 +150,12 @@ class ModelRef:
     def parse(cls, text: str) -> ModelRef:
         file, sep, name = text.rpartition(":")
         if sep and file.endswith(".py") and name.isidentifier():
-            return cls(Path(file), name)
+            path = Path(file)
+            if _installed(path) and package_root(path) is not None:
+                # A file of an installed package: its module, as module.path:Name names it
+                # (a worker imports it from its own environment; none of it is archived).
+                return cls(path, name, module_name(path))
+            return cls(path, name)
         if sep and name.isidentifier() and all(p.isidentifier() for p in file.split(".")):
             # module.path:Name, as uvicorn and entry points name one: an installed package's
             # (the serving image's own: imported by name there too) or one under the working
