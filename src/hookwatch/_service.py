@@ -253,6 +253,10 @@ def decode_payload(
         if isinstance(body, bytes | bytearray) and not _looks_like_json(body):
             check_body_size(body, limit, _LIMIT_SETTING)
             return _check_values(decode_image(bytes(body), shape, _DTYPES[spec.dtype]), spec)
+    rows = _csv_values(body) if spec.encoding == "json" and _csv_like(body) else None
+    if rows is not None:
+        check_body_size(body, limit, _LIMIT_SETTING)
+        return _csv_items(rows, spec, several)
     body = _parse_json(body, expected_body, limit)
     values = _field_value(body, spec.field)
     if values is _MISSING:
@@ -303,6 +307,79 @@ def _aliased(body: Mapping[str, Any]) -> Any:
     is none, or more than one."""
     present = [key for key in FIELD_ALIASES if key in body]
     return body[present[0]] if len(present) == 1 else _MISSING
+
+
+def _csv_like(body: Any) -> bool:
+    """A body sent as CSV (``text/csv``, as batch-scoring clients send a table's rows): text
+    that opens with a number and holds a comma, or a single number, never JSON's bracket."""
+    if not isinstance(body, str | bytes | bytearray):
+        return False
+    head = body[:64].lstrip()
+    if isinstance(head, bytes | bytearray):
+        head = bytes(head).decode("latin-1")
+    return bool(head) and (head[0].isdigit() or head[0] in "-+.") and "{" not in head[:1]
+
+
+def _csv_values(body: str | bytes | bytearray) -> list[list[int | float]] | None:
+    """A CSV body's rows of numbers. None where it is no text (the JSON path then says what
+    came); a 400 naming the first field that is not a number."""
+    try:
+        text = body if isinstance(body, str) else bytes(body).decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if text.lstrip()[:1] in ("[", "{") or not text.strip():
+        return None  # a JSON array or object after all (a number may open it: [1, ...])
+    rows: list[list[int | float]] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        row = []
+        for cell in line.split(","):
+            try:
+                row.append(_number(cell))
+            except ValueError:
+                raise BadInputError(
+                    "CSV rows of numbers (or a JSON body)",
+                    f"{cell.strip()[:40]!r} in line {number}",
+                    reason="wrong_type",
+                ) from None
+        rows.append(row)
+    return rows or None
+
+
+def _csv_items(
+    rows: list[list[int | float]], spec: InputSpec, several: bool
+) -> torch.Tensor | Items:
+    """A CSV body's rows, each one item flat (its numbers in the shape's order): one row the
+    item, several a request's :class:`Items` (where the pipeline takes several)."""
+    if len(rows) == 1:
+        return decode_values(rows[0], spec)
+    if not several or spec.length_dim is not None:
+        raise BadInputError(
+            f"one item of shape {spec.shape_text} a request (TorchServe batches requests)",
+            f"{len(rows)} CSV rows",
+            reason="wrong_shape",
+        )
+    if len(rows) > spec.max_items:
+        raise BadInputError(
+            f"at most {spec.max_items} items of shape {spec.shape_text} a request "
+            "(input.max_items)",
+            f"{len(rows)} CSV rows",
+            reason="too_large",
+            status=413,
+        )
+    shape = spec.shape or ()
+    flat = decode_values(rows, replace(spec, shape=(len(rows), spec.numel)))
+    return Items(flat.reshape(len(rows), *shape))
+
+
+def _number(field: str) -> int | float:
+    """A CSV field as JSON would read it: an integer exactly, else a float."""
+    text = field.strip()
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
 
 
 def _looks_like_json(body: bytes | bytearray) -> bool:

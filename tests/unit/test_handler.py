@@ -125,6 +125,27 @@ def test_a_request_of_several_items_is_answered_a_list_in_order(
     assert out[1]["code"] == 400
 
 
+def test_a_csv_body_is_a_row_or_several(handler: tuple[Any, FakeContext]) -> None:
+    """A batch-scoring client's ``text/csv`` body (TorchServe hands a text body over as a
+    string): a line of numbers is the item, several lines several items, answered as JSON
+    bodies are; a field that is not a number is a 400 naming it (it was "not JSON")."""
+    instance, context = handler
+    line = ",".join(repr(v) for v in torch.tensor(digit(2)).flatten().tolist())
+    alone = handled(instance, [{"body": {"data": digit(2)}}], context)[0]
+    out = handled(
+        instance,
+        [{"body": line}, {"body": (line + "\n" + line + "\n").encode()}, {"body": "1,x,3"}],
+        context,
+    )
+    # As the JSON body is answered (a batch of three rows may round its last digit apart).
+    for answer in (out[0], *out[1]):
+        assert answer["class"] == alone["class"]
+        assert answer["probabilities"] == pytest.approx(alone["probabilities"], abs=1e-5)
+    assert len(out[1]) == 2
+    assert out[2]["code"] == 400 and out[2]["got"] == "'x' in line 1", out[2]
+    assert out[2]["expected"] == "CSV rows of numbers (or a JSON body)"
+
+
 def test_a_batch_of_only_bad_items_runs_no_forward(handler: tuple[Any, FakeContext]) -> None:
     instance, context = handler
     out = handled(instance, [{"body": b""}, {"data": None}], context)
