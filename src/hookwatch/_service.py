@@ -219,6 +219,9 @@ class Items:
     ``[k, *shape]``: answered as a list, an answer an item, in order."""
 
     rows: torch.Tensor
+    #: Sent as KServe's and TF Serving's clients send a batch (``{"instances": [...]}``):
+    #: answered as their protocol answers, ``{"predictions": [...]}``, for one item too.
+    wrapped: bool = False
 
     def __len__(self) -> int:
         return int(self.rows.shape[0])
@@ -261,24 +264,50 @@ def decode_payload(
     values = _field_value(body, spec.field)
     if values is _MISSING:
         raise BadInputError(expected_body, _describe(body), reason="missing_field")
+    # KServe's and TF Serving's protocol: {"instances": [...]} answered {"predictions": [...]}.
+    wrapped = several and type(body) is dict and _instances(body, spec)
     if image:
-        data = image_bytes(values)
-        if data is not None:
-            return _check_values(decode_image(data, shape, _DTYPES[spec.dtype]), spec)
+        listed = values if wrapped and type(values) is list and len(values) > 1 else [values]
+        files = [image_bytes(value) for value in listed]
+        if all(data is not None for data in files):
+            _count_items(len(files), spec)
+            images = [
+                _check_values(decode_image(data, shape, _DTYPES[spec.dtype]), spec)
+                for data in files
+                if data is not None
+            ]
+            return Items(torch.stack(images), True) if wrapped else images[0]
     if several and type(values) is list and _depth(values, len(shape)) > len(shape):
         # A list of items, each of the input's shape: decoded and checked as one array.
         outer = _shape_of(values, len(shape) + 1, spec.dtype == "bool")
-        if outer is not None and outer[1:] == shape and outer[0] > 1:
-            if outer[0] > spec.max_items:
-                raise BadInputError(
-                    f"at most {spec.max_items} items of shape {spec.shape_text} a request "
-                    "(input.max_items)",
-                    f"{outer[0]} items",
-                    reason="too_large",
-                    status=413,
-                )
-            return Items(decode_values(values, replace(spec, shape=outer)))
-    return decode_values(values, spec)
+        if outer is not None and outer[1:] == shape and (outer[0] > 1 or wrapped):
+            _count_items(outer[0], spec)
+            return Items(decode_values(values, replace(spec, shape=outer)), wrapped)
+    tensor = decode_values(values, spec)
+    return Items(tensor.unsqueeze(0), True) if wrapped else tensor
+
+
+def _instances(body: Mapping[str, Any], spec: InputSpec) -> bool:
+    """Whether ``body`` sends its input under ``instances`` (the default field absent, no
+    ``inputs`` beside it: what :func:`_field_value` took)."""
+    return (
+        spec.field == InputSpec.field
+        and "instances" in body
+        and spec.field not in body
+        and "inputs" not in body
+    )
+
+
+def _count_items(count: int, spec: InputSpec) -> None:
+    """A 413 for a request of more than ``input.max_items`` items."""
+    if count > spec.max_items:
+        raise BadInputError(
+            f"at most {spec.max_items} items of shape {spec.shape_text} a request "
+            "(input.max_items)",
+            f"{count} items",
+            reason="too_large",
+            status=413,
+        )
 
 
 #: Where other serving APIs put a request's input, taken when the default ``data`` is absent:
@@ -360,14 +389,7 @@ def _csv_items(
             f"{len(rows)} CSV rows",
             reason="wrong_shape",
         )
-    if len(rows) > spec.max_items:
-        raise BadInputError(
-            f"at most {spec.max_items} items of shape {spec.shape_text} a request "
-            "(input.max_items)",
-            f"{len(rows)} CSV rows",
-            reason="too_large",
-            status=413,
-        )
+    _count_items(len(rows), spec)
     shape = spec.shape or ()
     flat = decode_values(rows, replace(spec, shape=(len(rows), spec.numel)))
     return Items(flat.reshape(len(rows), *shape))
@@ -974,6 +996,9 @@ class DecodedBatch:
     #: The batch's forward is due to be sampled (``RequestPath.arrived``): it is decided
     #: before the forward; any other forward runs unhooked.
     due: bool = False
+    #: Requests of ``listed`` sent as ``{"instances": [...]}``: answered
+    #: ``{"predictions": [...]}``, as KServe's and TF Serving's protocol answers.
+    wrapped: frozenset[int] = frozenset()
 
 
 @dataclass
@@ -994,6 +1019,8 @@ class BatchResult:
     steps: torch.Tensor | None = None
     #: The output's other parts answered beside the head's (``output.also``), a row each.
     also: dict[str, torch.Tensor] | None = None
+    #: Requests answered ``{"predictions": [...]}`` (:attr:`DecodedBatch.wrapped`).
+    wrapped: frozenset[int] = frozenset()
 
 
 #: A logits head answers every class's probability up to this many classes, the top 5 above.
@@ -1101,18 +1128,32 @@ class ModelService:
         inputs = to_device(batch_inputs(self.pipeline, items), self.device) if items else None
         sizes: list[int] | None = None
         listed: frozenset[int] = frozenset()
+        wrapped: frozenset[int] = frozenset()
         if isinstance(self.pipeline, TextPipeline):
             sizes = [item.rows for item in items]
             listed = frozenset(p for p, item in zip(positions, items, strict=True) if item.listed)
+            wrapped = frozenset(p for p, item in zip(positions, items, strict=True) if item.wrapped)
         elif self._items is not None and self._items.several_seen:
             # A request of several items: its rows side by side, answered as a list.
             self._items.several_seen = False
             sizes = [len(item) if isinstance(item, Items) else 1 for item in items]
-            listed = frozenset(
-                p for p, item in zip(positions, items, strict=True) if isinstance(item, Items)
-            )
+            several = [
+                (p, item) for p, item in zip(positions, items, strict=True) if type(item) is Items
+            ]
+            listed = frozenset(p for p, _ in several)
+            wrapped = frozenset(p for p, item in several if item.wrapped)
         return DecodedBatch(
-            len(bodies), inputs, positions, errors, sizes, listed, received, items, arrivals, due
+            len(bodies),
+            inputs,
+            positions,
+            errors,
+            sizes,
+            listed,
+            received,
+            items,
+            arrivals,
+            due,
+            wrapped,
         )
 
     def infer(self, batch: DecodedBatch) -> BatchResult:
@@ -1171,6 +1212,7 @@ class ModelService:
             sampled,
             _own_steps(batch.inputs, outputs) if self._stepped else None,
             also,
+            batch.wrapped,
         )
 
     def _output_rows(self, raw: Any, rows: int) -> torch.Tensor | list[Any]:
@@ -1279,6 +1321,7 @@ class ModelService:
             batch.listed,
             batch.received,
             also={key: torch.stack(part) for key, part in also.items()} if also else None,
+            wrapped=batch.wrapped,
         )
 
     def _answer(self, row: torch.Tensor) -> dict[str, Any]:
@@ -1422,7 +1465,11 @@ class ModelService:
                 if result.also is not None:
                     for r, each in enumerate(rows, start=row):
                         each.update(_items_answer({k: v[r] for k, v in also_host.items()}))
-                answers[index] = rows if index in result.listed else rows[0]
+                answers[index] = (
+                    ({"predictions": rows} if index in result.wrapped else rows)
+                    if index in result.listed
+                    else rows[0]
+                )
                 row += size
         path = self._path
         if path is not None and result.received:

@@ -72,6 +72,9 @@ class TextItem:
     tokens: tuple[dict[str, list[int]], ...]
     #: The request sent a list (its answer is a list too), not one string.
     listed: bool
+    #: Sent under ``instances`` (KServe's and TF Serving's clients): answered
+    #: ``{"predictions": [...]}``, as their protocol answers.
+    wrapped: bool = False
 
     @property
     def rows(self) -> int:
@@ -116,7 +119,9 @@ class TextPipeline:
 
     def decode(self, body: Any) -> TextItem:
         """One request's body → its texts, tokenised; raises :class:`BadInputError`."""
-        texts, listed = self._texts(self._parse(body))
+        payload = self._parse(body)
+        texts, listed = self._texts(payload)
+        wrapped = type(payload) is dict and "instances" in payload and listed
         encoded = self._tokenizer(texts, add_special_tokens=True, truncation=False)
         tokens = []
         for index, ids in enumerate(encoded["input_ids"]):
@@ -128,7 +133,7 @@ class TextPipeline:
                     reason="too_large",
                 )
             tokens.append({name: list(encoded[name][index]) for name in self.spec.arguments})
-        return TextItem(tuple(tokens), listed)
+        return TextItem(tuple(tokens), listed, wrapped)
 
     def _parse(self, body: Any) -> Any:
         """TorchServe hands over a JSON body (application/json) parsed, a text/* body as a

@@ -102,20 +102,34 @@ def test_a_request_of_several_items_is_answered_a_list_in_order(
 ) -> None:
     """``{"instances": [x, y, z]}`` (a KServe or TF Serving client's batch) was a 400 "one item
     a request": each item is a sample of the forward beside the other requests', answered in
-    order as it is alone, and watched as a sample (every request sampled here)."""
+    order as it is alone, and watched as a sample (every request sampled here). Under
+    ``instances`` the answer is their protocol's, ``{"predictions": [...]}``, for one item
+    too; a list under ``data`` is answered a list."""
     instance, context = handler
     alone = handled(instance, [{"body": {"data": digit(i)}} for i in range(4)], context)
     several = {"body": {"instances": [digit(1), digit(2), digit(3)]}}
     out = handled(instance, [{"body": {"data": digit(0)}}, several, {"body": b"{"}], context)
-    assert out[0] == alone[0] and out[1] == alone[1:4] and out[2]["code"] == 400
-    assert context.statuses == {2: (400, "Bad Request")}
+    assert out[0] == alone[0] and out[1] == {"predictions": alone[1:4]}
+    assert out[2]["code"] == 400 and context.statuses == {2: (400, "Bad Request")}
     assert handled(instance, [{"body": {"data": [digit(1), digit(2)]}}], context) == [alone[1:3]]
+    one = handled(instance, [{"body": {"instances": [digit(3)]}}], context)
+    assert one == [{"predictions": [alone[3]]}]
     monitor = instance.service.monitor
     monitor.flush()
     # Requests are counted as requests; the sampled samples are the items.
     counts = monitor._counts()
-    assert counts.requests == 4 + 3 + 1 and counts.rejected == 1
-    assert counts.sampled == 4 + 2 + 1
+    assert counts.requests == 4 + 3 + 1 + 1 and counts.rejected == 1
+    assert counts.sampled == 4 + 2 + 1 + 1
+    # Each item a sample of every watched layer: 4 + 1 + 3 + 2 + 1 rows.
+    captured = {
+        layer: sum(
+            v
+            for (n, labels), v in instance.service.monitor._metrics.sample_values().items()
+            if n == "hookwatch_captures_total" and ("layer", layer) in labels
+        )
+        for layer in ("input", "output")
+    }
+    assert captured == {"input": 11, "output": 11}, captured
     # The several items' rows were captured as samples, without a fault.
     assert monitor._gate.hook_faults() == {} and monitor._processor.faults == {}
     # Past input.max_items: a 413 saying the limit; a mixed list stays a 400.

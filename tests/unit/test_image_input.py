@@ -20,7 +20,7 @@ from hookwatch._body import IMAGE_BODY_BYTES, MAX_BODY_BYTES, body_limit
 from hookwatch._config import InputSpec
 from hookwatch._errors import BadInputError, ConfigError
 from hookwatch._names import REJECT_REASONS
-from hookwatch._service import InputPipeline
+from hookwatch._service import InputPipeline, Items
 from hookwatch.tools.own_model import ModelRef, archive_model, load_reference
 from tests.fakes import archived_handler, handled
 
@@ -104,9 +104,13 @@ def test_base64_in_the_json_field_and_numbers_are_taken_too() -> None:
     # As TF Serving's and KServe's clients send binary data: {"b64": ...}, in `instances`
     # of one (each a 400 "an object with keys [b64]" or "a list of 1 items" before).
     assert torch.equal(pipeline.decode({"image": {"b64": encoded}}), raw)
+    # Under `instances` the request is their protocol's batch (answered {"predictions": ...}).
     default = _pipeline([3, 24, 40])
     for body in ({"instances": [{"b64": encoded}]}, {"instances": [encoded]}):
-        assert torch.equal(default.decode(body), raw)
+        batch = default.decode(body)
+        assert isinstance(batch, Items) and batch.wrapped and torch.equal(batch.rows, raw[None])
+    two = default.decode({"instances": [{"b64": encoded}, encoded]})
+    assert isinstance(two, Items) and torch.equal(two.rows, torch.stack([raw, raw]))
     with pytest.raises(BadInputError, match="not base64"):
         default.decode({"instances": [{"b64": "**"}]})
 

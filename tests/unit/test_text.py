@@ -100,7 +100,8 @@ def test_texts_under_text_or_inputs_in_an_object_are_the_texts(tokenizer_dir: Pa
     listed = pipe.decode({"text": ["w1", "w2 w3"], "parameters": {"top_k": 2}})
     assert listed.listed and listed.tokens == pipe.decode(["w1", "w2 w3"]).tokens
     # KServe's and TF Serving's clients' `instances`, TorchServe's examples' `data`: 400s too.
-    assert pipe.decode({"instances": ["w1", "w2 w3"]}).tokens == listed.tokens
+    under = pipe.decode({"instances": ["w1", "w2 w3"]})
+    assert under.tokens == listed.tokens and under.wrapped and not listed.wrapped
     assert pipe.decode({"data": "w1 w2"}).tokens == pipe.decode("w1 w2").tokens
 
 
@@ -201,15 +202,17 @@ def test_a_batch_of_texts_is_answered_per_request_and_padding_changes_no_answer(
 ) -> None:
     service = text_service(TinyEncoder().eval(), "tiny", tokenizer_dir, metrics)
     texts = words(5, seed=2)
-    bodies: list[Any] = [texts[0], [texts[1], texts[2]], {"bad": 1}, texts[3].encode(), texts[4]]
+    # The second as KServe's and TF Serving's clients send a batch: answered as they read it.
+    listed = {"instances": [texts[1], texts[2]]}
+    bodies: list[Any] = [texts[0], listed, {"bad": 1}, texts[3].encode(), texts[4]]
     answers = service.handle(bodies)
     alone = [service.handle([t])[0]["embedding"] for t in texts]
     assert service.monitor is not None
     service.monitor.flush()
     service.close()
     assert answers[2]["code"] == 400 and "an object with keys [bad]" in answers[2]["got"]
-    assert isinstance(answers[1], list) and len(answers[1]) == 2
-    got = [answers[0], *answers[1], answers[3], answers[4]]
+    assert list(answers[1]) == ["predictions"] and len(answers[1]["predictions"]) == 2
+    got = [answers[0], *answers[1]["predictions"], answers[3], answers[4]]
     for answer, want in zip(got, alone, strict=True):
         torch.testing.assert_close(torch.tensor(answer["embedding"]), torch.tensor(want))
     values = metrics.sample_values()
