@@ -752,6 +752,11 @@ class InputPipeline:
         return model(**{self.spec.argument: x})
 
 
+class InstanceArguments(dict[str, torch.Tensor]):
+    """A request's arguments sent as ``{"instances": [{...}]}``: answered
+    ``{"predictions": [...]}``, as KServe's and TF Serving's protocol answers."""
+
+
 class ArgumentsPipeline:
     """A request of several tensors (``input.arguments``) → one item per keyword argument of
     the forward, and items → the forward's keyword arguments.
@@ -769,16 +774,23 @@ class ArgumentsPipeline:
             f'"{part.field}": <{_count_text(part)} numbers>' for part in spec.arguments
         )
         self._expected = f"a JSON object {{{fields_}}}"
+        #: Set when :meth:`decode` gave :class:`InstanceArguments` since the service last
+        #: looked (as :attr:`InputPipeline.several_seen`).
+        self.several_seen = False
         #: The argument of a variable length (padded), and where it is declared; None: none.
         self._variable = next(
             (i for i, part in enumerate(spec.arguments) if part.length_dim is not None), None
         )
 
     def decode(self, body: Any) -> dict[str, torch.Tensor]:
-        payload = self._fields(_parse_json(body, self._expected, self._limit))
+        parsed = _parse_json(body, self._expected, self._limit)
+        payload = self._fields(parsed)
         if not isinstance(payload, dict) or not all(name in payload for name in self.parts):
             raise BadInputError(self._expected, _describe(payload), reason="missing_field")
-        item: dict[str, torch.Tensor] = {}
+        # Sent as KServe's and TF Serving's clients send it: answered as they read it.
+        wrapped = payload is not parsed and type(parsed) is dict and "instances" in parsed
+        item: dict[str, torch.Tensor] = InstanceArguments() if wrapped else {}
+        self.several_seen |= wrapped
         for name, part in self.parts.items():
             try:
                 item[name] = decode_values(payload[name], part.spec)
@@ -1046,10 +1058,12 @@ class ModelService:
         self.model = model
         self.spec = spec
         self.pipeline = make_pipeline(spec, model_dir)
-        #: The pipeline when its requests may send several items (:class:`Items`).
-        self._items = (
+        #: The pipeline when its requests may send several items (:class:`Items`), or their
+        #: arguments under ``instances`` (:class:`InstanceArguments`).
+        self._items: InputPipeline | ArgumentsPipeline | None = (
             self.pipeline
-            if isinstance(self.pipeline, InputPipeline) and self.pipeline.takes_several
+            if isinstance(self.pipeline, ArgumentsPipeline)
+            or (isinstance(self.pipeline, InputPipeline) and self.pipeline.takes_several)
             else None
         )
         self.monitor = monitor
@@ -1136,12 +1150,16 @@ class ModelService:
         elif self._items is not None and self._items.several_seen:
             # A request of several items: its rows side by side, answered as a list.
             self._items.several_seen = False
-            sizes = [len(item) if isinstance(item, Items) else 1 for item in items]
+            sizes = [len(item) if type(item) is Items else 1 for item in items]
             several = [
-                (p, item) for p, item in zip(positions, items, strict=True) if type(item) is Items
+                (p, item)
+                for p, item in zip(positions, items, strict=True)
+                if type(item) is Items or type(item) is InstanceArguments
             ]
             listed = frozenset(p for p, _ in several)
-            wrapped = frozenset(p for p, item in several if item.wrapped)
+            wrapped = frozenset(
+                p for p, item in several if not isinstance(item, Items) or item.wrapped
+            )
         return DecodedBatch(
             len(bodies),
             inputs,

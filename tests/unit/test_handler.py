@@ -106,6 +106,19 @@ def test_a_request_of_several_items_is_answered_a_list_in_order(
     ``instances`` the answer is their protocol's, ``{"predictions": [...]}``, for one item
     too; a list under ``data`` is answered a list."""
     instance, context = handler
+
+    def captured() -> dict[str, float]:
+        values = instance.service.monitor._metrics.sample_values()
+        return {
+            layer: sum(
+                v
+                for (n, labels), v in values.items()
+                if n == "hookwatch_captures_total" and ("layer", layer) in labels
+            )
+            for layer in ("input", "output")
+        }
+
+    before = captured()  # the metric set is the process's: other tests count in it too
     alone = handled(instance, [{"body": {"data": digit(i)}} for i in range(4)], context)
     several = {"body": {"instances": [digit(1), digit(2), digit(3)]}}
     out = handled(instance, [{"body": {"data": digit(0)}}, several, {"body": b"{"}], context)
@@ -121,15 +134,8 @@ def test_a_request_of_several_items_is_answered_a_list_in_order(
     assert counts.requests == 4 + 3 + 1 + 1 and counts.rejected == 1
     assert counts.sampled == 4 + 2 + 1 + 1
     # Each item a sample of every watched layer: 4 + 1 + 3 + 2 + 1 rows.
-    captured = {
-        layer: sum(
-            v
-            for (n, labels), v in instance.service.monitor._metrics.sample_values().items()
-            if n == "hookwatch_captures_total" and ("layer", layer) in labels
-        )
-        for layer in ("input", "output")
-    }
-    assert captured == {"input": 11, "output": 11}, captured
+    after = captured()
+    assert {layer: after[layer] - before[layer] for layer in after} == {"input": 11, "output": 11}
     # The several items' rows were captured as samples, without a fault.
     assert monitor._gate.hook_faults() == {} and monitor._processor.faults == {}
     # Past input.max_items: a 413 saying the limit; a mixed list stays a 400.

@@ -131,7 +131,8 @@ def test_a_request_is_answered_as_if_alone_and_its_bad_argument_named() -> None:
     assert refused[1]["got"] == "an empty list"
     missing = service.handle([json.dumps({"user": [0, 0, 0, 0]}).encode()])[0]
     assert '"history": <1 to 12 numbers>' in missing["expected"]
-    # KServe's and TF Serving's row format: one instance a request.
+    # KServe's and TF Serving's row format: one instance a request, answered as their
+    # protocol answers.
     wrapped = service.handle(
         [
             json.dumps({"instances": [bodies[0]]}).encode(),
@@ -139,7 +140,7 @@ def test_a_request_is_answered_as_if_alone_and_its_bad_argument_named() -> None:
             json.dumps({"instances": bodies[:2]}).encode(),
         ]
     )
-    assert wrapped[0] == wrapped[1] == alone[0]
+    assert wrapped[0] == {"predictions": [alone[0]]} and wrapped[1] == alone[0]
     assert wrapped[2]["got"] == "2 instances" and wrapped[2]["code"] == 400
 
 
