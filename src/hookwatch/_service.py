@@ -265,7 +265,7 @@ def decode_payload(
     if values is _MISSING:
         raise BadInputError(expected_body, _describe(body), reason="missing_field")
     # KServe's and TF Serving's protocol: {"instances": [...]} answered {"predictions": [...]}.
-    wrapped = several and type(body) is dict and _instances(body, spec)
+    wrapped = several and type(body) is dict and "instances" in body and _instances(body, spec)
     if image:
         listed = values if wrapped and type(values) is list and len(values) > 1 else [values]
         files = [image_bytes(value) for value in listed]
@@ -277,13 +277,14 @@ def decode_payload(
                 if data is not None
             ]
             return Items(torch.stack(images), True) if wrapped else images[0]
-    if several and type(values) is list and _depth(values, len(shape)) > len(shape):
+    depth = _depth(values, len(shape))
+    if several and depth > len(shape):
         # A list of items, each of the input's shape: decoded and checked as one array.
         outer = _shape_of(values, len(shape) + 1, spec.dtype == "bool")
         if outer is not None and outer[1:] == shape and (outer[0] > 1 or wrapped):
             _count_items(outer[0], spec)
             return Items(decode_values(values, replace(spec, shape=outer)), wrapped)
-    tensor = decode_values(values, spec)
+    tensor = decode_values(values, spec, depth)
     return Items(tensor.unsqueeze(0), True) if wrapped else tensor
 
 
@@ -411,13 +412,15 @@ def _looks_like_json(body: bytes | bytearray) -> bool:
     return head[:1] in (b"{", b"[")
 
 
-def decode_values(values: Any, spec: InputSpec) -> torch.Tensor:
+def decode_values(values: Any, spec: InputSpec, depth: int | None = None) -> torch.Tensor:
     """One input's parsed JSON values → a tensor of ``spec.shape`` (nested as the shape, or
-    flat), checked against the spec's dtype and range; raises :class:`BadInputError`."""
+    flat), checked against the spec's dtype and range; raises :class:`BadInputError`.
+    ``depth``: the values' nesting as :func:`_depth` counts it, where the caller has it."""
     shape = spec.shape
     assert shape is not None
     # The payload may nest at most as deep as the shape (or one level, flat).
-    depth = _depth(values, len(shape))
+    if depth is None:
+        depth = _depth(values, len(shape))
     if depth > len(shape):
         # One level more: a batch around the item. A batch of one is the item (clients
         # written for servers that take a batch send [[...]]); more is refused by its count,
