@@ -340,14 +340,14 @@ def _aliased(body: Mapping[str, Any]) -> Any:
 
 
 def _csv_like(body: Any) -> bool:
-    """A body sent as CSV (``text/csv``, as batch-scoring clients send a table's rows): text
-    that opens with a number and holds a comma, or a single number, never JSON's bracket."""
+    """A body that may be CSV (``text/csv``, as batch-scoring clients send a table's rows):
+    text that opens with a number (JSON's objects and arrays open with a bracket)."""
     if not isinstance(body, str | bytes | bytearray):
         return False
     head = body[:64].lstrip()
     if isinstance(head, bytes | bytearray):
         head = bytes(head).decode("latin-1")
-    return bool(head) and (head[0].isdigit() or head[0] in "-+.") and "{" not in head[:1]
+    return bool(head) and (head[0].isdigit() or head[0] in "-+.")
 
 
 def _csv_values(body: str | bytes | bytearray) -> list[list[int | float]] | None:
