@@ -755,9 +755,21 @@ class InputPipeline:
         return model(**{self.spec.argument: x})
 
 
-class InstanceArguments(dict[str, torch.Tensor]):
-    """A request's arguments sent as ``{"instances": [{...}]}``: answered
-    ``{"predictions": [...]}``, as KServe's and TF Serving's protocol answers."""
+@dataclass(frozen=True)
+class InstanceArguments:
+    """A request's objects of arguments sent as ``{"instances": [{...}, ...]}`` (one or up
+    to :data:`MAX_INSTANCES`), each a sample: answered ``{"predictions": [...]}``, as
+    KServe's and TF Serving's protocol answers."""
+
+    rows: tuple[dict[str, torch.Tensor], ...]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+#: Most objects of arguments one request may send under ``instances`` (``input.max_items``'s
+#: default: a several-argument input takes no keys beside ``arguments``).
+MAX_INSTANCES = 64
 
 
 class ArgumentsPipeline:
@@ -785,15 +797,21 @@ class ArgumentsPipeline:
             (i for i, part in enumerate(spec.arguments) if part.length_dim is not None), None
         )
 
-    def decode(self, body: Any) -> dict[str, torch.Tensor]:
+    def decode(self, body: Any) -> dict[str, torch.Tensor] | InstanceArguments:
+        """One request's object of arguments → an item; its objects under ``instances``
+        (KServe's and TF Serving's row format) → :class:`InstanceArguments`."""
         parsed = _parse_json(body, self._expected, self._limit)
         payload = self._fields(parsed)
+        if type(payload) is list:
+            # Sent as KServe's and TF Serving's clients send it: answered as they read it.
+            self.several_seen = True
+            return InstanceArguments(tuple(self._item(row) for row in payload))
+        return self._item(payload)
+
+    def _item(self, payload: Any) -> dict[str, torch.Tensor]:
         if not isinstance(payload, dict) or not all(name in payload for name in self.parts):
             raise BadInputError(self._expected, _describe(payload), reason="missing_field")
-        # Sent as KServe's and TF Serving's clients send it: answered as they read it.
-        wrapped = payload is not parsed and type(parsed) is dict and "instances" in parsed
-        item: dict[str, torch.Tensor] = InstanceArguments() if wrapped else {}
-        self.several_seen |= wrapped
+        item: dict[str, torch.Tensor] = {}
         for name, part in self.parts.items():
             try:
                 item[name] = decode_values(payload[name], part.spec)
@@ -805,27 +823,42 @@ class ArgumentsPipeline:
 
     def _fields(self, payload: Any) -> Any:
         """The object holding the arguments' fields: the payload, or where it lacks them, what
-        one of :data:`FIELD_ALIASES` alone holds (``{"instances": [{...}]}``, KServe's and TF
-        Serving's row format, of one instance: TorchServe batches requests itself)."""
+        one of :data:`FIELD_ALIASES` alone holds; under ``instances``, the list of objects
+        (KServe's and TF Serving's row format), of one to :data:`MAX_INSTANCES`."""
         if not isinstance(payload, dict) or all(name in payload for name in self.parts):
             return payload
         inner = _aliased(payload)
         if isinstance(inner, list) and all(isinstance(row, dict) for row in inner) and inner:
-            if len(inner) > 1:
+            if "instances" not in payload:
+                if len(inner) > 1:
+                    raise BadInputError(
+                        "one object of arguments a request (or several under instances)",
+                        f"{len(inner)} objects",
+                        reason="wrong_shape",
+                    )
+                return inner[0]
+            if len(inner) > MAX_INSTANCES:
                 raise BadInputError(
-                    "one instance a request (TorchServe batches requests)",
+                    f"at most {MAX_INSTANCES} instances a request",
                     f"{len(inner)} instances",
-                    reason="wrong_shape",
+                    reason="too_large",
+                    status=413,
                 )
-            return inner[0]
+            return inner
         return inner if isinstance(inner, dict) else payload
 
     def batch(
-        self, items: Sequence[Mapping[str, torch.Tensor]]
+        self, items: Sequence[Mapping[str, torch.Tensor] | InstanceArguments]
     ) -> dict[str, torch.Tensor] | Padded:
         """Each argument's items stacked, cast and normalised as its declaration says; one of
-        a variable length padded to its longest, the others beside it (:class:`Padded`)."""
-        return self.columns({name: [item[name] for item in items] for name in self.parts})
+        a variable length padded to its longest, the others beside it (:class:`Padded`); a
+        request's several objects (:class:`InstanceArguments`) in its place."""
+        rows = [
+            row
+            for item in items
+            for row in (item.rows if isinstance(item, InstanceArguments) else (item,))
+        ]
+        return self.columns({name: [row[name] for row in rows] for name in self.parts})
 
     def columns(
         self, values: Mapping[str, Sequence[torch.Tensor] | torch.Tensor]
@@ -1153,7 +1186,10 @@ class ModelService:
         elif self._items is not None and self._items.several_seen:
             # A request of several items: its rows side by side, answered as a list.
             self._items.several_seen = False
-            sizes = [len(item) if type(item) is Items else 1 for item in items]
+            sizes = [
+                len(item) if type(item) is Items or type(item) is InstanceArguments else 1
+                for item in items
+            ]
             several = [
                 (p, item)
                 for p, item in zip(positions, items, strict=True)

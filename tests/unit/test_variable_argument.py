@@ -141,7 +141,15 @@ def test_a_request_is_answered_as_if_alone_and_its_bad_argument_named() -> None:
         ]
     )
     assert wrapped[0] == {"predictions": [alone[0]]} and wrapped[1] == alone[0]
-    assert wrapped[2]["got"] == "2 instances" and wrapped[2]["code"] == 400
+    # Several objects under instances: each a sample, answered in order as it is alone.
+    assert list(wrapped[2]) == ["predictions"] and len(wrapped[2]["predictions"]) == 2
+    for got, want in zip(wrapped[2]["predictions"], alone[:2], strict=True):
+        assert got["class"] == want["class"]
+        assert got["top"][0]["probability"] == pytest.approx(want["top"][0]["probability"])
+    too_many = service.handle([json.dumps({"instances": bodies[:1] * 65}).encode()])[0]
+    assert too_many["code"] == 413 and too_many["got"] == "65 instances"
+    under_inputs = service.handle([json.dumps({"inputs": bodies[:2]}).encode()])[0]
+    assert under_inputs["code"] == 400 and under_inputs["got"] == "2 objects"
 
 
 def test_the_input_is_read_by_its_own_steps_whatever_the_batch() -> None:
