@@ -123,6 +123,17 @@ def test_synthesized_bodies_follow_dtype_and_range(raw: dict[str, Any], check: A
             assert check(values), values
 
 
+def test_synthesized_bodies_of_a_variable_length_vary_in_it() -> None:
+    """Every synthesized request was at input.max_length, so no benched batch padded
+    anything: lengths are drawn from 1 to it, each a request the serving decoder takes."""
+    spec = InputSpec.from_mapping({"shape": [None, 3], "max_length": 12})
+    bodies = ab.synthesize(spec, count=40)
+    lengths = {len(json.loads(body)["data"]) for body in bodies}
+    assert min(lengths) >= 1 and max(lengths) <= 12 and len(lengths) > 5, lengths
+    for body in bodies:
+        assert tuple(decode_payload(body, spec).shape)[1:] == (3,)
+
+
 @pytest.mark.parametrize("channels", [1, 3, 4])
 def test_an_image_model_is_benched_on_image_files(channels: int, tmp_path: Path) -> None:
     spec = InputSpec.from_mapping({"shape": [channels, 20, 30], "encoding": "image"})

@@ -181,7 +181,13 @@ def content_type(bodies: Sequence[bytes]) -> str:
 
 
 def _draw(spec: InputSpec, rng: np.random.Generator) -> np.ndarray[Any, Any]:
-    """One input of ``spec.shape``, uniform in its declared range."""
+    """One input of ``spec.shape``, uniform in its declared range; a length each request
+    chooses (a null in the shape) drawn uniform from 1 to ``input.max_length``, as traffic's
+    lengths vary (all at the longest, every batch would pad nothing)."""
+    assert spec.shape is not None
+    shape = list(spec.shape)
+    if spec.length_dim is not None:
+        shape[spec.length_dim] = int(rng.integers(1, shape[spec.length_dim] + 1))
     low = spec.min_value
     high = spec.max_value
     if low is None:
@@ -189,10 +195,10 @@ def _draw(spec: InputSpec, rng: np.random.Generator) -> np.ndarray[Any, Any]:
     if high is None:
         high = low + 1.0
     if spec.dtype == "bool":
-        return rng.integers(0, 2, size=spec.shape)
+        return rng.integers(0, 2, size=shape)
     if spec.dtype.startswith(("int", "uint")):
-        return rng.integers(math.ceil(low), math.floor(high) + 1, size=spec.shape)
-    return rng.uniform(low, high, size=spec.shape).round(4)
+        return rng.integers(math.ceil(low), math.floor(high) + 1, size=shape)
+    return rng.uniform(low, high, size=shape).round(4)
 
 
 def request_bodies(request: Path | None, spec: InputSpec) -> list[bytes]:
