@@ -1022,8 +1022,8 @@ class InputSpec:
     arguments: tuple[InputSpec, ...] = ()
     #: The dimension of ``shape`` whose length each request chooses (``null`` in the
     #: model-config), from 1 to ``shape[length_dim]`` (``input.max_length``, substituted into
-    #: ``shape``: body limits use the longest, ``bench``'s synthetic requests lengths up to it). None: a fixed shape. A
-    #: batch is padded to its longest with ``pad_value``.
+    #: ``shape``: body limits use the longest, ``bench``'s synthetic requests lengths up to
+    #: it). None: a fixed shape. A batch is padded to its longest with ``pad_value``.
     length_dim: int | None = None
     #: Pass each sample's length (int64 ``[batch]``) as this keyword argument of forward().
     lengths: str | None = None
