@@ -240,3 +240,28 @@ def test_a_reference_npy_is_read_a_batch_at_a_time(tmp_path: Any) -> None:
     np.save(path, late)
     with pytest.raises(ConfigError, match=r"in 2 of 9000 samples \(the first: sample 5000\)"):
         list(load_reference(path, InputPipeline(InputSpec(shape=(3,)))))
+
+
+def test_a_request_of_several_items_is_answered_whole_when_its_batch_runs_alone() -> None:
+    """A forward that raises on one request's item reruns each request alone: the request of
+    several items is answered its list (under instances, its predictions), the other a 422."""
+    from hookwatch._service import ModelService
+
+    class Picky(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(3, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if bool((x > 50).any()):
+                raise ValueError("values over 50 are refused")
+            out: torch.Tensor = self.fc(x)
+            return out
+
+    torch.manual_seed(0)
+    service = ModelService(Picky().eval(), InputSpec(shape=(3,)), None)
+    rows = [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]
+    alone = [service.handle([{"data": row}])[0] for row in rows]
+    answers = service.handle([{"instances": rows}, {"data": [99.0, 0.0, 0.0]}, {"data": rows}])
+    assert answers[0] == {"predictions": alone} and answers[2] == alone
+    assert answers[1]["code"] == 422 and "values over 50" in answers[1]["got"]
