@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from hookwatch import _oip
 from hookwatch._body import MAX_BODY_BYTES, NoPayload, body_limit, check_body_size
 from hookwatch._capture import RateLimitedLog
 from hookwatch._config import HandlerConfig, InputSpec, OutputSpec
@@ -689,6 +690,45 @@ class InputPipeline:
             )
         return tensor
 
+    def decode_rows(self, rows: list[Any]) -> torch.Tensor | Items:
+        """A request's items sent as a tensor's rows (the Open Inference Protocol's batch,
+        :mod:`hookwatch._oip`): several as :class:`Items`, answered an answer an item; an
+        image a row where the rows are files in base64."""
+        spec = self.spec
+        if spec.encoding == "image" and all(isinstance(row, str | bytes) for row in rows):
+            shape, dtype = spec.shape or (), _DTYPES[spec.dtype]
+            files = [image_bytes(row) for row in rows]
+            _count_items(len(files), spec)
+            images = [
+                _check_values(decode_image(f, shape, dtype), spec) for f in files if f is not None
+            ]
+            self.several_seen = True
+            return Items(torch.stack(images), True)
+        if not self.takes_several:
+            if len(rows) != 1:
+                why = "its length varies" if spec.length_dim is not None else "preprocess"
+                raise BadInputError(
+                    f"one item of shape {spec.shape_text} a request ({why}: TorchServe "
+                    "batches requests)",
+                    f"{len(rows)} items",
+                    reason="wrong_shape",
+                )
+            return decode_values(rows[0], spec)
+        _count_items(len(rows), spec)
+        shape = (len(rows), *(spec.shape or ()))
+        try:
+            values = decode_values(rows, replace(spec, shape=shape))
+        except BadInputError as error:
+            if error.reason != "wrong_shape":
+                raise
+            raise BadInputError(
+                f"{len(rows)} items of shape {spec.shape_text} (shape {list(shape)})",
+                error.got,
+                reason="wrong_shape",
+            ) from None
+        self.several_seen = True
+        return Items(values, True)
+
     def batch(self, items: Sequence[torch.Tensor | Items] | torch.Tensor) -> torch.Tensor | Padded:
         """Stacked items as the model takes them: dtype, then ``(x - mean) / std``; items of
         a variable length padded to the longest (:class:`Padded`)."""
@@ -950,6 +990,12 @@ def _items_to_host(item: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {key: value.detach().cpu() for key, value in item.items()}
 
 
+def _v2_error(error: BadInputError) -> dict[str, Any]:
+    """An error as the Open Inference Protocol's clients read it: the whole message under
+    ``error`` (what they raise), hookwatch's fields beside it."""
+    return {**error.as_dict(), "error": str(error)}
+
+
 def _items_answer(item: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     """A sample's dict of tensors as JSON: each entry's values nested as its shape, integers
     exact, NaN and Infinity as null."""
@@ -1047,6 +1093,9 @@ class DecodedBatch:
     #: Requests of ``listed`` sent as ``{"instances": [...]}``: answered
     #: ``{"predictions": [...]}``, as KServe's and TF Serving's protocol answers.
     wrapped: frozenset[int] = frozenset()
+    #: Requests of the Open Inference Protocol, by position: answered as its response
+    #: (None: no such request in the batch, most batches).
+    v2: dict[int, _oip.InferRequest] | None = None
 
 
 @dataclass
@@ -1069,6 +1118,8 @@ class BatchResult:
     also: dict[str, torch.Tensor] | None = None
     #: Requests answered ``{"predictions": [...]}`` (:attr:`DecodedBatch.wrapped`).
     wrapped: frozenset[int] = frozenset()
+    #: Requests answered as the Open Inference Protocol's response (:attr:`DecodedBatch.v2`).
+    v2: dict[int, _oip.InferRequest] | None = None
 
 
 #: A logits head answers every class's probability up to this many classes, the top 5 above.
@@ -1090,8 +1141,11 @@ class ModelService:
         device: torch.device | None = None,
         output: OutputSpec | None = None,
         model_dir: str | Path | None = None,
+        model_name: str = "",
     ) -> None:
         self.model = model
+        #: Named in the Open Inference Protocol's responses.
+        self.model_name = model_name
         self.spec = spec
         self.pipeline = make_pipeline(spec, model_dir)
         #: The pipeline when its requests may send several items (:class:`Items`), or their
@@ -1113,6 +1167,9 @@ class ModelService:
         self._padded = spec.variable is not None
         #: A per-step output may be cut at each sample's own steps: padded or text batches.
         self._stepped = self._padded or isinstance(self.pipeline, TextPipeline)
+        #: Requests may come as the Open Inference Protocol's tensors: not to a preprocess
+        #: function (it reads its own payloads), nor as raw float32 bytes.
+        self._oip = not (isinstance(self.pipeline, InputPipeline) and spec.preprocess is not None)
 
     @classmethod
     def from_handler_config(
@@ -1137,7 +1194,16 @@ class ModelService:
             config = plan.config
             drift, faulted = serving_tracker(config, model_dir, model_name)
             monitor = Monitor(model, plan, metrics=metrics, drift=drift, load_faults=int(faulted))
-        return cls(model, handler.input, monitor, handler.labels, device, config.output, model_dir)
+        return cls(
+            model,
+            handler.input,
+            monitor,
+            handler.labels,
+            device,
+            config.output,
+            model_dir,
+            model_name,
+        )
 
     def decode(self, bodies: Sequence[Any]) -> DecodedBatch:
         received = time.perf_counter()
@@ -1152,8 +1218,21 @@ class ModelService:
         if path is not None:
             due = path.arrived(len(bodies))
             arrivals = path.received
+        v2: dict[int, _oip.InferRequest] | None = None
         for index, body in enumerate(bodies):
             try:
+                if self._oip and _oip.candidate(body):
+                    v2 = v2 or {}
+                    # Answered in the protocol's form, an error too (the request, once read).
+                    v2[index] = _oip.InferRequest(())
+                    request = self._read_request(body)
+                    if request is None:
+                        del v2[index]
+                    else:
+                        v2[index] = request
+                        items.append(self._request_item(request))
+                        positions.append(index)
+                        continue
                 items.append(self.pipeline.decode(body))
                 positions.append(index)
             except BadInputError as error:
@@ -1211,7 +1290,61 @@ class ModelService:
             arrivals,
             due,
             wrapped,
+            v2,
         )
+
+    def _read_request(self, body: Any) -> _oip.InferRequest | None:
+        """An Open Inference Protocol request in ``body`` (held to the body limit first, as
+        any body), or None where it is none."""
+        pipeline = self.pipeline
+        limit = MAX_BODY_BYTES if isinstance(pipeline, TextPipeline) else pipeline._limit
+        check_body_size(body, limit, _LIMIT_SETTING)
+        return _oip.read_request(body)
+
+    def _request_item(self, request: _oip.InferRequest) -> Any:
+        """An Open Inference Protocol request's tensors as the pipeline's item: its rows
+        (the first dimension, a sample each) as the request's several items, texts or
+        objects of arguments."""
+        pipeline = self.pipeline
+        if isinstance(pipeline, TextPipeline):
+            tensor = request.only()
+            if tensor.datatype != _oip.BYTES:
+                raise BadInputError(
+                    f"{tensor.name}: texts ({_oip.BYTES})", tensor.datatype, reason="wrong_type"
+                )
+            return pipeline.decode({"instances": list(tensor.data)})
+        if isinstance(pipeline, ArgumentsPipeline):
+            return pipeline.decode({"instances": self._argument_rows(request, pipeline)})
+        tensor = request.only()
+        if tensor.datatype == _oip.BYTES:
+            return pipeline.decode_rows(list(tensor.data))
+        return pipeline.decode_rows(tensor.rows(len(self.spec.shape or ()), self.spec.shape_text))
+
+    @staticmethod
+    def _argument_rows(
+        request: _oip.InferRequest, pipeline: ArgumentsPipeline
+    ) -> list[dict[str, Any]]:
+        """A tensor per argument, named as it: an object of arguments per row."""
+        tensors = {t.name: t for t in request.inputs}
+        names = list(pipeline.parts)
+        if sorted(tensors) != sorted(names):
+            raise BadInputError(
+                f"input tensors named [{', '.join(names)}]",
+                f"[{', '.join(tensors)}]",
+                reason="missing_field",
+            )
+        rows = {
+            name: tensors[name].rows(len(part.spec.shape or ()), part.spec.shape_text)
+            for name, part in pipeline.parts.items()
+        }
+        counts = {len(r) for r in rows.values()}
+        if len(counts) != 1:
+            raise BadInputError(
+                "as many rows in each input tensor",
+                ", ".join(f"{name}: {len(r)}" for name, r in rows.items()),
+                reason="wrong_shape",
+            )
+        return [{name: r[i] for name, r in rows.items()} for i in range(counts.pop())]
 
     def infer(self, batch: DecodedBatch) -> BatchResult:
         outputs: torch.Tensor | list[torch.Tensor] | None = None
@@ -1270,6 +1403,7 @@ class ModelService:
             _own_steps(batch.inputs, outputs) if self._stepped else None,
             also,
             batch.wrapped,
+            batch.v2,
         )
 
     def _output_rows(self, raw: Any, rows: int) -> torch.Tensor | list[Any]:
@@ -1379,6 +1513,7 @@ class ModelService:
             batch.received,
             also={key: torch.stack(part) for key, part in also.items()} if also else None,
             wrapped=batch.wrapped,
+            v2=batch.v2,
         )
 
     def _answer(self, row: torch.Tensor) -> dict[str, Any]:
@@ -1479,8 +1614,9 @@ class ModelService:
     def encode(self, result: BatchResult) -> list[Any]:
         """One answer per request: an object, or a list of them for a request that sent a list."""
         answers: list[Any] = [{} for _ in range(result.size)]
+        v2 = result.v2
         for index, error in result.errors.items():
-            answers[index] = error.as_dict()
+            answers[index] = error.as_dict() if v2 is None or index not in v2 else _v2_error(error)
         if result.outputs is not None:
             items = isinstance(result.outputs, list) and per_sample_items(result.outputs)
             outputs: torch.Tensor | list[Any] = (
@@ -1522,11 +1658,14 @@ class ModelService:
                 if result.also is not None:
                     for r, each in enumerate(rows, start=row):
                         each.update(_items_answer({k: v[r] for k, v in also_host.items()}))
-                answers[index] = (
-                    ({"predictions": rows} if index in result.wrapped else rows)
-                    if index in result.listed
-                    else rows[0]
-                )
+                if v2 is not None and index in v2:
+                    answers[index] = self._v2_answer(rows, v2[index], result, index)
+                else:
+                    answers[index] = (
+                        ({"predictions": rows} if index in result.wrapped else rows)
+                        if index in result.listed
+                        else rows[0]
+                    )
                 row += size
         path = self._path
         if path is not None and result.received:
@@ -1538,6 +1677,19 @@ class ModelService:
                 # Binned by the capture thread (RequestTally.fold): a C call, no frame.
                 path.durations.append((time.perf_counter() - result.received, result.size))
         return answers
+
+    def _v2_answer(
+        self, rows: list[Any], request: _oip.InferRequest, result: BatchResult, index: int
+    ) -> dict[str, Any]:
+        """A request's answers as the Open Inference Protocol's response; an output it asks
+        for that its answers lack is its 400 (counted as a request turned away)."""
+        try:
+            return _oip.response(rows, request, self.model_name)
+        except BadInputError as error:
+            result.errors[index] = error
+            if self._path is not None:
+                self._path.received.reject(1, error.reason)
+            return _v2_error(error)
 
     def handle(self, bodies: Sequence[Any]) -> list[Any]:
         return self.encode(self.infer(self.decode(bodies)))

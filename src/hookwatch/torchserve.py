@@ -101,11 +101,12 @@ class HookwatchHandler(BaseHandler):  # type: ignore[misc]
         return self.service.infer(data)
 
     def postprocess(self, data: BatchResult) -> list[Any]:
-        # Per-item status codes: one bad request in a batch gets its 4xx, the rest are served.
+        answers = self.service.encode(data)
+        # Per-item status codes: one bad request in a batch gets its 4xx, the rest are served
+        # (after encode: an answer may refuse what a request asked of it).
         context = self.context
         for index, error in data.errors.items():
             context.set_response_status(error.status, HTTPStatus(error.status).phrase, index)
-        answers = self.service.encode(data)
         # Encoded here, compact, and said to be JSON: TorchServe writes an object it is handed
         # through json.dumps(indent=2), Python's pure encoder rather than its C one (and more
         # bytes) and sends it with no Content-Type at all.

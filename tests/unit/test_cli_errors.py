@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from hookwatch import __version__
 from hookwatch.tools import cli
@@ -151,7 +152,11 @@ MISTAKES = [
     (("layers", IMAGENET, "--input-shape", "a,b"), "expected positive integers", ""),
     (("layers", IMAGENET, "--model-args", "{nope", "--input-shape", "3"), "JSON object", ""),
     (("layers", IMAGENET, "--depth", "x"), "--depth: expected an integer of 0 or more", ""),
-    (("layers", IMAGENET), "expected --input-shape (e.g. 3,224,224) or --config", ""),
+    (
+        ("layers", IMAGENET),
+        "expected --input-shape (e.g. 3,224,224) or --config",
+        "(stem.0, Conv2d, comes first: --input-shape 3,<height>,<width>)",
+    ),
     (("export-monitoring", "{tmp}/out", "--runbook-base", "a b"), "--runbook-base: expected", ""),
     # missing or unknown arguments
     (("units",), "expected one of --exporter or --prometheus, got none", "units --help"),
@@ -188,6 +193,45 @@ def test_a_mistake_is_one_line_with_what_was_expected(
     assert "expected" in line and ", got " in line, line
     assert next_step in line, line
     assert "[Errno" not in line and "<urlopen" not in line, line
+
+
+def test_a_model_that_opens_with_a_linear_layer_needs_no_input_shape(
+    run: Run, tmp_path: Path
+) -> None:
+    """A tabular model or an MLP says its input in its first layer: ``layers`` and ``init``
+    take one item of its ``in_features`` (said on stderr) where they asked for
+    ``--input-shape``; a first ``Linear`` that is not the first to run is one line saying
+    what was tried."""
+    model = tmp_path / "mlp.py"
+    model.write_text(
+        "from torch import nn\n"
+        "class Tab(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc1, self.act, self.fc2 = nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)\n"
+        "    def forward(self, x):\n"
+        "        return self.fc2(self.act(self.fc1(x)))\n"
+        "class Late(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.head, self.conv = nn.Linear(4, 2), nn.Conv2d(1, 4, 3)\n"
+        "    def forward(self, x):\n"
+        "        return self.head(self.conv(x).mean((2, 3)))\n"
+    )
+    code, out, err = run("layers", f"{model}:Tab")
+    assert code == 0, err
+    assert "fc1" in out and err.strip().splitlines()[-1] == (
+        "input shape [8]: fc1 (Linear) takes 8 features; --input-shape gives another"
+    )
+    config = tmp_path / "model-config.yaml"
+    code, _, err = run("init", f"{model}:Tab", "--out", str(config))
+    assert code == 0, err
+    written = yaml.safe_load(config.read_text())
+    assert written["handler"]["input"]["shape"] == [8]
+    code, _, err = run("layers", f"{model}:Late")
+    assert code == 2
+    line = _one_error_line(err, "layers")
+    assert "got neither (tried [4], head's in_features: dry run: expected the model" in line, line
 
 
 def test_a_command_that_does_not_exist(run: Run) -> None:

@@ -720,15 +720,73 @@ def _dry_run_rows(args: argparse.Namespace) -> tuple[Any, tuple[int, ...], str, 
         return _arguments_dry_run(model, spec)
     given = args.input_shape
     shape = parse_shape(given) if given is not None else spec.shape if spec else None
-    if shape is None:
-        raise ConfigError(
-            "expected --input-shape (e.g. 3,224,224) or --config with input.shape, got neither"
-        )
     # Unsaid, a half-precision or float64 model's own dtype: float32 would fail its first layer.
     dtype = args.input_dtype or (spec.dtype if spec else parameter_dtype(model) or "float32")
     argument = args.argument or (spec.argument if spec else None)
+    if shape is None:
+        return _guessed_dry_run(model, dtype, argument)
     x = _example_batch(shape, dtype, spec)
     return discover_layers(model, x, argument), shape, dtype, argument
+
+
+def _guessed_dry_run(
+    model: Any, dtype: str, argument: str | None
+) -> tuple[Any, tuple[int, ...], str, str | None]:
+    """A dry run without a given shape: where the model's first layer is a ``Linear`` (a
+    tabular model, an MLP), one item of its ``in_features``, said on stderr; else the
+    error says what the first layer takes."""
+    from torch import nn
+
+    from hookwatch.tools.own_model import discover_layers
+
+    needed = "expected --input-shape (e.g. 3,224,224) or --config with input.shape, got neither"
+    modules = model.named_modules() if isinstance(model, nn.Module) else ()
+    first = next(
+        (
+            (name, module)
+            for name, module in modules
+            if next(module.parameters(recurse=False), None) is not None
+        ),
+        None,
+    )
+    if first is None:
+        raise ConfigError(needed)
+    name, module = first
+    if isinstance(module, nn.Linear) and module.in_features > 0:
+        shape = (int(module.in_features),)
+        try:
+            rows = discover_layers(model, _example_batch(shape, dtype, None), argument)
+        except ConfigError as error:
+            raise ConfigError(
+                f"{needed} (tried [{shape[0]}], {name}'s in_features: {error})"
+            ) from None
+        print(
+            f"input shape [{shape[0]}]: {name} (Linear) takes {shape[0]} features; "
+            "--input-shape gives another",
+            file=sys.stderr,
+        )
+        return rows, shape, dtype, argument
+    hint = _shape_hint(module)
+    if hint is None:
+        raise ConfigError(needed)
+    raise ConfigError(
+        f"{needed} ({name}, {type(module).__name__}, comes first: --input-shape {hint})"
+    )
+
+
+def _shape_hint(module: Any) -> str | None:
+    """The ``--input-shape`` a model whose first layer is ``module`` takes, its unknowns
+    named; None where that layer says nothing of it."""
+    from torch import nn
+
+    if isinstance(module, nn.Conv1d | nn.Conv2d | nn.Conv3d):
+        spatial = {1: "<length>", 2: "<height>,<width>", 3: "<depth>,<height>,<width>"}
+        return f"{module.in_channels},{spatial[len(module.kernel_size)]}"
+    if isinstance(module, nn.Embedding | nn.EmbeddingBag):
+        return "<tokens> --input-dtype int64"
+    if isinstance(module, nn.RNNBase):
+        return f"<steps>,{module.input_size}"
+    return None
 
 
 #: The longest input a dry run tries for a length each request chooses.
