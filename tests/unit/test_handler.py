@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import io
 import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -164,6 +166,37 @@ def test_a_csv_body_is_a_row_or_several(handler: tuple[Any, FakeContext]) -> Non
     assert len(out[1]) == 2
     assert out[2]["code"] == 400 and out[2]["got"] == "'x' in line 1", out[2]
     assert out[2]["expected"] == "CSV rows of numbers (or a JSON body)"
+
+
+def npy(array: Any) -> bytes:
+    out = io.BytesIO()
+    np.save(out, array)
+    return out.getvalue()
+
+
+def test_an_npy_body_is_an_item_or_several(handler: tuple[Any, FakeContext]) -> None:
+    """``numpy.save``'s bytes as the body (SageMaker's ``application/x-npy`` clients send an
+    array so): the input's shape is the item, one dimension more the request's items, checked
+    as JSON values are; it was a 400 "not JSON". Pickled objects are never loaded."""
+    instance, context = handler
+    alone = handled(instance, [{"body": {"data": digit(i)}} for i in range(3)], context)
+    items = np.array([digit(1), digit(2)], dtype=np.float32)
+    bodies = [
+        npy(np.array(digit(0), dtype=np.float64)),
+        npy(items),
+        npy(items[:1]),
+        npy(np.array(digit(0)) * 10),
+        npy(np.array([{"a": 1}], dtype=object)),
+        npy(np.zeros((3, 3))),
+    ]
+    out = handled(instance, [{"body": body} for body in bodies], context)
+    assert out[0] == alone[0]
+    assert [a["class"] for a in out[1]] == [alone[1]["class"], alone[2]["class"]]
+    assert out[2] == alone[1]  # a batch of one is the item, answered as one
+    assert context.statuses == {i: (400, "Bad Request") for i in (3, 4, 5)}
+    assert "values in [0, 16]" in out[3]["expected"]
+    assert out[4]["got"].startswith("one that does not load (Object arrays cannot be loaded")
+    assert out[5]["got"] == "shape [3, 3]"
 
 
 def test_a_batch_of_only_bad_items_runs_no_forward(handler: tuple[Any, FakeContext]) -> None:
