@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import sys
 import warnings
 import zipfile
@@ -24,6 +25,8 @@ import torch
 from torch import nn
 
 from hookwatch._errors import ConfigError, error_line
+
+log = logging.getLogger("hookwatch")
 
 __all__ = [
     "MODEL_SPEC_FILE",
@@ -64,6 +67,9 @@ class ModelSpec:
     #: the argument -> the file's name, archived as ``<argument>/<name>`` in the model
     #: directory and passed as that path when built (its name kept: loaders read suffixes).
     files: Mapping[str, str] = field(default_factory=dict)
+    #: The distribution that installed ``module`` where it was archived, ``name==version``: a
+    #: worker whose environment has another version says so as it loads the model.
+    distribution: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -82,6 +88,7 @@ class ModelSpec:
                 "directories": list(self.directories),
                 **({"module": self.module} if self.module else {}),
                 **({"files": dict(self.files)} if self.files else {}),
+                **({"distribution": self.distribution} if self.distribution else {}),
             },
             indent=2,
         )
@@ -103,6 +110,7 @@ class ModelSpec:
             directories=tuple(str(d) for d in raw.get("directories") or ()),
             module=str(raw["module"]) if raw.get("module") else None,
             files={str(k): str(v) for k, v in (raw.get("files") or {}).items()},
+            distribution=str(raw["distribution"]) if raw.get("distribution") else None,
         )
 
 
@@ -313,6 +321,46 @@ def _import_module(name: str) -> Any:
         ) from error
 
 
+def installed_distribution(module: str) -> tuple[str, str] | None:
+    """``(name, version)`` of the distribution that installed ``module``'s top package; None
+    where none is recorded (a module beside the code, not pip-installed)."""
+    from importlib import metadata
+
+    top = module.split(".")[0]
+    for name in metadata.packages_distributions().get(top, []):
+        try:
+            return name, metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _check_distribution(spec: ModelSpec) -> None:
+    """A warning where the serving environment's version of the model's installed package
+    is not the one it was archived with: its code may no longer match the weights or the
+    drift profile (a changed layer, a changed preprocessing) without any error."""
+    if not spec.distribution or not spec.module:
+        return
+    name, _, archived = spec.distribution.partition("==")
+    from importlib import metadata
+
+    try:
+        here: str | None = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        here = None
+    if here != archived:
+        log.warning(
+            "hookwatch: model module %s was archived with %s %s; this environment has %s "
+            "(install %s==%s where it is served, or archive it again here)",
+            spec.module,
+            name,
+            archived,
+            f"{name} {here}" if here else f"no {name} installed",
+            name,
+            archived,
+        )
+
+
 def _forget_other_package(root: Path) -> None:
     """Drop from ``sys.modules`` a package of ``root``'s name imported from elsewhere (another
     model's of the same name, earlier in this process), so this one is imported."""
@@ -453,7 +501,11 @@ def build_model(spec: ModelSpec, directory: Path, device: torch.device | None = 
         return ScriptedModel(scripted).eval()
     if spec.kind == "exported":
         return _load_exported(directory / spec.file, device)
-    module = _import_module(spec.module) if spec.module else _import_file(directory / spec.file)
+    if spec.module:
+        module = _import_module(spec.module)
+        _check_distribution(spec)
+    else:
+        module = _import_file(directory / spec.file)
     target = getattr(module, spec.name, None)
     if target is None:
         found = sorted(

@@ -486,15 +486,17 @@ def test_a_model_file_that_fails_on_import_is_one_line_naming_where(
 
 @pytest.mark.usefixtures("forget_modules")
 def test_a_model_named_by_module_path_is_imported_by_name_where_installed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """``acme_models.tabular:Net`` (uvicorn's form) of a package installed in site-packages,
-    as the serving image installs it: the archive records the module, carries none of its
-    files, and a worker imports it by name. The same form for a module under the working
-    directory is archived as its file is."""
+    as the serving image installs it: the archive records the module and its distribution's
+    version, carries none of its files, and a worker imports it by name (warning where its
+    version differs). The same form for a module under the working directory is archived as
+    its file is."""
     import sys
     import zipfile
 
+    from hookwatch._model import ModelSpec, build_model
     from hookwatch.tools.own_model import ModelRef, archive_model
 
     site = tmp_path / "venv" / "lib" / "site-packages"
@@ -506,6 +508,10 @@ def test_a_model_named_by_module_path_is_imported_by_name_where_installed(
         "    def __init__(self):\n"
         "        super().__init__(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))\n"
     )
+    info = site / "acme_models-0.3.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-models\nVersion: 0.3.1\n")
+    (info / "top_level.txt").write_text("acme_models\n")
     monkeypatch.setattr(sys, "path", [str(site), *sys.path])
     work = tmp_path / "work"
     work.mkdir()
@@ -525,7 +531,11 @@ def test_a_model_named_by_module_path_is_imported_by_name_where_installed(
     mar = archive_model(
         ref, "acme", config, reference, tmp_path / "store", tmp_path / "build", say=said.append
     )
-    assert any("model module acme_models.tabular: a worker imports it by name" in s for s in said)
+    assert any(
+        "model module acme_models.tabular: a worker imports it by name from its own environment "
+        "(install acme-models 0.3.1 in the serving image)" in s
+        for s in said
+    ), said
     with zipfile.ZipFile(mar) as archived:
         assert not [n for n in archived.namelist() if n.endswith(".py") and "acme" in n]
     for name in ("acme_models", "acme_models.tabular"):
@@ -537,12 +547,20 @@ def test_a_model_named_by_module_path_is_imported_by_name_where_installed(
     assert sys.modules["acme_models.tabular"].__file__ == str(site / "acme_models" / "tabular.py")
     spec = json.loads((model_dir / "hookwatch-model.json").read_text())
     assert spec["module"] == "acme_models.tabular" and spec["file"] == ""
+    assert spec["distribution"] == "acme-models==0.3.1"
+    assert "archived with" not in caplog.text
+    # Another version where it is served: loaded, with a warning saying both versions.
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-models\nVersion: 0.4.0\n")
+    with caplog.at_level("WARNING", logger="hookwatch"):
+        build_model(ModelSpec.load(model_dir / "hookwatch-model.json"), model_dir)
+    assert (
+        "model module acme_models.tabular was archived with acme-models 0.3.1; this environment "
+        "has acme-models 0.4.0 (install acme-models==0.3.1 where it is served" in caplog.text
+    )
     # Not installed where the worker runs: one line, naming what to install.
     sys.path.remove(str(site))
     for name in ("acme_models", "acme_models.tabular"):
         sys.modules.pop(name, None)
-    from hookwatch._model import ModelSpec, build_model
-
     with pytest.raises(ConfigError, match=r"No module named 'acme_models' \(install its package"):
         build_model(ModelSpec.load(model_dir / "hookwatch-model.json"), model_dir)
 

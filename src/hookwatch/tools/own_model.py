@@ -60,6 +60,7 @@ from hookwatch._model import (
     MODEL_SPEC_FILE,
     ModelSpec,
     build_model,
+    installed_distribution,
     module_name,
     package_root,
     serialized_kind,
@@ -218,15 +219,8 @@ def _installed(path: Path) -> bool:
 def _distribution(module: str) -> str:
     """``name version`` of the distribution that installs ``module``'s top package, or the
     top package's name where none is recorded."""
-    from importlib import metadata
-
-    top = module.split(".")[0]
-    for dist in metadata.packages_distributions().get(top, []):
-        try:
-            return f"{dist} {metadata.version(dist)}"
-        except metadata.PackageNotFoundError:
-            continue
-    return top
+    found = installed_distribution(module)
+    return " ".join(found) if found else module.split(".")[0]
 
 
 def _module_file(module: str) -> Path:
@@ -1860,8 +1854,17 @@ def archive_model(
                 )
             )
         kept = {k: v for k, v in spec.args.items() if k not in directories and k not in named_files}
+        found = installed_distribution(ref.module) if ref.module else None
         archived = ModelSpec(
-            spec.kind, inside, spec.name, kept, None, directories, ref.module or None, named_files
+            spec.kind,
+            inside,
+            spec.name,
+            kept,
+            None,
+            directories,
+            ref.module or None,
+            named_files,
+            "==".join(found) if found else None,
         )
         if (directories or named_files) and _rebuilds_same_weights(
             model, archived, build, staged, extra_files
