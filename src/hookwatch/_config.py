@@ -1033,7 +1033,7 @@ class InputSpec:
     #: What padding holds, in the model's units (after normalisation).
     pad_value: float = 0.0
     #: Most items one request may send as a list of them (``{"instances": [[...], [...]]}``),
-    #: each answered in order; 1: one item a request. A fixed shape only.
+    #: each answered in order; 1: one item a request. Not with a preprocess function.
     max_items: int = 64
 
     @property

@@ -217,15 +217,55 @@ def _parse_json(body: Any, expected: str, limit: int = MAX_BODY_BYTES) -> Any:
 @dataclass(frozen=True)
 class Items:
     """A request's several items of the input's shape (``{"instances": [[...], [...]]}``),
-    ``[k, *shape]``: answered as a list, an answer an item, in order."""
+    ``[k, *shape]`` (for a length each item chooses, a tensor each, padded with the batch):
+    answered as a list, an answer an item, in order."""
 
-    rows: torch.Tensor
+    rows: torch.Tensor | tuple[torch.Tensor, ...]
     #: Sent as KServe's and TF Serving's clients send a batch (``{"instances": [...]}``):
     #: answered as their protocol answers, ``{"predictions": [...]}``, for one item too.
     wrapped: bool = False
 
     def __len__(self) -> int:
-        return int(self.rows.shape[0])
+        rows = self.rows
+        return len(rows) if isinstance(rows, tuple) else int(rows.shape[0])
+
+    def each(self) -> Sequence[torch.Tensor]:
+        """The items one by one."""
+        rows = self.rows
+        return rows if isinstance(rows, tuple) else rows.unbind(0)
+
+
+def _stacked_rows(items: Items) -> torch.Tensor:
+    """A request's items as one tensor ``[k, *shape]`` (they are of one shape)."""
+    rows = items.rows
+    return rows if isinstance(rows, torch.Tensor) else torch.stack(rows)
+
+
+def _one_length(shapes: Sequence[torch.Size], what: str) -> None:
+    """A 400 for a request's several items of different lengths where the model is served
+    one request a batch (nothing of it is ever padded)."""
+    if len(set(shapes)) > 1:
+        raise BadInputError(
+            f"{what} of one length a request (the model is served one request a batch, "
+            "batchSize: 1: nothing it takes is padded)",
+            f"shapes {sorted({str(list(shape)) for shape in shapes})}",
+            reason="wrong_shape",
+        )
+
+
+def _each_of_length(values: list[Any], spec: InputSpec, wrapped: bool) -> Items:
+    """A request's items of a length each chooses (``[[1, 2, 3], [4, 5]]``), each decoded and
+    checked as a lone item is; an error names the item."""
+    _count_items(len(values), spec)
+    rows = []
+    for index, value in enumerate(values):
+        try:
+            rows.append(decode_values(value, spec))
+        except BadInputError as error:
+            raise BadInputError(
+                error.expected, f"{error.got} in item {index}", error.status, error.reason
+            ) from None
+    return Items(tuple(rows), wrapped)
 
 
 def decode_payload(
@@ -282,7 +322,11 @@ def decode_payload(
             ]
             return Items(torch.stack(images), True) if wrapped else images[0]
     depth = _depth(values, len(shape))
-    if several and depth > len(shape):
+    if several and depth > len(shape) and spec.length_dim is not None:
+        # A list of items, each of its own length: each decoded alone, padded with the batch.
+        if type(values) is list and (len(values) > 1 or wrapped):
+            return _each_of_length(values, spec, wrapped)
+    elif several and depth > len(shape):
         # A list of items, each of the input's shape: decoded and checked as one array.
         outer = _shape_of(values, len(shape) + 1, spec.dtype == "bool")
         if outer is not None and outer[1:] == shape and (outer[0] > 1 or wrapped):
@@ -330,9 +374,12 @@ def _npy_items(body: bytes, spec: InputSpec, several: bool) -> torch.Tensor | It
         )
     values = array.tolist()
     shape = spec.shape or ()
-    if several and array.ndim == len(shape) + 1 and array.shape[1:] == shape and len(array) > 1:
-        _count_items(int(array.shape[0]), spec)
-        return Items(decode_values(values, replace(spec, shape=tuple(array.shape))))
+    if several and array.ndim == len(shape) + 1 and len(array) > 1:
+        if spec.length_dim is not None:
+            return _each_of_length(values, spec, False)
+        if array.shape[1:] == shape:
+            _count_items(int(array.shape[0]), spec)
+            return Items(decode_values(values, replace(spec, shape=tuple(array.shape))))
     return decode_values(values, spec, array.ndim)
 
 
@@ -432,6 +479,8 @@ def _csv_items(
     item, several a request's :class:`Items` (where the pipeline takes several)."""
     if len(rows) == 1:
         return decode_values(rows[0], spec)
+    if several and spec.length_dim is not None and len(spec.shape or ()) == 1:
+        return _each_of_length(list(rows), spec, False)  # a line a sequence, of its length
     if not several or spec.length_dim is not None:
         raise BadInputError(
             f"one item of shape {spec.shape_text} a request (TorchServe batches requests)",
@@ -678,12 +727,13 @@ class InputPipeline:
             load_preprocess(spec.preprocess, model_dir) if spec.preprocess is not None else None
         )
         self._dtype = _DTYPES[spec.dtype]
-        #: A request may send a list of several items (a fixed shape only: items of a
-        #: variable length would each need their own padding; a preprocess function takes
-        #: the payload whole).
-        self.takes_several = (
-            spec.max_items > 1 and spec.length_dim is None and spec.preprocess is None
-        )
+        #: A request may send a list of several items (not to a preprocess function: it
+        #: takes the payload whole).
+        self.takes_several = spec.max_items > 1 and spec.preprocess is None
+        #: A request's items of a length each chooses may differ in length (padded together).
+        #: False where the model is served one request a batch: its padding was never
+        #: checked (``archive`` profiles such a model unpadded), so they must be of one length.
+        self.mixed_lengths = True
         #: Set when :meth:`decode` gave :class:`Items` since the service last looked (one
         #: attribute read a batch, where a scan of its items would cost every batch).
         self.several_seen = False
@@ -709,6 +759,8 @@ class InputPipeline:
             item = decode_payload(body, self.spec, self._limit, self.takes_several)
             if type(item) is Items:
                 self.several_seen = True
+                if not self.mixed_lengths and type(item.rows) is tuple:
+                    _one_length([row.shape for row in item.rows], "items")
             return item
         payload = _parse_json(
             body, "a payload the model's preprocess function accepts", self._limit
@@ -753,14 +805,15 @@ class InputPipeline:
             return Items(torch.stack(images), True)
         if not self.takes_several:
             if len(rows) != 1:
-                why = "its length varies" if spec.length_dim is not None else "preprocess"
                 raise BadInputError(
-                    f"one item of shape {spec.shape_text} a request ({why}: TorchServe "
-                    "batches requests)",
+                    f"one item of shape {spec.shape_text} a request (input.max_items is 1)",
                     f"{len(rows)} items",
                     reason="wrong_shape",
                 )
             return decode_values(rows[0], spec)
+        if spec.length_dim is not None:
+            self.several_seen = True
+            return _each_of_length(rows, spec, True)
         _count_items(len(rows), spec)
         shape = (len(rows), *(spec.shape or ()))
         try:
@@ -781,7 +834,14 @@ class InputPipeline:
         a variable length padded to the longest (:class:`Padded`)."""
         at = self.spec.length_dim
         if at is not None:
-            return self._padded(items, at)  # type: ignore[arg-type]  # no Items: fixed shapes only
+            if not isinstance(items, torch.Tensor) and any(type(i) is Items for i in items):
+                # A request's several items: each its own row of the padded batch.
+                items = [
+                    row
+                    for item in items
+                    for row in (item.each() if isinstance(item, Items) else (item,))
+                ]
+            return self._padded(items, at)  # type: ignore[arg-type]
         return self.stacked(items)
 
     def stacked(self, items: Sequence[torch.Tensor | Items] | torch.Tensor) -> torch.Tensor:
@@ -791,7 +851,10 @@ class InputPipeline:
             x = items
         elif any(isinstance(item, Items) for item in items):
             x = torch.cat(
-                [item.rows if isinstance(item, Items) else item.unsqueeze(0) for item in items]
+                [
+                    _stacked_rows(item) if isinstance(item, Items) else item.unsqueeze(0)
+                    for item in items
+                ]
             )
         else:
             x = torch.stack(list(items))  # type: ignore[arg-type]
@@ -879,6 +942,8 @@ class ArgumentsPipeline:
         #: Set when :meth:`decode` gave :class:`InstanceArguments` since the service last
         #: looked (as :attr:`InputPipeline.several_seen`).
         self.several_seen = False
+        #: As :attr:`InputPipeline.mixed_lengths`, for the objects under ``instances``.
+        self.mixed_lengths = True
         #: The argument of a variable length (padded), and where it is declared; None: none.
         self._variable = next(
             (i for i, part in enumerate(spec.arguments) if part.length_dim is not None), None
@@ -892,7 +957,11 @@ class ArgumentsPipeline:
         if type(payload) is list:
             # Sent as KServe's and TF Serving's clients send it: answered as they read it.
             self.several_seen = True
-            return InstanceArguments(tuple(self._item(row) for row in payload))
+            several = InstanceArguments(tuple(self._item(row) for row in payload))
+            if self._variable is not None and not self.mixed_lengths:
+                name = self.spec.arguments[self._variable].field
+                _one_length([row[name].shape for row in several.rows], f"{name}s")
+            return several
         return self._item(payload)
 
     def _item(self, payload: Any) -> dict[str, torch.Tensor]:
@@ -1215,7 +1284,7 @@ class ModelService:
         #: A per-step output may be cut at each sample's own steps: padded or text batches.
         self._stepped = self._padded or isinstance(self.pipeline, TextPipeline)
         #: Requests may come as the Open Inference Protocol's tensors: not to a preprocess
-        #: function (it reads its own payloads), nor as raw float32 bytes.
+        #: function (it reads its own payloads).
         self._oip = not (isinstance(self.pipeline, InputPipeline) and spec.preprocess is not None)
 
     @classmethod
@@ -1228,11 +1297,14 @@ class ModelService:
         device: torch.device | None = None,
         monitored: bool = True,
         model_dir: str | None = None,
+        batch_size: int | None = None,
     ) -> ModelService:
         """Serve ``model`` as a model-config's ``handler:`` section says.
 
         ``monitored=False`` serves the same requests with nothing attached. The drift profile
-        is looked up in ``model_dir`` (where TorchServe extracts the .mar).
+        is looked up in ``model_dir`` (where TorchServe extracts the .mar). ``batch_size``:
+        the server's (TorchServe's ``batchSize``); 1 keeps a request's several items of a
+        variable length to one length (nothing is padded).
         """
         config = handler.monitoring
         monitor = None
@@ -1241,7 +1313,7 @@ class ModelService:
             config = plan.config
             drift, faulted = serving_tracker(config, model_dir, model_name)
             monitor = Monitor(model, plan, metrics=metrics, drift=drift, load_faults=int(faulted))
-        return cls(
+        service = cls(
             model,
             handler.input,
             monitor,
@@ -1251,6 +1323,9 @@ class ModelService:
             model_dir,
             model_name,
         )
+        if batch_size == 1 and isinstance(service.pipeline, InputPipeline | ArgumentsPipeline):
+            service.pipeline.mixed_lengths = False
+        return service
 
     def decode(self, bodies: Sequence[Any]) -> DecodedBatch:
         received = time.perf_counter()

@@ -15,6 +15,7 @@ Nothing else in hookwatch imports TorchServe: replacing it means another adapter
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any, ClassVar
@@ -51,6 +52,18 @@ def _body(row: dict[str, Any]) -> Any:
     return NoPayload(row)
 
 
+def _batch_size(raw: Mapping[str, Any], context: Any) -> int:
+    """TorchServe's batch size for the model: the model-config's ``batchSize``, else what the
+    registration gave (1 by default)."""
+    size = raw.get("batchSize")
+    if size is None:
+        size = (context.system_properties or {}).get("batch_size", 1)
+    try:
+        return int(size)
+    except (TypeError, ValueError):
+        return 1
+
+
 class HookwatchHandler(BaseHandler):  # type: ignore[misc]
     """A monitored model: the ``handler:`` section of its model-config decides the rest."""
 
@@ -60,7 +73,8 @@ class HookwatchHandler(BaseHandler):  # type: ignore[misc]
     handler_config: HandlerConfig
 
     def initialize(self, context: Any) -> None:
-        self.handler_config = read_model_config(context.model_yaml_config or {}).handler
+        model_config = read_model_config(context.model_yaml_config or {})
+        self.handler_config = model_config.handler
         torch.set_num_threads(self.handler_config.torch_threads)
         model_dir = (context.system_properties or {}).get("model_dir")
         spec_file = Path(model_dir) / MODEL_SPEC_FILE if model_dir else None
@@ -77,6 +91,7 @@ class HookwatchHandler(BaseHandler):  # type: ignore[misc]
             device=self.device,
             monitored=self.monitored,
             model_dir=model_dir,
+            batch_size=_batch_size(model_config.raw, context),
         )
 
     def _initialize_from_spec(self, context: Any, spec: ModelSpec) -> None:

@@ -166,6 +166,74 @@ def test_requests_of_any_length_up_to_the_longest_are_answered_as_if_alone() -> 
     assert too_long["got"] == "shape [21, 3]" and narrow["got"] == "shape [1, 2]"
 
 
+def test_a_request_of_several_series_is_each_padded_with_the_batch(metrics: MetricSet) -> None:
+    """``{"instances": [s1, s2]}`` of series of different lengths (and the Open Inference
+    Protocol's rows, of one length; an ``.npy`` array ``[N, T, F]``) was a 400 "one item a
+    request": each is now an item of its own length, padded with the batch and answered as it
+    is alone, a per-step answer cut at its own steps; each is a sample of the hooks."""
+    import io
+
+    handler = _handler(lengths="lengths")
+    model = Packed().eval()
+    rng = np.random.default_rng(3)
+    pipeline = InputPipeline(handler.input)
+    reference = [
+        pipeline.batch([torch.tensor(s, dtype=torch.float32) for s in _series(rng, 32)])
+        for _ in range(4)
+    ]
+    profile = build_profile(model, handler.monitoring, reference, "packed")
+    service, monitor = monitored(model, handler, profile, "packed", metrics)
+    series = _series(rng, 4)
+    alone = [service.handle([{"data": s}])[0] for s in series]
+    same = rng.standard_normal((2, 6, 3)).round(4)
+    alone_same = [service.handle([{"data": s.tolist()}])[0] for s in same]
+    npy = io.BytesIO()
+    np.save(npy, same.astype(np.float32))
+    v2 = {
+        "inputs": [
+            {"name": "x", "shape": [2, 6, 3], "datatype": "FP32", "data": same.ravel().tolist()}
+        ]
+    }
+    too_long = {"instances": [series[0], [[0.0] * 3] * 21]}
+    out = service.handle(
+        [
+            {"data": series[0]},
+            {"instances": series[1:]},
+            {"data": series[2:]},
+            npy.getvalue(),
+            v2,
+            too_long,
+        ]
+    )
+    monitor.flush()
+    monitor.close()
+
+    def close(got: dict[str, object], want: dict[str, object]) -> None:
+        assert got["class"] == want["class"]
+        assert got["probabilities"] == pytest.approx(want["probabilities"], abs=1e-5)
+
+    close(out[0], alone[0])
+    assert list(out[1]) == ["predictions"] and len(out[1]["predictions"]) == 3
+    for got, want in zip(out[1]["predictions"], alone[1:], strict=True):
+        close(got, want)
+    for got, want in zip(out[2], alone[2:], strict=True):
+        close(got, want)
+    for got, want in zip(out[3], alone_same, strict=True):
+        close(got, want)
+    assert out[4]["outputs"][0]["data"] == [a["class"] for a in alone_same]
+    assert out[5]["code"] == 400 and out[5]["got"] == "shape [21, 3] in item 1", out[5]
+    # Each item a sample: 1 + 3 + 2 + 2 + 2 in the batch, after 4 + 2 alone.
+    assert value(metrics, "hookwatch_captures_total", model="packed", layer="act") == 16
+    # Served one request a batch (batchSize: 1), the model's padding was never checked: a
+    # request's items must then be of one length, as nothing is padded.
+    alone_served = ModelService.from_handler_config(
+        model, handler, "packed", monitored=False, batch_size=1
+    )
+    mixed, even = alone_served.handle([{"instances": series[:2]}, {"instances": same.tolist()}])
+    assert mixed["code"] == 400 and mixed["expected"].startswith("items of one length a request")
+    assert [a["class"] for a in even["predictions"]] == [a["class"] for a in alone_same]
+
+
 def test_padding_holds_pad_value_after_normalisation_and_the_mask_marks_steps() -> None:
     spec = InputSpec.from_mapping(
         {"shape": [None, 2], "max_length": 5, "mean": [1.0], "pad_value": -9, "mask": "m"}
