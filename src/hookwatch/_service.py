@@ -436,13 +436,27 @@ def _aliased(body: Mapping[str, Any]) -> Any:
 
 def _csv_like(body: Any) -> bool:
     """A body that may be CSV (``text/csv``, as batch-scoring clients send a table's rows):
-    text that opens with a number (JSON's objects and arrays open with a bracket)."""
+    text that opens with a number (JSON's objects and arrays open with a bracket), or with a
+    line of column names before a line that does."""
     if not isinstance(body, str | bytes | bytearray):
         return False
     head = body[:64].lstrip()
     if isinstance(head, bytes | bytearray):
         head = bytes(head).decode("latin-1")
-    return bool(head) and (head[0].isdigit() or head[0] in "-+.")
+    if head[:1].isdigit() or head[:1] in ("-", "+", "."):
+        return True
+    if not head or head[0] in ("{", "["):
+        return False  # JSON (or nothing): the common case stops here
+    # A header line first (column names): CSV where a line of numbers follows it.
+    text = body[:4096]
+    if isinstance(text, bytes | bytearray):
+        text = bytes(text).decode("latin-1")
+    lines = text.lstrip().split("\n", 2)
+    return (
+        len(lines) > 1
+        and "," in lines[0]
+        and (lines[1].lstrip()[:1].isdigit() or lines[1].lstrip()[:1] in ("-", "+", "."))
+    )
 
 
 def _csv_values(body: str | bytes | bytearray) -> list[list[int | float]] | None:
@@ -455,7 +469,12 @@ def _csv_values(body: str | bytes | bytearray) -> list[list[int | float]] | None
     if text.lstrip()[:1] in ("[", "{") or not text.strip():
         return None  # a JSON array or object after all (a number may open it: [1, ...])
     rows: list[list[int | float]] = []
-    for number, line in enumerate(text.splitlines(), 1):
+    lines = text.splitlines()
+    first = next((i for i, line in enumerate(lines) if line.strip()), None)
+    if first is not None and not any(_is_number(c) for c in lines[first].split(",")):
+        # The column names: the rows follow, in the shape's order as they are.
+        lines[first] = ""
+    for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         row = []
@@ -491,6 +510,14 @@ def _csv_items(
     shape = spec.shape or ()
     flat = decode_values(rows, replace(spec, shape=(len(rows), spec.numel)))
     return Items(flat.reshape(len(rows), *shape))
+
+
+def _is_number(field: str) -> bool:
+    try:
+        _number(field)
+    except ValueError:
+        return False
+    return True
 
 
 def _number(field: str) -> int | float:

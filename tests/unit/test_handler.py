@@ -166,6 +166,10 @@ def test_a_csv_body_is_a_row_or_several(handler: tuple[Any, FakeContext]) -> Non
     assert len(out[1]) == 2
     assert out[2]["code"] == 400 and out[2]["got"] == "'x' in line 1", out[2]
     assert out[2]["expected"] == "CSV rows of numbers (or a JSON body)"
+    # A line of column names first (pandas' to_csv, a spreadsheet's export) is skipped.
+    names = ",".join(f"p{i}" for i in range(64))
+    with_header = handled(instance, [{"body": f"{names}\r\n{line}\r\n{line}\r\n"}], context)
+    assert [a["class"] for a in with_header[0]] == [alone["class"]] * 2
 
 
 def npy(array: Any) -> bytes:
