@@ -321,6 +321,17 @@ def _import_module(name: str) -> Any:
         ) from error
 
 
+def attribute(module: Any, dotted: str) -> Any:
+    """``module``'s attribute ``dotted`` (``Net``, or a path through classes as entry points
+    name one: ``AutoModel.from_pretrained``); None where a part is missing."""
+    target = module
+    for part in dotted.split("."):
+        target = getattr(target, part, None)
+        if target is None:
+            return None
+    return target
+
+
 def installed_distribution(module: str) -> tuple[str, str] | None:
     """``(name, version)`` of the distribution that installed ``module``'s top package; None
     where none is recorded (a module beside the code, not pip-installed)."""
@@ -506,7 +517,7 @@ def build_model(spec: ModelSpec, directory: Path, device: torch.device | None = 
         _check_distribution(spec)
     else:
         module = _import_file(directory / spec.file)
-    target = getattr(module, spec.name, None)
+    target = attribute(module, spec.name)
     if target is None:
         found = sorted(
             n

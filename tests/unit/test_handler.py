@@ -569,6 +569,53 @@ def test_a_model_named_by_module_path_is_imported_by_name_where_installed(
         build_model(ModelSpec.load(model_dir / "hookwatch-model.json"), model_dir)
 
 
+def test_a_name_through_a_class_is_called_as_entry_points_name_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``zoo.py:Net.small`` and ``zoo:Net.small`` (a classmethod, as HuggingFace's
+    ``transformers:AutoModel.from_pretrained`` builds a model) were refused as "expected
+    path/file.py:Name": the name may go through classes, and is called as a factory."""
+    import sys
+    import zipfile
+
+    from hookwatch.tools.own_model import ModelRef, archive_model, load_user_model
+
+    (tmp_path / "zoo.py").write_text(
+        "import torch\nfrom torch import nn\n\n"
+        "class Net(nn.Sequential):\n"
+        "    @classmethod\n"
+        "    def small(cls, width=6):\n"
+        "        torch.manual_seed(0)\n"
+        "        return cls(nn.Linear(width, 4), nn.ReLU(), nn.Linear(4, 2))\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for text in ("zoo.py:Net.small", "zoo:Net.small"):
+        ref = ModelRef.parse(text)
+        assert ref.name == "Net.small" and ref.path.name == "zoo.py", text
+        model, spec = load_user_model(ref, {"width": 6})
+        assert spec.kind == "factory" and isinstance(model, torch.nn.Sequential)
+    with pytest.raises(ConfigError, match=r"expected 'Net\.large' in .*zoo\.py, got no such name"):
+        load_user_model(ModelRef.parse("zoo.py:Net.large"))
+    config, reference = _config_and_reference(tmp_path, 6, "1")
+    mar = archive_model(
+        ModelRef.parse("zoo.py:Net.small"),
+        "zoo",
+        config,
+        reference,
+        tmp_path / "store",
+        tmp_path / "build",
+        args={"width": 6},
+        say=lambda _: None,
+    )
+    with zipfile.ZipFile(mar) as archived:
+        assert json.loads(archived.read("hookwatch-model.json"))["name"] == "Net.small"
+    sys.modules.pop("zoo", None)
+    with archived_handler(mar, tmp_path / "extracted") as (handler, context):
+        out = handled(handler, [{"body": {"data": [0.5] * 6}}], context)
+    assert set(out[0]) == {"class", "probabilities"}
+
+
 def test_a_file_a_model_argument_names_travels_in_the_archive(tmp_path: Path) -> None:
     """``--model-args '{"labels_file": "classes.json"}'``: the worker was given the build
     machine's path, which a container does not have. The file is archived, its name kept,

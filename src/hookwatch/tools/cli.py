@@ -1331,8 +1331,10 @@ def build_parser() -> argparse.ArgumentParser:
     def model_options(cmd: argparse.ArgumentParser) -> None:
         cmd.add_argument(
             "model",
-            help="path/file.py:Name (an nn.Module class or factory), module.path:Name (an "
-            "installed or local module's), a TorchScript file or a torch.export program (.pt2)",
+            help="path/file.py:Name (an nn.Module class or factory; Name may go through a "
+            "class: Net.small), module.path:Name (an installed or local module's: "
+            "transformers:AutoModel.from_pretrained), a TorchScript file or a torch.export "
+            "program (.pt2)",
         )
         cmd.add_argument(
             "--model-args", default="{}", help="JSON object of constructor/factory arguments"

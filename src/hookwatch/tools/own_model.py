@@ -59,6 +59,7 @@ from hookwatch._hooks import (
 from hookwatch._model import (
     MODEL_SPEC_FILE,
     ModelSpec,
+    attribute,
     build_model,
     installed_distribution,
     module_name,
@@ -150,14 +151,16 @@ class ModelRef:
     @classmethod
     def parse(cls, text: str) -> ModelRef:
         file, sep, name = text.rpartition(":")
-        if sep and file.endswith(".py") and name.isidentifier():
+        # The name may go through classes, as entry points name one (AutoModel.from_pretrained).
+        named = bool(name) and all(part.isidentifier() for part in name.split("."))
+        if sep and file.endswith(".py") and named:
             path = Path(file)
             if _installed(path) and package_root(path) is not None:
                 # A file of an installed package: its module, as module.path:Name names it
                 # (a worker imports it from its own environment; none of it is archived).
                 return cls(path, name, module_name(path))
             return cls(path, name)
-        if sep and name.isidentifier() and all(p.isidentifier() for p in file.split(".")):
+        if sep and named and all(p.isidentifier() for p in file.split(".")):
             # module.path:Name, as uvicorn and entry points name one: an installed package's
             # (the serving image's own: imported by name there too) or one under the working
             # directory (archived as a file of its package is).
@@ -261,7 +264,7 @@ def load_user_model(
     model = build_model(spec, Path("/"))
     if not ref.scripted:
         module = sys.modules.get(ref.module or module_name(ref.path))
-        target = getattr(module, ref.name, None)
+        target = attribute(module, ref.name)
         kind = "class" if isinstance(target, type) else "factory"
         spec = dataclasses.replace(spec, kind=kind)
     return model, spec
