@@ -5,6 +5,7 @@ example per command, help for every option)."""
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import socket
 import urllib.error
@@ -232,6 +233,34 @@ def test_a_model_that_opens_with_a_linear_layer_needs_no_input_shape(
     assert code == 2
     line = _one_error_line(err, "layers")
     assert "got neither (tried [4], head's in_features: dry run: expected the model" in line, line
+
+
+def test_init_names_the_classes_a_model_carries(run: Run, tmp_path: Path) -> None:
+    """A HuggingFace classifier carries its class names (``config.id2label``): ``init``
+    writes them as ``handler.labels``, so answers name the class; the defaults
+    (``LABEL_0``, ...) and names of another count are left out."""
+    model = tmp_path / "named.py"
+    model.write_text(
+        "from types import SimpleNamespace\n"
+        "from torch import nn\n"
+        "class Named(nn.Module):\n"
+        "    def __init__(self, names):\n"
+        "        super().__init__()\n"
+        "        self.fc = nn.Linear(4, 2)\n"
+        "        self.config = SimpleNamespace(id2label=dict(enumerate(names)))\n"
+        "    def forward(self, x):\n"
+        "        return self.fc(x)\n"
+    )
+    for names, want in (
+        (["cat", "dog"], ["cat", "dog"]),
+        (["LABEL_0", "LABEL_1"], None),
+        (["a", "b", "c"], None),
+    ):
+        out = tmp_path / f"{len(names)}-{names[0]}.yaml"
+        args = ("--model-args", json.dumps({"names": names}), "--out", str(out))
+        code, _, err = run("init", f"{model}:Named", *args)
+        assert code == 0, err
+        assert yaml.safe_load(out.read_text())["handler"].get("labels") == want, names
 
 
 def test_a_command_that_does_not_exist(run: Run) -> None:

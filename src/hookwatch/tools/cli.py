@@ -701,18 +701,47 @@ def _model_args(text: str) -> dict[str, Any]:
 
 def _dry_run_rows(args: argparse.Namespace) -> tuple[Any, tuple[int, ...], str, str | None]:
     """The model's layers from a dry run, and the input it was given."""
-    from hookwatch._config import read_model_config
-    from hookwatch.tools.own_model import (
-        ModelRef,
-        discover_layers,
-        load_user_model,
-        parameter_dtype,
-        parse_shape,
-    )
+    rows, shape, dtype, argument, _ = _dry_run(args)
+    return rows, shape, dtype, argument
 
-    ref = ModelRef.parse(args.model)
+
+def _dry_run(
+    args: argparse.Namespace,
+) -> tuple[Any, tuple[int, ...], str, str | None, list[str] | None]:
+    """:func:`_dry_run_rows` and the class names the model carries (a HuggingFace model's
+    ``config.id2label``), if any."""
+    from hookwatch.tools.own_model import ModelRef, load_user_model
+
+    model, _ = load_user_model(
+        ModelRef.parse(args.model), _model_args(args.model_args), args.weights
+    )
+    return (*_model_dry_run(args, model), _class_names(model))
+
+
+def _class_names(model: Any) -> list[str] | None:
+    """The names a model's own config gives its classes (``config.id2label``, HuggingFace's),
+    in class order; None where it gives none but the defaults (``LABEL_0``, ...)."""
+    given = getattr(getattr(model, "config", None), "id2label", None)
+    if not isinstance(given, dict) or not given:
+        return None
+    try:
+        named = {int(k): str(v) for k, v in given.items()}
+    except (TypeError, ValueError):
+        return None
+    names = [named.get(i) for i in range(len(named))]
+    if None in names or all(n == f"LABEL_{i}" for i, n in enumerate(names)):
+        return None
+    return [n for n in names if n is not None]
+
+
+def _model_dry_run(
+    args: argparse.Namespace, model: Any
+) -> tuple[Any, tuple[int, ...], str, str | None]:
+    """:func:`_dry_run_rows` of a model already built."""
+    from hookwatch._config import read_model_config
+    from hookwatch.tools.own_model import discover_layers, parameter_dtype, parse_shape
+
     model_args = _model_args(args.model_args)
-    model, _ = load_user_model(ref, model_args, args.weights)
     spec = read_model_config(args.config).handler.input if args.config else None
     if spec is not None and spec.text is not None:
         return _text_dry_run(model, spec, model_args)
@@ -883,7 +912,7 @@ def _init(args: argparse.Namespace) -> int:
     out: Path = args.out
     if out.exists() and not args.force:
         raise ConfigError(f"expected a new file, got existing {out} (pass --force to replace it)")
-    rows, shape, dtype, argument = _dry_run_rows(args)
+    rows, shape, dtype, argument, names = _dry_run(args)
     from hookwatch._config import read_model_config
 
     config = read_model_config(args.config) if args.config else None
@@ -902,7 +931,9 @@ def _init(args: argparse.Namespace) -> int:
     # A text model (--config with input.text): its text section as declared.
     text = served["handler"]["input"]["text"] if served is not None and dtype == "text" else None
     out.write_text(
-        init_config(rows, shape, dtype, argument, args.model, arguments, variable, served, text)
+        init_config(
+            rows, shape, dtype, argument, args.model, arguments, variable, served, text, names
+        )
     )
     print(f"wrote {out}: review the layers, the input range and normalisation, and the head")
     return 0

@@ -1099,12 +1099,14 @@ def init_config(
     variable: InputSpec | None = None,
     served: Mapping[str, Any] | None = None,
     text: Mapping[str, Any] | None = None,
+    labels: Sequence[str] | None = None,
 ) -> str:
     """A commented model-config.yaml to start from (``arguments``: the ``input.arguments`` of
     a several-tensor model's config, written back as they were declared; ``variable``: a
     config's input of a length each request chooses, its null and keys written back;
     ``served``: TorchServe's keys of that config, kept over :data:`SERVING_KEYS`; ``text``:
-    a text model's ``input.text``, written back as it was declared)."""
+    a text model's ``input.text``, written back as it was declared; ``labels``: the class
+    names the model carries, written as ``handler.labels`` where they name its classes)."""
     served = {k: v for k, v in (served or {}).items() if k in SERVING_KEYS}
     layers = choose_layers(rows)
     head = guess_head(rows)
@@ -1267,6 +1269,7 @@ def init_config(
             "",
             "handler:",
             "  torch_threads: 1",
+            *_labels_lines(labels, head, out),
             "  input:",
             *input_lines,
             "  monitoring:",
@@ -1288,6 +1291,17 @@ def init_config(
             "",
         ]
     )
+
+
+def _labels_lines(labels: Sequence[str] | None, head: str, out: Sequence[int | None]) -> list[str]:
+    """``handler.labels`` from the names the model carries, where they are one per class of
+    a ``[batch, classes]`` logits output."""
+    if not labels or head not in ("logits", "multilabel") or len(out) != 2 or out[1] != len(labels):
+        return []
+    return [
+        "  # the model's own class names (its config's id2label): answers name the class",
+        f"  labels: {json.dumps(list(labels), ensure_ascii=False)}",
+    ]
 
 
 def _argument_lines(arguments: Sequence[InputSpec]) -> list[str]:
