@@ -1295,8 +1295,10 @@ def init_config(
 
 def _labels_lines(labels: Sequence[str] | None, head: str, out: Sequence[int | None]) -> list[str]:
     """``handler.labels`` from the names the model carries, where they are one per class of
-    a ``[batch, classes]`` logits output."""
-    if not labels or head not in ("logits", "multilabel") or len(out) != 2 or out[1] != len(labels):
+    a logits output: ``[batch, classes]``, per position ``[batch, positions, classes]`` (a
+    token classifier's), or a class map ``[batch, classes, H, W]`` (a segmentation net's)."""
+    classes = out[2] if len(out) == 3 else out[1] if len(out) in (2, 4) else None
+    if not labels or head not in ("logits", "multilabel") or classes != len(labels):
         return []
     return [
         "  # the model's own class names (its config's id2label): answers name the class",
