@@ -263,6 +263,48 @@ def test_init_names_the_classes_a_model_carries(run: Run, tmp_path: Path) -> Non
         assert yaml.safe_load(out.read_text())["handler"].get("labels") == want, names
 
 
+def test_init_reads_a_vision_models_input_from_its_config_and_preprocessor(
+    run: Run, tmp_path: Path
+) -> None:
+    """A HuggingFace vision model says its input in its config (``num_channels``,
+    ``image_size``) and its normalisation in the ``preprocessor_config.json`` saved beside it:
+    ``init`` needs no ``--input-shape`` and writes image requests with that mean and std."""
+    model = tmp_path / "vision.py"
+    model.write_text(
+        "from types import SimpleNamespace\n"
+        "from torch import nn\n"
+        "class Vision(nn.Module):\n"
+        "    def __init__(self, directory):\n"
+        "        super().__init__()\n"
+        "        self.embed = nn.Parameter(nn.init.zeros_(nn.Linear(1, 1).weight))\n"
+        "        self.conv = nn.Conv2d(3, 4, 4, stride=4)\n"
+        "        self.head = nn.Linear(4, 2)\n"
+        "        self.config = SimpleNamespace(num_channels=3, image_size=[8, 12])\n"
+        "    def forward(self, x):\n"
+        "        return self.head(self.conv(x).mean((2, 3)))\n"
+    )
+    directory = tmp_path / "saved"
+    directory.mkdir()
+    (directory / "preprocessor_config.json").write_text(
+        json.dumps({"image_mean": [0.5, 0.4, 0.3], "image_std": [0.2, 0.2, 0.2]})
+    )
+    out = tmp_path / "vision.yaml"
+    args = ("--model-args", json.dumps({"directory": str(directory)}), "--out", str(out))
+    code, _, err = run("init", f"{model}:Vision", *args)
+    assert code == 0, err
+    assert "input shape [3, 8, 12]: the model's config (num_channels, image_size)" in err
+    written = yaml.safe_load(out.read_text())["handler"]["input"]
+    assert written == {
+        "shape": [3, 8, 12],
+        "dtype": "float32",
+        "encoding": "image",
+        "mean": [0.5, 0.4, 0.3],
+        "std": [0.2, 0.2, 0.2],
+        "min": 0,
+        "max": 1,
+    }
+
+
 def test_a_command_that_does_not_exist(run: Run) -> None:
     code, _, err = run("serv", "x.mar")
     assert code == 2

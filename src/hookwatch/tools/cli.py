@@ -769,6 +769,16 @@ def _guessed_dry_run(
     from hookwatch.tools.own_model import discover_layers
 
     needed = "expected --input-shape (e.g. 3,224,224) or --config with input.shape, got neither"
+    image = _config_image_shape(model)
+    if image is not None:
+        # A HuggingFace vision model says its input in its config.
+        rows = discover_layers(model, _example_batch(image, dtype, None), argument)
+        print(
+            f"input shape [{', '.join(map(str, image))}]: the model's config (num_channels, "
+            "image_size); --input-shape gives another",
+            file=sys.stderr,
+        )
+        return rows, image, dtype, argument
     modules = model.named_modules() if isinstance(model, nn.Module) else ()
     first = next(
         (
@@ -801,6 +811,25 @@ def _guessed_dry_run(
     raise ConfigError(
         f"{needed} ({name}, {type(module).__name__}, comes first: --input-shape {hint})"
     )
+
+
+def _config_image_shape(model: Any) -> tuple[int, ...] | None:
+    """``(channels, height, width)`` from a vision model's config (HuggingFace's
+    ``num_channels`` and ``image_size``), None where it says neither."""
+    config = getattr(model, "config", None)
+    channels = getattr(config, "num_channels", None)
+    size = getattr(config, "image_size", None)
+    if isinstance(size, int):
+        size = (size, size)
+    if (
+        type(channels) is int
+        and channels > 0
+        and isinstance(size, list | tuple)
+        and len(size) == 2
+        and all(type(d) is int and d > 0 for d in size)
+    ):
+        return (channels, *size)
+    return None
 
 
 def _shape_hint(module: Any) -> str | None:
@@ -928,15 +957,52 @@ def _init(args: argparse.Namespace) -> int:
         )
     out.parent.mkdir(parents=True, exist_ok=True)
     served = config.raw if config is not None else None
+    normalisation = _preprocessor(_model_args(args.model_args)) if spec is None else None
     # A text model (--config with input.text): its text section as declared.
     text = served["handler"]["input"]["text"] if served is not None and dtype == "text" else None
     out.write_text(
         init_config(
-            rows, shape, dtype, argument, args.model, arguments, variable, served, text, names
+            rows,
+            shape,
+            dtype,
+            argument,
+            args.model,
+            arguments,
+            variable,
+            served,
+            text,
+            names,
+            normalisation,
         )
     )
     print(f"wrote {out}: review the layers, the input range and normalisation, and the head")
     return 0
+
+
+def _preprocessor(model_args: dict[str, Any]) -> dict[str, Any] | None:
+    """The image normalisation a HuggingFace model's directory (named in ``--model-args``)
+    saves beside it (``preprocessor_config.json``: ``image_mean``, ``image_std``), with the
+    file it came from; None where there is none."""
+    import json
+
+    for value in model_args.values():
+        found = Path(value) / "preprocessor_config.json" if isinstance(value, str) else None
+        if found is None or not found.is_file():
+            continue
+        try:
+            saved = json.loads(found.read_text())
+        except (OSError, ValueError):
+            return None
+        mean, std = saved.get("image_mean"), saved.get("image_std")
+        numbers = (
+            isinstance(mean, list)
+            and isinstance(std, list)
+            and len(mean) == len(std) > 0
+            and all(isinstance(v, int | float) for v in (*mean, *std))
+        )
+        if numbers and saved.get("do_normalize", True):
+            return {"mean": mean, "std": std, "from": str(found)}
+    return None
 
 
 def _archive(args: argparse.Namespace) -> int:

@@ -1100,13 +1100,16 @@ def init_config(
     served: Mapping[str, Any] | None = None,
     text: Mapping[str, Any] | None = None,
     labels: Sequence[str] | None = None,
+    normalisation: Mapping[str, Any] | None = None,
 ) -> str:
     """A commented model-config.yaml to start from (``arguments``: the ``input.arguments`` of
     a several-tensor model's config, written back as they were declared; ``variable``: a
     config's input of a length each request chooses, its null and keys written back;
     ``served``: TorchServe's keys of that config, kept over :data:`SERVING_KEYS`; ``text``:
     a text model's ``input.text``, written back as it was declared; ``labels``: the class
-    names the model carries, written as ``handler.labels`` where they name its classes)."""
+    names the model carries, written as ``handler.labels`` where they name its classes;
+    ``normalisation``: the ``mean``, ``std`` (and the file they came ``from``) an image model
+    saves beside it, written as the input's, with image requests)."""
     served = {k: v for k, v in (served or {}).items() if k in SERVING_KEYS}
     layers = choose_layers(rows)
     head = guess_head(rows)
@@ -1132,14 +1135,35 @@ def init_config(
             input_lines.append(
                 f"    argument: {_flow_scalar(argument)}   # forward(*, {argument}=...)"
             )
-        if len(shape) == 3 and shape[0] in (1, 3, 4) and dtype in ("float32", "uint8"):
+        channels = shape[0] if len(shape) == 3 else 0
+        preprocessed = (
+            normalisation is not None
+            and len(normalisation["mean"]) == channels
+            and dtype == "float32"
+        )
+        if preprocessed:
+            assert normalisation is not None
+            # The model's own preprocessing, saved beside it: requests are image files.
+            input_lines += [
+                f"    encoding: image   # as {Path(normalisation['from']).name} preprocesses: "
+                "pixels / 255, then",
+                f"    mean: {json.dumps(normalisation['mean'])}",
+                f"    std: {json.dumps(normalisation['std'])}",
+                "    # (resized with its aspect kept and centre-cropped, where the processor may "
+                "stretch)",
+                "    min: 0",
+                "    max: 1",
+            ]
+        elif len(shape) == 3 and shape[0] in (1, 3, 4) and dtype in ("float32", "uint8"):
             # Looks like an image: clients may well have files, not arrays, to send.
             input_lines += [
                 "    # encoding: image  # JPEG/PNG bodies (or base64 in the JSON field): decoded,",
                 "    #                  # resized and centre-cropped to the shape, pixels / 255",
             ]
         vocabulary = rows[0].vocabulary if rows and rows[0].name == INPUT_LAYER else 0
-        if vocabulary:
+        if preprocessed:
+            pass
+        elif vocabulary:
             # Ids past the embedding would reach the forward and fail there (a 422 naming an
             # IndexError): refused up front, as the ids the model takes.
             input_lines += [
@@ -1153,10 +1177,13 @@ def init_config(
                 "    # min: 0           # requests outside [min, max] get a 400",
                 "    # max: 1",
             ]
-        input_lines += [
-            "    # mean: [0.485, 0.456, 0.406]   # normalisation the model expects, per channel:",
-            "    # std: [0.229, 0.224, 0.225]    # requests and reference data come un-normalised",
-        ]
+        if not preprocessed:
+            input_lines += [
+                "    # mean: [0.485, 0.456, 0.406]   # normalisation the model expects, per "
+                "channel:",
+                "    # std: [0.229, 0.224, 0.225]    # requests and reference data come "
+                "un-normalised",
+            ]
     heads = "logits (classes) | multilabel | values (regression) | embedding | none"
     out = rows[-1].shapes[0] if rows and rows[-1].shapes else ()
     sequence_note = (
