@@ -492,3 +492,13 @@ def test_hookwatch_layers_dry_runs_a_text_model_through_its_tokenizer(
     written = read_model_config(tmp_path / "c.yaml")
     assert written.handler.input.text == read_model_config(config).handler.input.text
     assert written.monitoring.layers and written.raw["batchSize"] == 8
+    # Without a config, a directory argument holding a tokenizer says the model takes text
+    # (it was "expected --input-shape"): tried on texts through it, and written so.
+    bare = ["--model-args", json.dumps({"pretrained": str(tokenizer_dir)})]
+    assert main(["init", model, *bare, "--out", str(tmp_path / "bare.yaml")]) == 0
+    assert "input: texts, tokenised by the tokenizer in --model-args pretrained" in (
+        capsys.readouterr().err
+    )
+    guessed = read_model_config(tmp_path / "bare.yaml")
+    assert guessed.handler.input.text is not None
+    assert guessed.handler.input.text.tokenizer == "pretrained"

@@ -752,6 +752,16 @@ def _model_dry_run(
     # Unsaid, a half-precision or float64 model's own dtype: float32 would fail its first layer.
     dtype = args.input_dtype or (spec.dtype if spec else parameter_dtype(model) or "float32")
     argument = args.argument or (spec.argument if spec else None)
+    tokenizer = _tokenizer_argument(model_args) if spec is None and shape is None else None
+    if tokenizer is not None:
+        # A directory with a tokenizer in it: a text model, tried on texts through it.
+        from hookwatch._config import HandlerConfig
+
+        text = HandlerConfig.from_mapping({"input": {"text": {"tokenizer": tokenizer}}}).input
+        print(
+            f"input: texts, tokenised by the tokenizer in --model-args {tokenizer}", file=sys.stderr
+        )
+        return _text_dry_run(model, text, model_args)
     if shape is None:
         return _guessed_dry_run(model, dtype, argument)
     x = _example_batch(shape, dtype, spec)
@@ -811,6 +821,18 @@ def _guessed_dry_run(
     raise ConfigError(
         f"{needed} ({name}, {type(module).__name__}, comes first: --input-shape {hint})"
     )
+
+
+#: Files a saved tokenizer leaves in its directory (HuggingFace's ``save_pretrained``).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
+
+
+def _tokenizer_argument(model_args: dict[str, Any]) -> str | None:
+    """The model argument naming a directory that holds a saved tokenizer, if one does."""
+    for key, value in model_args.items():
+        if isinstance(value, str) and any((Path(value) / f).is_file() for f in TOKENIZER_FILES):
+            return key
+    return None
 
 
 def _config_image_shape(model: Any) -> tuple[int, ...] | None:
@@ -960,6 +982,8 @@ def _init(args: argparse.Namespace) -> int:
     normalisation = _preprocessor(_model_args(args.model_args)) if spec is None else None
     # A text model (--config with input.text): its text section as declared.
     text = served["handler"]["input"]["text"] if served is not None and dtype == "text" else None
+    if dtype == "text" and text is None:
+        text = {"tokenizer": _tokenizer_argument(_model_args(args.model_args))}
     out.write_text(
         init_config(
             rows,
