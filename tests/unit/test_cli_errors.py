@@ -305,6 +305,30 @@ def test_init_reads_a_vision_models_input_from_its_config_and_preprocessor(
     }
 
 
+def test_init_answers_an_encoders_pooled_output(run: Run, tmp_path: Path) -> None:
+    """An encoder answering every position's state and a pooled vector a sample (a
+    HuggingFace ``AutoModel``'s ``last_hidden_state`` and ``pooler_output``): ``init`` selects
+    the pooled one as the embedding (it proposed every position's states, a 14x384 answer)."""
+    model = tmp_path / "encoder.py"
+    model.write_text(
+        "from torch import nn\n"
+        "class Encoder(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.layer = nn.Linear(3, 8)\n"
+        "        self.norm = nn.LayerNorm(8)\n"
+        "        self.pool = nn.Linear(8, 8)\n"
+        "    def forward(self, x):\n"
+        "        h = self.norm(self.layer(x))\n"
+        "        return {'last_hidden_state': h, 'pooler_output': self.pool(h[:, 0]).tanh()}\n"
+    )
+    out = tmp_path / "encoder.yaml"
+    code, _, err = run("init", f"{model}:Encoder", "--input-shape", "5,3", "--out", str(out))
+    assert code == 0, err
+    written = yaml.safe_load(out.read_text())["handler"]["monitoring"]["output"]
+    assert written == {"head": "embedding", "select": "pooler_output"}
+
+
 def test_a_command_that_does_not_exist(run: Run) -> None:
     code, _, err = run("serv", "x.mar")
     assert code == 2

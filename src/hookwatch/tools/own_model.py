@@ -1208,6 +1208,15 @@ def init_config(
     )
     parts = rows[-1].shapes if rows else ()
     named = rows[-1].parts if rows else ()
+    pooled = _pooled_part(named, out) if head == "embedding" else None
+    if pooled is not None:
+        # A sample's own vector (a text encoder's pooled output) over every token's states.
+        sequence_note = [
+            f"    # The output's {_part_text(pooled)} is one vector a sample, the sequence's: "
+            "answered and",
+            f"    # watched as its embedding ({_part_text(named[0][0])} would answer every "
+            "position's).",
+        ]
     select_note = (
         [
             f"    # The output holds {len(named)} tensors ("
@@ -1304,13 +1313,14 @@ def init_config(
             "    # class names; see `hookwatch layers` for the candidates.",
             f"    layers: [{', '.join(map(_flow_scalar, layers))}]",
             *sequence_note,
-            *([] if items else select_note),
+            *([] if items or pooled is not None else select_note),
             *items_note,
             *one_value_note,
             *probabilities_note,
             f"    output: {{head: {head}{', probabilities: true' if probabilities else ''}"
             f"{f', items: {LISTED_KEY}' if listed else ''}"
-            f"{f', also: [{also_text}]' if also else ''}}}"
+            f"{f', select: {_part_text(pooled)}' if pooled is not None else ''}"
+            f"{f', also: [{also_text}]' if also and pooled is None else ''}}}"
             f"   # {heads}",
             "    # sample_rate unset: 10 % of requests, at most max_sampled_per_s (20) a second",
             "    # and their hooks at most max_overhead (0.005) of the worker's time",
@@ -1331,6 +1341,24 @@ def _labels_lines(labels: Sequence[str] | None, head: str, out: Sequence[int | N
         "  # the model's own class names (its config's id2label): answers name the class",
         f"  labels: {json.dumps(list(labels), ensure_ascii=False)}",
     ]
+
+
+def _pooled_part(
+    named: Sequence[tuple[int | str, tuple[int, ...] | None]], out: Sequence[int | None]
+) -> int | str | None:
+    """The part of a model's output that is one vector a sample (``pooler_output``
+    ``[B, H]``) where its first part is a state per position (``last_hidden_state``
+    ``[B, T, H]``); None where there is none."""
+    if len(out) != 3 or len(named) < 2:
+        return None
+    return next(
+        (
+            key
+            for key, shape in named[1:]
+            if shape is not None and len(shape) == 1 and shape[0] == out[2]
+        ),
+        None,
+    )
 
 
 def _argument_lines(arguments: Sequence[InputSpec]) -> list[str]:
