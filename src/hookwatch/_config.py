@@ -955,6 +955,7 @@ _SINGLE_INPUT_KEYS = frozenset(
         "max_body_bytes",
         "max_items",
         "preprocess",
+        "sample_rate",
         "text",
     }
 )
@@ -1035,6 +1036,9 @@ class InputSpec:
     #: Most items one request may send as a list of them (``{"instances": [[...], [...]]}``),
     #: each answered in order; 1: one item a request. Not with a preprocess function.
     max_items: int = 64
+    #: A waveform input's rate: a WAV body recorded at another is refused (nothing is
+    #: resampled). None: any rate.
+    sample_rate: int | None = None
 
     @property
     def shape_text(self) -> str:
@@ -1157,6 +1161,18 @@ class InputSpec:
                 f"input.max_items: expected an integer from 1 to 4096 (items a request), got "
                 f"{max_items!r}"
             )
+        sample_rate = raw.get("sample_rate")
+        if sample_rate is not None and not (
+            type(sample_rate) is int
+            and 1 <= sample_rate <= 10_000_000
+            and parsed_shape is not None
+            and len(parsed_shape) in (1, 2)
+        ):
+            raise ConfigError(
+                "input.sample_rate: expected samples a second (an integer) of a waveform input "
+                f"(input.shape [samples] or [channels, samples]), got {sample_rate!r} for "
+                f"shape {list(parsed_shape) if parsed_shape is not None else None}"
+            )
         return cls(
             shape=parsed_shape,
             min_value=lo,
@@ -1174,6 +1190,7 @@ class InputSpec:
             mask=mask,
             pad_value=pad_value,
             max_items=max_items,
+            sample_rate=sample_rate,
         )
 
     @staticmethod

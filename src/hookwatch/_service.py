@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from hookwatch import _oip
+from hookwatch._audio import decode_wav, wav_like
 from hookwatch._body import MAX_BODY_BYTES, NoPayload, body_limit, check_body_size
 from hookwatch._capture import RateLimitedLog
 from hookwatch._config import HandlerConfig, InputSpec, OutputSpec
@@ -289,6 +290,13 @@ def decode_payload(
     if _npy_like(body, spec):
         check_body_size(body, limit, _LIMIT_SETTING)
         return _npy_items(bytes(body), spec, several)
+    if len(shape) in (1, 2) and not image and wav_like(body):
+        # A recording, as speech clients send one: its samples, checked as any input's.
+        check_body_size(body, limit, _LIMIT_SETTING)
+        wave = decode_wav(bytes(body), shape, spec.length_dim, spec.sample_rate)
+        return _check_values(
+            wave if spec.dtype == "float32" else wave.to(_DTYPES[spec.dtype]), spec
+        )
     if spec.encoding == "float32" and isinstance(body, bytes | bytearray):
         check_body_size(body, limit, _LIMIT_SETTING)
         return _check_values(_decode_float32(body, shape), spec)

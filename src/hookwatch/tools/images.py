@@ -19,17 +19,20 @@ from numpy.typing import NDArray
 
 from hookwatch._errors import ConfigError
 
-__all__ = ["IMAGE_SUFFIXES", "class_folders", "folder_labels", "image_files"]
+__all__ = ["AUDIO_SUFFIXES", "IMAGE_SUFFIXES", "class_folders", "folder_labels", "image_files"]
 
 #: What a reference directory's image files may be called.
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
+#: What a waveform model's reference recordings may be called (PCM WAV, as requests send).
+AUDIO_SUFFIXES = frozenset({".wav"})
 
 
 def image_files(directory: Path) -> list[Path]:
-    """The image files under ``directory``, its subdirectories too, sorted by their path
-    relative to it."""
+    """The image files (or recordings) under ``directory``, its subdirectories too, sorted by
+    their path relative to it."""
+    kinds = IMAGE_SUFFIXES | AUDIO_SUFFIXES
     return sorted(
-        (p for p in directory.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES),
+        (p for p in directory.rglob("*") if p.is_file() and p.suffix.lower() in kinds),
         key=lambda p: p.relative_to(directory).as_posix(),
     )
 

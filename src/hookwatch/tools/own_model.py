@@ -82,7 +82,7 @@ from hookwatch._service import (
 )
 from hookwatch._text import TextPipeline
 from hookwatch.tools.arrays import ARRAY_SUFFIXES, read_arrays
-from hookwatch.tools.images import IMAGE_SUFFIXES, class_folders, image_files
+from hookwatch.tools.images import AUDIO_SUFFIXES, IMAGE_SUFFIXES, class_folders, image_files
 from hookwatch.tools.labels import LABELS_ARRAY, check_labels, reference_labels
 
 __all__ = [
@@ -1528,16 +1528,28 @@ def load_reference(path: Path, pipeline: Pipeline, batch_size: int = 64) -> Iter
 
 
 def _image_batches(directory: Path, pipeline: Pipeline, batch_size: int) -> Iterator[ModelInputs]:
-    if not (isinstance(pipeline, InputPipeline) and pipeline.spec.encoding == "image"):
+    """A directory's files, each decoded as a request's body: image files for an image
+    input, WAV recordings for a waveform's (``[samples]``, ``[channels, samples]``)."""
+    image = isinstance(pipeline, InputPipeline) and pipeline.spec.encoding == "image"
+    audio = (
+        isinstance(pipeline, InputPipeline)
+        and not image
+        and pipeline.spec.preprocess is None
+        and len(pipeline.spec.shape or ()) in (1, 2)
+    )
+    if not (image or audio):
         raise ConfigError(
             f"reference: expected a .npy, .npz, .pt or .jsonl file (a directory holds images, for "
-            f"input.encoding: image), got the directory {directory}"
+            f"input.encoding: image, or WAV recordings, for a waveform), got the directory "
+            f"{directory}"
         )
-    files = image_files(directory)
+    assert isinstance(pipeline, InputPipeline)
+    suffixes = IMAGE_SUFFIXES if image else AUDIO_SUFFIXES
+    files = [file for file in image_files(directory) if file.suffix.lower() in suffixes]
     if not files:
+        kind = "image files" if image else "WAV recordings"
         raise ConfigError(
-            f"reference: expected image files ({', '.join(sorted(IMAGE_SUFFIXES))}) in "
-            f"{directory}, got none"
+            f"reference: expected {kind} ({', '.join(sorted(suffixes))}) in {directory}, got none"
         )
     for start in range(0, len(files), batch_size):
         items = []
