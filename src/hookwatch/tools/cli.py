@@ -789,7 +789,10 @@ def _guessed_dry_run(
             file=sys.stderr,
         )
         return rows, image, dtype, argument
-    modules = model.named_modules() if isinstance(model, nn.Module) else ()
+    from hookwatch._hooks import hookable_root
+
+    # Named as the layers are (a compiled model's under its original module's names).
+    modules = hookable_root(model).named_modules() if isinstance(model, nn.Module) else ()
     first = next(
         (
             (name, module)
