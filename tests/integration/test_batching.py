@@ -117,6 +117,99 @@ def test_image_demo_batched_requests_are_monitored_and_answered_one_by_one(
     assert stack.worker_pids() == workers  # a bad request never restarts a worker
 
 
+def test_other_serving_protocols_reach_the_model_on_torchserves_own_paths(
+    make_stack: Callable[..., Stack], tmp_path: Path
+) -> None:
+    """Clients of other servers, on the real TorchServe: the Open Inference Protocol (KServe
+    v2, Triton's client) on ``/v2/models/<name>/infer``, JSON and binary; KServe v1's
+    ``instances`` on ``/v1/models/<name>:predict``; an ``.npy`` and a CSV body on
+    ``/predictions``. Each answers every item its own class, batched beside the others."""
+    import io
+
+    store = tmp_path / "store"
+    config = demo_config(sample_rate=1.0)
+    config.update(batchSize=8, maxBatchDelay=200)
+    build_variant(store, config)
+    stack = make_stack("protocols", workers=1, model_store=store)
+    stack.start_torchserve()
+    split = load_split()
+    x = split.x_test[:4].astype(np.float32)
+    base = f"http://127.0.0.1:{stack.ports.inference}"
+    alone = [
+        json.loads(
+            http_post(f"{base}/predictions/digits", json.dumps({"data": v.tolist()}).encode())[1]
+        )
+        for v in x
+    ]
+    v2 = {
+        "id": "r-1",
+        "inputs": [
+            {
+                "name": "input-0",
+                "shape": [4, 1, 8, 8],
+                "datatype": "FP32",
+                "data": x.ravel().tolist(),
+            }
+        ],
+    }
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "x",
+                    "shape": [2, 1, 8, 8],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": x[:2].nbytes},
+                }
+            ]
+        }
+    ).encode()
+    npy = io.BytesIO()
+    np.save(npy, x[2:])
+    csv = "\n".join(",".join(repr(float(v)) for v in row.ravel()) for row in x[:2])
+    sends = [
+        (f"{base}/v2/models/digits/infer", json.dumps(v2).encode(), "application/json"),
+        (f"{base}/v2/models/digits/infer", header + x[:2].tobytes(), "application/octet-stream"),
+        (
+            f"{base}/v1/models/digits:predict",
+            json.dumps({"instances": x[1:3].tolist()}).encode(),
+            "application/json",
+        ),
+        (f"{base}/predictions/digits", npy.getvalue(), "application/octet-stream"),
+        (f"{base}/predictions/digits", csv.encode(), "text/csv"),
+        (
+            f"{base}/v2/models/digits/infer",
+            b'{"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1, 2]}]}',
+            "application/json",
+        ),
+    ]
+    replies: list[tuple[int, Any]] = [(0, None)] * len(sends)
+    start = threading.Barrier(len(sends))
+
+    def send(index: int) -> None:
+        url, body, kind = sends[index]
+        start.wait()
+        status, reply = http_post(url, body, kind, timeout=120)
+        replies[index] = (status, json.loads(reply))
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(sends))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(180)
+    classes = [a["class"] for a in alone]
+    (s0, r0), (s1, r1), (s2, r2), (s3, r3), (s4, r4), (s5, r5) = replies
+    assert [s0, s1, s2, s3, s4] == [200] * 5, replies
+    assert r0["model_name"] == "digits" and r0["id"] == "r-1"
+    outputs = {o["name"]: o for o in r0["outputs"]}
+    assert outputs["class"]["data"] == classes and outputs["probabilities"]["shape"] == [4, 10]
+    assert r1["outputs"][0]["data"] == classes[:2]
+    assert [a["class"] for a in r2["predictions"]] == classes[1:3]
+    assert [a["class"] for a in r3] == classes[2:]
+    assert [a["class"] for a in r4] == classes[:2]
+    assert s5 == 400 and r5["error"].startswith("expected inputs[0] ('x').data: 3 values"), r5
+
+
 TEXTS = [
     "The disk is full.",
     "Real programmers don't comment their code. If it was hard to write, it should be hard "
