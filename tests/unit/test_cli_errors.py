@@ -329,6 +329,28 @@ def test_init_answers_an_encoders_pooled_output(run: Run, tmp_path: Path) -> Non
     assert written == {"head": "embedding", "select": "pooler_output"}
 
 
+def test_init_selects_the_first_part_with_a_row_per_sample(run: Run, tmp_path: Path) -> None:
+    """``return aux_loss, logits``: the first part has no row per sample; ``init`` proposed a
+    head on it (``embedding``, the logits as ``also``), which no request can be answered
+    with. It selects the logits and guesses the head from them."""
+    model = tmp_path / "with_loss.py"
+    model.write_text(
+        "from torch import nn\n"
+        "class WithLoss(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc = nn.Linear(6, 4)\n"
+        "    def forward(self, x):\n"
+        "        logits = self.fc(x)\n"
+        "        return logits.pow(2).mean(), logits\n"
+    )
+    out = tmp_path / "with_loss.yaml"
+    code, _, err = run("init", f"{model}:WithLoss", "--out", str(out))
+    assert code == 0, err
+    written = yaml.safe_load(out.read_text())["handler"]["monitoring"]["output"]
+    assert written == {"head": "logits", "select": 1}
+
+
 def test_a_command_that_does_not_exist(run: Run) -> None:
     code, _, err = run("serv", "x.mar")
     assert code == 2

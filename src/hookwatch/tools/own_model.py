@@ -1111,6 +1111,7 @@ def init_config(
     ``normalisation``: the ``mean``, ``std`` (and the file they came ``from``) an image model
     saves beside it, written as the input's, with image requests)."""
     served = {k: v for k, v in (served or {}).items() if k in SERVING_KEYS}
+    rows, first_with_rows = _rows_first(rows)
     layers = choose_layers(rows)
     head = guess_head(rows)
     if text is not None:
@@ -1209,6 +1210,9 @@ def init_config(
     parts = rows[-1].shapes if rows else ()
     named = rows[-1].parts if rows else ()
     pooled = _pooled_part(named, out) if head == "embedding" else None
+    # The head's part, where it is not the output's first (one without a row per sample, a
+    # loss or a count, comes first).
+    selected = pooled if pooled is not None else first_with_rows
     if pooled is not None:
         # A sample's own vector (a text encoder's pooled output) over every token's states.
         sequence_note = [
@@ -1313,13 +1317,13 @@ def init_config(
             "    # class names; see `hookwatch layers` for the candidates.",
             f"    layers: [{', '.join(map(_flow_scalar, layers))}]",
             *sequence_note,
-            *([] if items or pooled is not None else select_note),
+            *([] if items or selected is not None else select_note),
             *items_note,
             *one_value_note,
             *probabilities_note,
             f"    output: {{head: {head}{', probabilities: true' if probabilities else ''}"
             f"{f', items: {LISTED_KEY}' if listed else ''}"
-            f"{f', select: {_part_text(pooled)}' if pooled is not None else ''}"
+            f"{f', select: {_part_text(selected)}' if selected is not None else ''}"
             f"{f', also: [{also_text}]' if also and pooled is None else ''}}}"
             f"   # {heads}",
             "    # sample_rate unset: 10 % of requests, at most max_sampled_per_s (20) a second",
@@ -1341,6 +1345,25 @@ def _labels_lines(labels: Sequence[str] | None, head: str, out: Sequence[int | N
         "  # the model's own class names (its config's id2label): answers name the class",
         f"  labels: {json.dumps(list(labels), ensure_ascii=False)}",
     ]
+
+
+def _rows_first(rows: Sequence[LayerInfo]) -> tuple[Sequence[LayerInfo], int | str | None]:
+    """``rows`` with the output's first part that has a row per sample put first, and its
+    key, where the output's first part has none (``(loss, logits)``); as they are, None,
+    otherwise."""
+    if not rows or len(rows[-1].parts) < 2 or rows[-1].parts[0][1] is not None:
+        return rows, None
+    last = rows[-1]
+    at = next((i for i, (_, shape) in enumerate(last.parts) if shape is not None), None)
+    if at is None or len(last.shapes) != len(last.parts):
+        return rows, None
+    order = [at, *(i for i in range(len(last.parts)) if i != at)]
+    moved = dataclasses.replace(
+        last,
+        shapes=tuple(last.shapes[i] for i in order),
+        parts=tuple(last.parts[i] for i in order),
+    )
+    return [*rows[:-1], moved], last.parts[at][0]
 
 
 def _pooled_part(
