@@ -7,9 +7,11 @@ server would give them.
 
 from __future__ import annotations
 
+import io
 import json
 from typing import Any
 
+import numpy as np
 from hypothesis import strategies as st
 
 from hookwatch._body import MAX_BODY_BYTES
@@ -153,6 +155,64 @@ EDGES: tuple[bytes, ...] = (
 )
 
 
+def other_forms(valid: bytes) -> list[bytes]:
+    """``valid``'s item as other clients send it: the Open Inference Protocol's JSON and its
+    binary extension, an ``.npy`` file and a CSV line."""
+    item = np.asarray(json.loads(valid)["data"], dtype=np.float32)
+    shape = [1, *item.shape]
+    tensor = {"name": "x", "shape": shape, "datatype": "FP32"}
+    oip = _encode({"inputs": [{**tensor, "data": item.ravel().tolist()}]})
+    header = _encode({"inputs": [{**tensor, "parameters": {"binary_data_size": item.nbytes}}]})
+    npy = io.BytesIO()
+    np.save(npy, item)
+    csv = ",".join(repr(float(v)) for v in item.ravel()).encode()
+    return [oip, header + item.tobytes(), npy.getvalue(), csv]
+
+
+def _npy_claiming(shape: tuple[int, ...]) -> bytes:
+    """An ``.npy`` header claiming ``shape`` of float64, followed by 8 bytes."""
+    header = repr({"descr": "<f8", "fortran_order": False, "shape": shape}).encode()
+    header += b" " * (63 - (len(header) + 10) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + b"\0" * 8
+
+
+#: The other forms' edges: sizes claimed far past what came, a tensor of too many dimensions,
+#: texts for numbers.
+FORM_EDGES: tuple[bytes, ...] = (
+    _npy_claiming((10**12,)),
+    _npy_claiming((1, 1, 8, 8)),
+    b"\x93NUMPY\x01\x00\xff\xff{",
+    _encode({"inputs": [{"name": "x", "shape": [10**9], "datatype": "FP32", "data": [1.0]}]}),
+    _encode({"inputs": [{"name": "x", "shape": [1] * 9, "datatype": "FP32", "data": [1.0]}]}),
+    _encode(
+        {"inputs": [{"name": "x", "shape": [1, 1, 8, 8], "datatype": "BYTES", "data": ["a"] * 64}]}
+    ),
+    _encode({"inputs": [{"name": "x", "shape": [-1], "datatype": "FP32", "data": [1.0]}]}),
+    _encode(
+        {
+            "inputs": [
+                {
+                    "name": "x",
+                    "shape": [1],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": 10**12},
+                }
+            ]
+        }
+    )
+    + b"\0\0\0\0",
+    _encode(
+        {
+            "inputs": [
+                {"name": "x", "shape": [1, 1, 8, 8], "datatype": "FP32", "data": [1.0] * 64}
+            ],
+            "outputs": [{"name": "nope"}],
+        }
+    ),
+    _encode({"inputs": [], "outputs": 3}),
+)
+
+
 def payloads(valid: bytes) -> st.SearchStrategy[Payload]:
     bodies = st.one_of(
         st.binary(max_size=512),
@@ -160,5 +220,7 @@ def payloads(valid: bytes) -> st.SearchStrategy[Payload]:
         _shaped(),
         _mutated(valid),
         st.sampled_from(EDGES),
+        *(_mutated(form) for form in other_forms(valid)),
+        st.sampled_from(FORM_EDGES),
     )
     return st.tuples(st.sampled_from(CONTENT_TYPES), bodies)

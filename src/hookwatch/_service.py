@@ -363,32 +363,52 @@ def _npy_items(body: bytes, spec: InputSpec, several: bool) -> torch.Tensor | It
     """An ``.npy`` body's array: of the input's shape, the item; one dimension more, the
     request's items (as ``{"data": [...]}`` one level deeper), each checked as JSON values are
     (dtype, range). No pickled objects are read."""
-    import io
-
-    try:
-        array = np.load(io.BytesIO(body), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as error:
-        detail = str(error).splitlines()[0][:120] if str(error) else type(error).__name__
-        raise BadInputError(
-            "an .npy file of numbers (numpy.save, no pickled objects)",
-            f"one that does not load ({detail})",
-            reason="not_json",
-        ) from None
-    if array.dtype.kind not in "biuf":
-        raise BadInputError(
-            "an .npy array of numbers",
-            f"an array of dtype {array.dtype}",
-            reason="wrong_type",
-        )
-    values = array.tolist()
+    values, outer = _npy_values(body)
     shape = spec.shape or ()
-    if several and array.ndim == len(shape) + 1 and len(array) > 1:
+    if several and len(outer) == len(shape) + 1 and outer[0] > 1:
         if spec.length_dim is not None:
             return _each_of_length(values, spec, False)
-        if array.shape[1:] == shape:
-            _count_items(int(array.shape[0]), spec)
-            return Items(decode_values(values, replace(spec, shape=tuple(array.shape))))
-    return decode_values(values, spec, array.ndim)
+        if outer[1:] == shape:
+            _count_items(outer[0], spec)
+            return Items(decode_values(values, replace(spec, shape=outer)))
+    return decode_values(values, spec, len(outer))
+
+
+def _npy_values(body: bytes) -> tuple[Any, tuple[int, ...]]:
+    """An ``.npy`` file's numbers as nested lists, and its shape. Its header is read first,
+    and its data must be exactly what the header says: numpy's own loader allocates the
+    header's claimed size before it reads a stream."""
+    import io
+
+    expected = "an .npy file of numbers (numpy.save, no pickled objects)"
+    stream = io.BytesIO(body)
+    try:
+        version = np.lib.format.read_magic(stream)
+        read_header = (
+            np.lib.format.read_array_header_1_0
+            if version == (1, 0)
+            else np.lib.format.read_array_header_2_0
+        )
+        shape, fortran, dtype = read_header(stream)
+    except (ValueError, OSError, EOFError, SyntaxError) as error:
+        detail = str(error).splitlines()[0][:120] if str(error) else type(error).__name__
+        raise BadInputError(
+            expected, f"one whose header does not read ({detail})", reason="not_json"
+        ) from None
+    if dtype.kind not in "biuf" or dtype.hasobject:
+        raise BadInputError(
+            "an .npy array of numbers", f"an array of dtype {dtype}", reason="wrong_type"
+        )
+    data = body[stream.tell() :]
+    count = math.prod(shape)
+    if len(data) != count * dtype.itemsize:
+        raise BadInputError(
+            f"{expected}: {count * dtype.itemsize} bytes of data for shape {list(shape)}",
+            f"{len(data)} bytes",
+            reason="wrong_shape",
+        )
+    array = np.frombuffer(data, dtype).reshape(shape, order="F" if fortran else "C")
+    return array.tolist(), tuple(int(d) for d in shape)
 
 
 def _instances(body: Mapping[str, Any], spec: InputSpec) -> bool:

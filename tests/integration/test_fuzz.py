@@ -17,7 +17,14 @@ from hookwatch._names import REJECT_REASONS
 from hookwatch.tools.demo.data import load_split
 from hookwatch.tools.devstack import Stack, http_post
 from tests.integration.helpers import demo_model, eventually, scrape, total
-from tests.payloads import CONTENT_TYPES, EDGES, oversized, payloads, valid_body
+from tests.payloads import (
+    CONTENT_TYPES,
+    EDGES,
+    FORM_EDGES,
+    oversized,
+    payloads,
+    valid_body,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -86,7 +93,7 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Session]:
 
 def _send_edges(session: Session) -> None:
     for content_type in CONTENT_TYPES:
-        for body in EDGES:
+        for body in (*EDGES, *FORM_EDGES):
             session.send_bad(content_type, body)
             session.send_valid()
 
