@@ -199,6 +199,8 @@ def _parse_json(body: Any, expected: str, limit: int = MAX_BODY_BYTES) -> Any:
     parsed already, anything else as bytes (or text). Either is held to the body limit."""
     check_body_size(body, limit, _LIMIT_SETTING)
     if isinstance(body, bytes | bytearray | str):
+        if type(body) is str and body.startswith("\ufeff"):
+            body = body[1:]  # a byte-order mark (json.loads skips it in bytes, not in text)
         try:
             return json.loads(body)
         except RecursionError:
@@ -462,15 +464,20 @@ def _aliased(body: Mapping[str, Any]) -> Any:
     return body[present[0]] if len(present) == 1 else _MISSING
 
 
+#: The byte-order mark some editors and spreadsheets put before UTF-8 text.
+_UTF8_BOM = b"\xef\xbb\xbf"
+
+
 def _csv_like(body: Any) -> bool:
     """A body that may be CSV (``text/csv``, as batch-scoring clients send a table's rows):
     text that opens with a number (JSON's objects and arrays open with a bracket), or with a
     line of column names before a line that does."""
     if not isinstance(body, str | bytes | bytearray):
         return False
-    head = body[:64].lstrip()
+    head = body[:64]
     if isinstance(head, bytes | bytearray):
-        head = bytes(head).decode("latin-1")
+        head = bytes(head).removeprefix(_UTF8_BOM).decode("latin-1")
+    head = head.removeprefix("\ufeff").lstrip()
     if head[:1].isdigit() or head[:1] in ("-", "+", "."):
         return True
     if not head or head[0] in ("{", "["):
@@ -478,8 +485,8 @@ def _csv_like(body: Any) -> bool:
     # A header line first (column names): CSV where a line of numbers follows it.
     text = body[:4096]
     if isinstance(text, bytes | bytearray):
-        text = bytes(text).decode("latin-1")
-    lines = text.lstrip().split("\n", 2)
+        text = bytes(text).removeprefix(_UTF8_BOM).decode("latin-1")
+    lines = text.removeprefix("\ufeff").lstrip().split("\n", 2)
     return (
         len(lines) > 1
         and "," in lines[0]
@@ -491,9 +498,11 @@ def _csv_values(body: str | bytes | bytearray) -> list[list[int | float]] | None
     """A CSV body's rows of numbers. None where it is no text (the JSON path then says what
     came); a 400 naming the first field that is not a number."""
     try:
-        text = body if isinstance(body, str) else bytes(body).decode("utf-8")
+        # utf-8-sig: a spreadsheet's export opens with a byte-order mark, no part of a field.
+        text = body if isinstance(body, str) else bytes(body).decode("utf-8-sig")
     except UnicodeDecodeError:
         return None
+    text = text.removeprefix("\ufeff")
     if text.lstrip()[:1] in ("[", "{") or not text.strip():
         return None  # a JSON array or object after all (a number may open it: [1, ...])
     rows: list[list[int | float]] = []

@@ -170,6 +170,14 @@ def test_a_csv_body_is_a_row_or_several(handler: tuple[Any, FakeContext]) -> Non
     names = ",".join(f"p{i}" for i in range(64))
     with_header = handled(instance, [{"body": f"{names}\r\n{line}\r\n{line}\r\n"}], context)
     assert [a["class"] for a in with_header[0]] == [alone["class"]] * 2
+    # A spreadsheet's export opens with a byte-order mark: no header for it, no row lost.
+    marked = [{"body": b"\xef\xbb\xbf" + f"{line}\n{line}\n".encode()}, {"body": f"\ufeff{line}"}]
+    bom = handled(instance, marked, context)
+    assert [a["class"] for a in bom[0]] == [alone["class"]] * 2
+    assert bom[1]["class"] == alone["class"]
+    # JSON sent as text with the mark: read as JSON.
+    text = handled(instance, [{"body": "\ufeff" + json.dumps({"data": digit(2)})}], context)
+    assert text[0]["class"] == alone["class"]
 
 
 def npy(array: Any) -> bytes:
