@@ -489,7 +489,7 @@ def _csv_like(body: Any) -> bool:
     lines = text.removeprefix("\ufeff").lstrip().split("\n", 2)
     return (
         len(lines) > 1
-        and "," in lines[0]
+        and any(mark in lines[0] for mark in (",", ";", "\t"))
         and (lines[1].lstrip()[:1].isdigit() or lines[1].lstrip()[:1] in ("-", "+", "."))
     )
 
@@ -508,14 +508,15 @@ def _csv_values(body: str | bytes | bytearray) -> list[list[int | float]] | None
     rows: list[list[int | float]] = []
     lines = text.splitlines()
     first = next((i for i, line in enumerate(lines) if line.strip()), None)
-    if first is not None and not any(_is_number(c) for c in lines[first].split(",")):
+    delimiter = _delimiter(lines[first]) if first is not None else ","
+    if first is not None and not any(_is_number(c) for c in lines[first].split(delimiter)):
         # The column names: the rows follow, in the shape's order as they are.
         lines[first] = ""
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         row = []
-        for cell in line.split(","):
+        for cell in line.split(delimiter):
             try:
                 row.append(_number(cell))
             except ValueError:
@@ -547,6 +548,15 @@ def _csv_items(
     shape = spec.shape or ()
     flat = decode_values(rows, replace(spec, shape=(len(rows), spec.numel)))
     return Items(flat.reshape(len(rows), *shape))
+
+
+def _delimiter(line: str) -> str:
+    """A table's field separator, from its first line: commas, else semicolons (a spreadsheet
+    of a locale whose decimal mark is the comma), else tabs (TSV)."""
+    for candidate in (",", ";", "\t"):
+        if candidate in line:
+            return candidate
+    return ","
 
 
 def _is_number(field: str) -> bool:

@@ -175,6 +175,10 @@ def test_a_csv_body_is_a_row_or_several(handler: tuple[Any, FakeContext]) -> Non
     bom = handled(instance, marked, context)
     assert [a["class"] for a in bom[0]] == [alone["class"]] * 2
     assert bom[1]["class"] == alone["class"]
+    # Semicolons (a spreadsheet of a comma-decimal locale) and tabs (TSV) separate fields too.
+    other = [{"body": line.replace(",", sep) + "\n" + line.replace(",", sep)} for sep in ";\t"]
+    for answers in handled(instance, other, context):
+        assert [a["class"] for a in answers] == [alone["class"]] * 2
     # JSON sent as text with the mark: read as JSON.
     text = handled(instance, [{"body": "\ufeff" + json.dumps({"data": digit(2)})}], context)
     assert text[0]["class"] == alone["class"]
