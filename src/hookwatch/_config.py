@@ -956,6 +956,7 @@ _SINGLE_INPUT_KEYS = frozenset(
         "max_items",
         "preprocess",
         "sample_rate",
+        "features",
         "text",
     }
 )
@@ -963,6 +964,29 @@ _SINGLE_INPUT_KEYS = frozenset(
 
 #: What an image input's pixels may become: floats over 255, or the bytes themselves.
 _IMAGE_DTYPES = ("float32", "float64", "float16", "bfloat16", "uint8")
+
+
+def _feature_names(
+    raw: Any, shape: tuple[int, ...] | None, length_dim: int | None, encoding: str
+) -> tuple[str, ...] | None:
+    """``input.features``: one distinct name per value of a ``[F]`` input."""
+    if raw is None:
+        return None
+    width = shape[0] if shape is not None and len(shape) == 1 and length_dim is None else None
+    if (
+        not isinstance(raw, list)
+        or not all(isinstance(n, str) and n for n in raw)
+        or len(set(raw)) != len(raw)
+        or width is None
+        or len(raw) != width
+        or encoding == "image"
+    ):
+        raise ConfigError(
+            "input.features: expected a distinct name per value of a tabular input "
+            f"(input.shape [{len(raw) if isinstance(raw, list) else 'F'}]: its columns, in "
+            f"order), got {raw!r} for shape {list(shape) if shape is not None else None}"
+        )
+    return tuple(raw)
 
 
 def _check_image_input(shape: tuple[int, ...] | None, dtype: Any, preprocess: Any) -> None:
@@ -1039,6 +1063,9 @@ class InputSpec:
     #: A waveform input's rate: a WAV body recorded at another is refused (nothing is
     #: resampled). None: any rate.
     sample_rate: int | None = None
+    #: A tabular input's column names, in the order of ``shape [F]``: a request may send a
+    #: record ``{"age": 41, ...}`` (or several), and a CSV header is matched by name.
+    features: tuple[str, ...] | None = None
 
     @property
     def shape_text(self) -> str:
@@ -1173,6 +1200,7 @@ class InputSpec:
                 f"(input.shape [samples] or [channels, samples]), got {sample_rate!r} for "
                 f"shape {list(parsed_shape) if parsed_shape is not None else None}"
             )
+        features = _feature_names(raw.get("features"), parsed_shape, length_dim, encoding)
         return cls(
             shape=parsed_shape,
             min_value=lo,
@@ -1191,6 +1219,7 @@ class InputSpec:
             pad_value=pad_value,
             max_items=max_items,
             sample_rate=sample_rate,
+            features=features,
         )
 
     @staticmethod

@@ -11,6 +11,7 @@ import importlib.util
 import json
 import logging
 import math
+import re
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -310,12 +311,19 @@ def decode_payload(
         if isinstance(body, bytes | bytearray) and not _looks_like_json(body):
             check_body_size(body, limit, _LIMIT_SETTING)
             return _check_values(decode_image(bytes(body), shape, _DTYPES[spec.dtype]), spec)
-    rows = _csv_values(body) if spec.encoding == "json" and _csv_like(body) else None
+    csv = spec.encoding == "json" and _csv_like(body, spec.features)
+    rows = _csv_values(body, spec.features) if csv else None
     if rows is not None:
         check_body_size(body, limit, _LIMIT_SETTING)
         return _csv_items(rows, spec, several)
+    if spec.features is not None:
+        expected_body += f' or a record {{"{spec.features[0]}": <a number>, ...}}'
     body = _parse_json(body, expected_body, limit)
     values = _field_value(body, spec.field)
+    if spec.features is not None:
+        if type(body) is dict and (values is _MISSING or spec.field in spec.features):
+            values = body  # the record itself
+        values = _from_records(values, spec.features)
     if values is _MISSING:
         raise BadInputError(expected_body, _describe(body), reason="missing_field")
     # KServe's and TF Serving's protocol: {"instances": [...]} answered {"predictions": [...]}.
@@ -413,6 +421,29 @@ def _npy_values(body: bytes) -> tuple[Any, tuple[int, ...]]:
     return array.tolist(), tuple(int(d) for d in shape)
 
 
+def _from_records(values: Any, names: Sequence[str]) -> Any:
+    """A record (``{"age": 41, "income": 3.5}``), or a list of them, as the input's numbers
+    in the order of ``input.features``; anything else as it is. A feature missing from a
+    record is a 400 naming it; other keys (an id, a timestamp) are not read."""
+    if type(values) is dict:
+        return _record(values, names, "the record")
+    if type(values) is list and values and all(type(v) is dict for v in values):
+        return [_record(v, names, f"record {i}") for i, v in enumerate(values)]
+    return values
+
+
+def _record(record: Mapping[str, Any], names: Sequence[str], which: str) -> list[Any]:
+    missing = [name for name in names if name not in record]
+    if missing:
+        shown = ", ".join(map(repr, missing[:5])) + (", ..." if len(missing) > 5 else "")
+        raise BadInputError(
+            f"a value for each of the {len(names)} features (input.features)",
+            f"none for {shown} in {which}",
+            reason="missing_field",
+        )
+    return [record[name] for name in names]
+
+
 def _instances(body: Mapping[str, Any], spec: InputSpec) -> bool:
     """Whether ``body`` sends its input under ``instances`` (the default field absent, no
     ``inputs`` beside it: what :func:`_field_value` took)."""
@@ -468,7 +499,7 @@ def _aliased(body: Mapping[str, Any]) -> Any:
 _UTF8_BOM = b"\xef\xbb\xbf"
 
 
-def _csv_like(body: Any) -> bool:
+def _csv_like(body: Any, features: Sequence[str] | None = None) -> bool:
     """A body that may be CSV (``text/csv``, as batch-scoring clients send a table's rows):
     text that opens with a number (JSON's objects and arrays open with a bracket), or with a
     line of column names before a line that does."""
@@ -487,6 +518,11 @@ def _csv_like(body: Any) -> bool:
     if isinstance(text, bytes | bytearray):
         text = bytes(text).removeprefix(_UTF8_BOM).decode("latin-1")
     lines = text.removeprefix("\ufeff").lstrip().split("\n", 2)
+    if features is not None and len(lines) > 1:
+        # A header naming the input's features: its lines may open with an id.
+        names = {c.strip().strip('"') for c in re.split("[,;\t]", lines[0])}
+        if names.issuperset(features):
+            return True
     return (
         len(lines) > 1
         and any(mark in lines[0] for mark in (",", ";", "\t"))
@@ -494,9 +530,12 @@ def _csv_like(body: Any) -> bool:
     )
 
 
-def _csv_values(body: str | bytes | bytearray) -> list[list[int | float]] | None:
-    """A CSV body's rows of numbers. None where it is no text (the JSON path then says what
-    came); a 400 naming the first field that is not a number."""
+def _csv_values(
+    body: str | bytes | bytearray, features: Sequence[str] | None = None
+) -> list[list[int | float]] | None:
+    """A CSV body's rows of numbers (its columns in the order ``features`` names them, where
+    it has a header and the input names its features). None where it is no text (the JSON
+    path then says what came); a 400 naming the first field that is not a number."""
     try:
         # utf-8-sig: a spreadsheet's export opens with a byte-order mark, no part of a field.
         text = body if isinstance(body, str) else bytes(body).decode("utf-8-sig")
@@ -509,14 +548,19 @@ def _csv_values(body: str | bytes | bytearray) -> list[list[int | float]] | None
     lines = text.splitlines()
     first = next((i for i, line in enumerate(lines) if line.strip()), None)
     delimiter = _delimiter(lines[first]) if first is not None else ","
+    columns: list[int] | None = None
     if first is not None and not any(_is_number(c) for c in lines[first].split(delimiter)):
-        # The column names: the rows follow, in the shape's order as they are.
+        # The column names: the rows follow, in their order, or by name (input.features).
+        header = [c.strip().strip('"') for c in lines[first].split(delimiter)]
+        columns = _columns(header, features) if features is not None else None
         lines[first] = ""
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         row = []
-        for cell in line.split(delimiter):
+        cells = line.split(delimiter)
+        # By name, the features' columns only: an id or a timestamp beside them is not read.
+        for cell in cells if columns is None else _picked(cells, columns, number):
             try:
                 row.append(_number(cell))
             except ValueError:
@@ -527,6 +571,29 @@ def _csv_values(body: str | bytes | bytearray) -> list[list[int | float]] | None
                 ) from None
         rows.append(row)
     return rows or None
+
+
+def _columns(header: Sequence[str], features: Sequence[str]) -> list[int]:
+    """Where each of ``features`` stands in a CSV header; a 400 naming those it lacks."""
+    missing = [name for name in features if name not in header]
+    if missing:
+        shown = ", ".join(map(repr, missing[:5])) + (", ..." if len(missing) > 5 else "")
+        raise BadInputError(
+            f"a CSV header naming each of the {len(features)} features (input.features)",
+            f"none for {shown}",
+            reason="missing_field",
+        )
+    return [header.index(name) for name in features]
+
+
+def _picked(row: list[str], columns: Sequence[int], number: int) -> list[str]:
+    if len(row) <= max(columns):
+        raise BadInputError(
+            "as many fields in each CSV line as its header names",
+            f"{len(row)} in line {number}",
+            reason="wrong_shape",
+        )
+    return [row[at] for at in columns]
 
 
 def _csv_items(
@@ -862,6 +929,17 @@ class InputPipeline:
                 reason="wrong_shape",
             )
         return tensor
+
+    def table(self, text: str) -> torch.Tensor:
+        """A CSV table (a reference's held-out rows) as raw items ``[N, *shape]``: read as a
+        CSV body is, its header matched by name (``input.features``), without the per-request
+        item limit; a :class:`BadInputError` says what is wrong where."""
+        rows = _csv_values(text, self.spec.features)
+        if not rows:
+            raise BadInputError("CSV rows of numbers", "none", reason="wrong_shape")
+        numel = self.spec.numel
+        flat = decode_values(rows, replace(self.spec, shape=(len(rows), numel), length_dim=None))
+        return flat.reshape(len(rows), *(self.spec.shape or ()))
 
     def decode_rows(self, rows: list[Any]) -> torch.Tensor | Items:
         """A request's items sent as a tensor's rows (the Open Inference Protocol's batch,

@@ -54,6 +54,8 @@ def reference_labels(
         return _array(arrays[LABELS_ARRAY], where), where
     if reference.suffix == ".jsonl":
         return _jsonl(reference)
+    if reference.suffix in (".csv", ".tsv"):
+        return _table(reference)
     return None
 
 
@@ -101,6 +103,33 @@ def _array(value: object, where: str) -> NDArray[np.int64]:
         raise ConfigError(f"{where}: expected class labels >= 0, got {int(a.min())}")
     y: NDArray[np.int64] = a.astype(np.int64)
     return y
+
+
+def _table(reference: Path) -> tuple[NDArray[np.int64], str] | None:
+    """A table's ``label`` column (named so in its header), or None where it has none."""
+    import csv
+
+    try:
+        text = reference.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError):
+        return None  # the reference's own reader says so
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        return None
+    delimiter = next((d for d in (",", ";", "\t") if d in lines[0]), ",")
+    rows = list(csv.reader(lines, delimiter=delimiter))
+    header = [name.strip() for name in rows[0]]
+    if LABEL_FIELD not in header:
+        return None
+    at = header.index(LABEL_FIELD)
+    where = f"the {LABEL_FIELD!r} column of {reference.name}"
+    try:
+        values = [int(row[at]) for row in rows[1:]]
+    except (IndexError, ValueError):
+        raise ConfigError(
+            f"{where}: expected an integer class label on every line (the index of the right logit)"
+        ) from None
+    return _array(np.asarray(values, dtype=np.int64), where), where
 
 
 def _jsonl(reference: Path) -> tuple[NDArray[np.int64], str] | None:

@@ -1478,12 +1478,30 @@ def _flow_scalar(name: str) -> str:
 
 # -- reference data ----------------------------------------------------------------------------
 
-#: A table is not read as a reference: its columns' order, header and types are the user's to
-#: say, which an array or request bodies do.
+#: A table is read as a reference where the input names its columns (``input.features``):
+#: its header says which column is which. Otherwise their order is the user's to say, which an
+#: array or request bodies do.
 _CSV_HINT = (
-    " (a table: numpy.save(path, table.to_numpy(dtype='float32')) writes its rows as an array "
-    "in the input's order)"
+    " (a table: name its columns in input.features to read it by its header, or "
+    "numpy.save(path, table.to_numpy(dtype='float32')) writes its rows as an array in the "
+    "input's order)"
 )
+#: What a table's file may be called.
+TABLE_SUFFIXES = (".csv", ".tsv")
+
+
+def _table_batches(path: Path, pipeline: InputPipeline, batch_size: int) -> Iterator[ModelInputs]:
+    """A CSV reference's rows, read as a CSV request's are (its header by name), in batches."""
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"reference: expected a readable UTF-8 table, got {error}") from None
+    try:
+        values = pipeline.table(text)
+    except BadInputError as error:
+        raise ConfigError(f"reference: {path.name}: {error}") from None
+    for start in range(0, len(values), batch_size):
+        yield pipeline.batch(values[start : start + batch_size])
 
 
 def load_reference(path: Path, pipeline: Pipeline, batch_size: int = 64) -> Iterator[ModelInputs]:
@@ -1526,10 +1544,15 @@ def load_reference(path: Path, pipeline: Pipeline, batch_size: int = 64) -> Iter
             f"reference: expected a .jsonl of texts (a JSON string per line) for a text model, "
             f"got {path.name}"
         )
+    tabular = isinstance(pipeline, InputPipeline) and pipeline.spec.features is not None
+    if path.suffix in TABLE_SUFFIXES and tabular:
+        assert isinstance(pipeline, InputPipeline)
+        yield from _table_batches(path, pipeline, batch_size)
+        return
     if path.suffix not in ARRAY_SUFFIXES:
         raise ConfigError(
             f"reference: expected a .npy, .npz, .pt or .jsonl file, got {path.name}"
-            f"{_CSV_HINT if path.suffix in ('.csv', '.tsv', '.txt') else ''}"
+            f"{_CSV_HINT if path.suffix in (*TABLE_SUFFIXES, '.txt') else ''}"
         )
     loaded = read_arrays(path, "reference")
     if isinstance(pipeline, ArgumentsPipeline):
