@@ -319,15 +319,19 @@ def decode_payload(
     if spec.features is not None:
         expected_body += f' or a record {{"{spec.features[0]}": <a number>, ...}}'
     body = _parse_json(body, expected_body, limit)
-    values = _field_value(body, spec.field)
-    if spec.features is not None:
+    frame = _dataframe(body, spec) if type(body) is dict else _MISSING
+    values = _field_value(body, spec.field) if frame is _MISSING else frame
+    if spec.features is not None and frame is _MISSING:
         if type(body) is dict and (values is _MISSING or spec.field in spec.features):
             values = body  # the record itself
         values = _from_records(values, spec.features)
     if values is _MISSING:
         raise BadInputError(expected_body, _describe(body), reason="missing_field")
     # KServe's and TF Serving's protocol: {"instances": [...]} answered {"predictions": [...]}.
-    wrapped = several and type(body) is dict and "instances" in body and _instances(body, spec)
+    wrapped = several and (
+        frame is not _MISSING
+        or (type(body) is dict and "instances" in body and _instances(body, spec))
+    )
     if image:
         listed = values if wrapped and type(values) is list and len(values) > 1 else [values]
         files = [image_bytes(value) for value in listed]
@@ -419,6 +423,52 @@ def _npy_values(body: bytes) -> tuple[Any, tuple[int, ...]]:
         )
     array = np.frombuffer(data, dtype).reshape(shape, order="F" if fortran else "C")
     return array.tolist(), tuple(int(d) for d in shape)
+
+
+#: MLflow's scoring server's request forms of a table: ``{"dataframe_split": {"columns": [...],
+#: "data": [[...]]}}`` and ``{"dataframe_records": [{...}]}`` (answered, as it answers,
+#: ``{"predictions": [...]}``).
+DATAFRAME_KEYS = ("dataframe_split", "dataframe_records")
+
+
+def _dataframe(body: Mapping[str, Any], spec: InputSpec) -> Any:
+    """A table sent as MLflow's clients send one, as rows in the input's order (by column
+    name where ``input.features`` names them); :data:`_MISSING` where the body is no such
+    table."""
+    if "dataframe_records" in body:
+        records = body["dataframe_records"]
+        if spec.features is None:
+            raise BadInputError(
+                "rows as arrays (or input.features naming the columns, to read records)",
+                "dataframe_records",
+                reason="wrong_shape",
+            )
+        if not (type(records) is list and records and all(type(r) is dict for r in records)):
+            raise BadInputError(
+                "dataframe_records: a list of records", _describe(records), reason="wrong_shape"
+            )
+        return _from_records(records, spec.features)
+    split = body.get("dataframe_split")
+    if split is None:
+        return _MISSING
+    data = split.get("data") if type(split) is dict else None
+    if type(data) is not list or not data:
+        raise BadInputError(
+            'dataframe_split: an object {"columns": [...], "data": [[...], ...]}',
+            _describe(split),
+            reason="wrong_shape",
+        )
+    columns = split.get("columns")
+    if spec.features is None or columns is None:
+        return data  # positional: the columns in the input's order
+    if type(columns) is not list or not all(type(c) is str for c in columns):
+        raise BadInputError(
+            "dataframe_split.columns: the column names", _describe(columns), reason="wrong_type"
+        )
+    return _from_records(
+        [dict(zip(columns, row, strict=False)) if type(row) is list else row for row in data],
+        spec.features,
+    )
 
 
 def _from_records(values: Any, names: Sequence[str]) -> Any:

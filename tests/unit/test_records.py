@@ -57,6 +57,31 @@ def test_records_are_rows_in_the_features_order() -> None:
     assert served.handle([row(2)])[0] == alone[2]
 
 
+def test_mlflows_table_forms_are_answered_as_it_answers() -> None:
+    """MLflow's scoring clients send a table as ``dataframe_split`` (columns and rows) or
+    ``dataframe_records``; answered ``{"predictions": [...]}``, as its server answers."""
+    served = service()
+    alone = [served.handle([{"data": row(i)}])[0] for i in range(2)]
+    columns = list(reversed(NAMES))
+    split = {"columns": columns, "data": [list(reversed(row(i))) for i in range(2)]}
+    out = served.handle(
+        [
+            {"dataframe_split": split},
+            {"dataframe_records": [record(0), record(1)]},
+            {"dataframe_split": {"data": [row(1)]}},
+        ]
+    )
+    assert out[0] == {"predictions": alone} and out[1] == {"predictions": alone}
+    assert out[2] == {"predictions": [alone[1]]}
+    plain = HandlerConfig.from_mapping({"input": {"shape": [4]}, "monitoring": {"layers": []}})
+    positional = ModelService(served.model, plain.input, None)
+    by_position, records = positional.handle(
+        [{"dataframe_split": {"columns": NAMES, "data": [row(0)]}}, {"dataframe_records": [{}]}]
+    )
+    assert by_position == {"predictions": [alone[0]]}
+    assert records["code"] == 400 and "input.features naming the columns" in records["expected"]
+
+
 def test_a_record_without_a_feature_is_a_400_naming_it() -> None:
     served = service()
     partial = record(0)
