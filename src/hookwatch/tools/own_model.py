@@ -1162,6 +1162,13 @@ def init_config(
                 "    #                  # resized and centre-cropped to the shape, pixels / 255",
             ]
         vocabulary = rows[0].vocabulary if rows and rows[0].name == INPUT_LAYER else 0
+        if len(shape) == 1 and not vocabulary and not preprocessed and 1 < shape[0] <= 64:
+            # A table's row: its columns may be named, for records and CSV headers.
+            input_lines.append(
+                f"    # features: [{', '.join(f'col{i}' for i in range(min(shape[0], 3)))}"
+                f"{', ...' if shape[0] > 3 else ''}]   # column names, in order: records "
+                "and CSV headers read by name"
+            )
         if preprocessed:
             pass
         elif vocabulary:
