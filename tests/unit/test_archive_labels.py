@@ -312,5 +312,7 @@ def test_a_reference_saved_by_torch_save_is_read_as_numpy_s(
     with pytest.raises(ConfigError, match=r"got a tuple of 2: save the inputs as one tensor, or"):
         archive(tmp_path / "pair.pt")
     (tmp_path / "ref.csv").write_text("0,1,2,3,4,5\n")
-    with pytest.raises(ConfigError, match=r"got ref\.csv \(a table: numpy\.save\(path, table"):
+    with pytest.raises(
+        ConfigError, match=r"got ref\.csv \(a table: name its columns in input\.features"
+    ):
         archive(tmp_path / "ref.csv")
