@@ -897,7 +897,8 @@ class TextSpec:
             OPTION: Option(
                 doc="a text model: the tokenizer's directory in the model directory (a "
                 "`--model-args` directory archived with the model, under the argument's name). "
-                "With `input.text` no other `input` key is allowed",
+                "With `input.text` no other `input` key is allowed but `argument` (the tokens "
+                "together as one dict under that keyword)",
                 kind="check",
                 check=lambda v: isinstance(v, str) and bool(v) and not Path(v).is_absolute(),
                 expected="a directory in the model directory (a relative path)",
@@ -1088,13 +1089,20 @@ class InputSpec:
         if unknown:
             raise ConfigError(f"input: expected only the keys {sorted(known)}, got {unknown}")
         if "text" in raw:
-            others = sorted(set(raw) - {"text"})
+            others = sorted(set(raw) - {"text", "argument"})
             if others:
                 raise ConfigError(
-                    f"input: expected only 'text' for a text model (the tokenizer decides the "
-                    f"rest), got also {others}"
+                    f"input: expected only 'text' (and 'argument') for a text model (the "
+                    f"tokenizer decides the rest), got also {others}"
                 )
-            return cls(shape=None, text=TextSpec.from_mapping(raw["text"]))
+            argument = raw.get("argument")
+            if argument is not None and not (isinstance(argument, str) and argument.isidentifier()):
+                raise ConfigError(
+                    "input.argument: expected a keyword argument name of forward(), got "
+                    f"{argument!r}"
+                )
+            # argument: the tokens together as one dict under that keyword (forward(input)).
+            return cls(shape=None, text=TextSpec.from_mapping(raw["text"]), argument=argument)
         if "arguments" in raw:
             return cls._from_arguments(raw)
         preprocess = raw.get("preprocess")

@@ -1249,7 +1249,7 @@ Pipeline = InputPipeline | ArgumentsPipeline | TextPipeline
 def make_pipeline(spec: InputSpec, model_dir: str | Path | None = None) -> Pipeline:
     """The pipeline ``spec`` asks for; text needs ``hookwatch[text]`` (transformers)."""
     if spec.text is not None:
-        return TextPipeline(spec.text, model_dir)
+        return TextPipeline(spec.text, model_dir, spec.argument)
     if spec.arguments:
         return ArgumentsPipeline(spec, model_dir)
     return InputPipeline(spec, model_dir)
@@ -1366,6 +1366,9 @@ def call_model(pipeline: Pipeline, model: nn.Module, inputs: ModelInputs) -> Any
     if isinstance(inputs, dict):
         if isinstance(pipeline, ArgumentsPipeline) and pipeline.spec.argument is not None:
             return model(**{pipeline.spec.argument: inputs})
+        if isinstance(pipeline, TextPipeline) and pipeline.argument is not None:
+            # A copy: such a forward may add its outputs to the dict it is given.
+            return model(**{pipeline.argument: dict(inputs)})
         return model(**inputs)
     assert isinstance(pipeline, InputPipeline)
     return pipeline.call(model, inputs)

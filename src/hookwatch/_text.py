@@ -90,8 +90,13 @@ TEXT_KEYS = ("text", "texts", "inputs", "input", "instances", "data")
 class TextPipeline:
     """Text requests → token tensors: :meth:`decode` per request, :meth:`batch` per forward."""
 
-    def __init__(self, spec: TextSpec, model_dir: str | Path | None) -> None:
+    def __init__(
+        self, spec: TextSpec, model_dir: str | Path | None, argument: str | None = None
+    ) -> None:
         self.spec = spec
+        #: The tokens together as one dict under this keyword of forward() (``input.argument``:
+        #: a sentence-transformers model's ``forward(input)``); None: each as its own.
+        self.argument = argument
         directory = Path(model_dir) if model_dir is not None else Path.cwd()
         self._tokenizer = load_tokenizer(directory / spec.tokenizer)
         limit = self._tokenizer.model_max_length

@@ -502,3 +502,60 @@ def test_hookwatch_layers_dry_runs_a_text_model_through_its_tokenizer(
     guessed = read_model_config(tmp_path / "bare.yaml")
     assert guessed.handler.input.text is not None
     assert guessed.handler.input.text.tokenizer == "pretrained"
+
+
+#: A sentence-transformers-like model: forward(input) takes the tokens as one dict and hands
+#: it back with its embeddings added (token ids first, as that library returns them).
+DICT_TEXT_MODEL = """
+import torch
+from torch import nn
+from tests.tiny_text import TinyEncoder
+
+
+class Sentences(nn.Module):
+    def __init__(self, pretrained: str) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.encoder = TinyEncoder()
+
+    def forward(self, input):
+        states = self.encoder(input["input_ids"], input["attention_mask"])["last_hidden_state"]
+        mask = input["attention_mask"].unsqueeze(-1).float()
+        pooled = (states * mask).sum(1) / mask.sum(1)
+        input.update({"token_embeddings": states, "sentence_embedding": pooled})
+        return input
+"""
+
+
+def test_a_forward_taking_the_tokens_as_one_dict_is_served_under_its_keyword(
+    tmp_path: Path, tokenizer_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``forward(input)`` reading ``input["input_ids"]`` (a sentence-transformers model) was
+    called with each token tensor as its own keyword and failed: ``input.argument`` beside
+    ``input.text`` passes them as one dict; ``init`` proposes it, and the pooled embedding
+    past the token ids it hands back."""
+    from hookwatch.tools.cli import main
+
+    (tmp_path / "sentences.py").write_text(DICT_TEXT_MODEL)
+    model = f"{tmp_path / 'sentences.py'}:Sentences"
+    args = ["--model-args", json.dumps({"pretrained": str(tokenizer_dir)})]
+    out = tmp_path / "c.yaml"
+    assert main(["init", model, *args, "--out", str(out)]) == 0
+    assert "passed together as forward(input)" in capsys.readouterr().err
+    written = read_model_config(out)
+    assert written.handler.input.argument == "input"
+    assert written.monitoring.output.select == "sentence_embedding"
+    assert written.monitoring.output.head == "embedding"
+    namespace: dict[str, Any] = {}
+    exec(compile(DICT_TEXT_MODEL, "sentences.py", "exec"), namespace)
+    built = namespace["Sentences"](str(tokenizer_dir)).eval()
+    # As a worker finds it: the tokenizer archived under the argument's name.
+    (tmp_path / "pretrained").symlink_to(tokenizer_dir)
+    service = ModelService.from_handler_config(
+        built, written.handler, "sentences", monitored=False, model_dir=str(tmp_path)
+    )
+    texts = words(3, seed=4)
+    alone = [service.handle([t])[0]["embedding"] for t in texts]
+    together = service.handle([{"instances": texts}])[0]["predictions"]
+    for one, batched in zip(alone, together, strict=True):
+        torch.testing.assert_close(torch.tensor(batched["embedding"]), torch.tensor(one))

@@ -757,9 +757,15 @@ def _model_dry_run(
         # A directory with a tokenizer in it: a text model, tried on texts through it.
         from hookwatch._config import HandlerConfig
 
-        text = HandlerConfig.from_mapping({"input": {"text": {"tokenizer": tokenizer}}}).input
+        argument = _dict_argument(model)
+        raw: dict[str, Any] = {"text": {"tokenizer": tokenizer}}
+        if argument is not None:
+            raw["argument"] = argument
+        text = HandlerConfig.from_mapping({"input": raw}).input
         print(
-            f"input: texts, tokenised by the tokenizer in --model-args {tokenizer}", file=sys.stderr
+            f"input: texts, tokenised by the tokenizer in --model-args {tokenizer}"
+            + (f", passed together as forward({argument})" if argument else ""),
+            file=sys.stderr,
         )
         return _text_dry_run(model, text, model_args)
     if shape is None:
@@ -824,6 +830,27 @@ def _guessed_dry_run(
     raise ConfigError(
         f"{needed} ({name}, {type(module).__name__}, comes first: --input-shape {hint})"
     )
+
+
+def _dict_argument(model: Any) -> str | None:
+    """The one parameter of a forward that takes the tokens as one dict (a
+    sentence-transformers model's ``forward(input)``): a single required parameter not named
+    as a tokenizer output; None otherwise."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError, AttributeError):
+        return None
+    required = [
+        p
+        for p in parameters
+        if p.default is inspect.Parameter.empty
+        and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
+    if len(required) == 1 and required[0].name not in ("input_ids", "inputs_embeds", "x"):
+        return required[0].name
+    return None
 
 
 #: Files a saved tokenizer leaves in its directory (HuggingFace's ``save_pretrained``).
@@ -948,7 +975,7 @@ def _text_dry_run(
         pipeline = make_pipeline(spec, tmp)
         texts = ["A short text.", "A somewhat longer example text, tokenised as requests are."]
         inputs = batch_inputs(pipeline, [pipeline.decode(t) for t in texts])
-    return discover_layers(model, inputs, tokens=True), (), "text", None
+    return discover_layers(model, inputs, spec.argument, tokens=True), (), "text", spec.argument
 
 
 def _layers(args: argparse.Namespace) -> int:

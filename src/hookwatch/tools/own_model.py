@@ -445,7 +445,11 @@ def forward_batches(
     the tensor, or the arguments together as one dict, as that keyword."""
     for batch in batches:
         # A padded batch's values are positional (input.argument is refused beside a null).
-        yield batch if argument is None or isinstance(batch, Padded) else {argument: batch}
+        if argument is None or isinstance(batch, Padded):
+            yield batch
+        else:
+            # A copy of a dict: such a forward may add its outputs to the dict it is given.
+            yield {argument: dict(batch) if isinstance(batch, dict) else batch}
 
 
 def _select_choices(output: Any) -> str:
@@ -650,7 +654,7 @@ def discover_layers(
             elif isinstance(x, dict):
                 with torch.inference_mode():
                     # Under input.argument, the arguments together as one dict.
-                    result = model(**{argument: x}) if argument else model(**x)
+                    result = model(**{argument: dict(x)}) if argument else model(**x)
             else:
                 result = call(model, x, argument)
         except Exception as error:
@@ -732,7 +736,7 @@ def discover_layers(
             reading=reading,
             items=items,
             listed=listed,
-            parts=() if listed or items else _output_parts(result, batch),
+            parts=() if listed or items else _output_parts(result, batch, _tensor_ids(x)),
             untensored="" if out_shapes else _no_tensor(result),
         )
     )
@@ -774,9 +778,18 @@ NO_TENSOR_HINT = (
 )
 
 
-def _output_parts(result: Any, batch: int) -> tuple[tuple[int | str, tuple[int, ...] | None], ...]:
+def _tensor_ids(x: Any) -> frozenset[int]:
+    """The identities of the tensors a dry run gave the model (its keyword arguments')."""
+    values = x.values() if isinstance(x, Mapping) else (x,)
+    return frozenset(id(v) for v in values if isinstance(v, torch.Tensor))
+
+
+def _output_parts(
+    result: Any, batch: int, given: frozenset[int] = frozenset()
+) -> tuple[tuple[int | str, tuple[int, ...] | None], ...]:
     """A tuple, list or dict output's tensors: each one's index or key and its shape per
-    sample (None without a row per sample)."""
+    sample (None without a row per sample, or for an input handed back as it came: a
+    sentence-transformers model returns its token ids beside its embeddings)."""
     named: list[tuple[int | str, Any]]
     if isinstance(result, Mapping):
         named = [(str(key), value) for key, value in result.items()]
@@ -790,7 +803,12 @@ def _output_parts(result: Any, batch: int) -> tuple[tuple[int | str, tuple[int, 
     else:
         return ()
     return tuple(
-        (key, tuple(value.shape[1:]) if value.dim() and value.shape[0] == batch else None)
+        (
+            key,
+            tuple(value.shape[1:])
+            if value.dim() and value.shape[0] == batch and id(value) not in given
+            else None,
+        )
         for key, value in named
         if isinstance(value, torch.Tensor)
     )
@@ -1120,6 +1138,11 @@ def init_config(
             "    text:   # texts tokenised by the tokenizer archived under this argument's name",
             *(f"      {key}: {json.dumps(value)}" for key, value in text.items()),
         ]
+        if argument:
+            input_lines.append(
+                f"    argument: {_flow_scalar(argument)}   # the tokens together as one dict: "
+                f"forward({argument})"
+            )
     elif arguments:
         input_lines = _argument_lines(arguments)
         if argument:
