@@ -1048,6 +1048,10 @@ class MaskHook:
             return
         kwargs = kwargs or {}
         try:
+            # The tokens together as one dict under one keyword (input.argument): read inside.
+            together = next((v for v in (*kwargs.values(), *args) if isinstance(v, Mapping)), None)
+            if together is not None:
+                kwargs = {**kwargs, **together}
             argument = self._argument
             if isinstance(argument, str):
                 mask = kwargs.get(argument)

@@ -8,6 +8,7 @@ import importlib.util
 import json
 import sys
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -559,3 +560,19 @@ def test_a_forward_taking_the_tokens_as_one_dict_is_served_under_its_keyword(
     together = service.handle([{"instances": texts}])[0]["predictions"]
     for one, batched in zip(alone, together, strict=True):
         torch.testing.assert_close(torch.tensor(batched["embedding"]), torch.tensor(one))
+    # Its profile reads the tokens inside the dict as any text model's: the input detector
+    # (token counts, its mask found under the keyword) is kept.
+    from hookwatch._profile import build_profile
+    from hookwatch._service import batch_inputs
+    from hookwatch.tools.own_model import forward_batches
+
+    pipeline = service.pipeline
+    # Batches whose longest differ: read without the mask, the ids are a value a step whose
+    # count follows the longest (the input left out of the profile).
+    batches = [
+        batch_inputs(pipeline, [pipeline.decode(t) for t in words(40, s, low, high)])
+        for s, low, high in ((5, 2, 4), (6, 8, 20))
+    ]
+    monitoring = replace(written.monitoring, layers=("encoder.encoder.layer.1.output",))
+    profile = build_profile(built, monitoring, forward_batches(batches, "input"), "sentences")
+    assert "input" in profile.references and "input" not in profile.left_out, profile.left_out
