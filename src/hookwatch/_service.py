@@ -404,7 +404,9 @@ def _npy_values(body: bytes) -> tuple[Any, tuple[int, ...]]:
             else np.lib.format.read_array_header_2_0
         )
         shape, fortran, dtype = read_header(stream)
-    except (ValueError, OSError, EOFError, SyntaxError) as error:
+    except Exception as error:
+        # numpy parses the header as a Python literal: whatever that raises (ValueError,
+        # SyntaxError, tokenize's TokenError, ...) is the header's fault.
         detail = str(error).splitlines()[0][:120] if str(error) else type(error).__name__
         raise BadInputError(
             expected, f"one whose header does not read ({detail})", reason="not_json"

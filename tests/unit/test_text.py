@@ -113,7 +113,9 @@ def test_a_request_without_a_payload_says_what_it_carried(tokenizer_dir: Path) -
 
 
 def test_text_config_is_validated_with_what_was_expected(tokenizer_dir: Path) -> None:
-    with pytest.raises(ConfigError, match=r"expected only 'text' for a text model.*\['shape'\]"):
+    with pytest.raises(
+        ConfigError, match=r"expected only 'text' \(and 'argument'\) for a text.*\['shape'\]"
+    ):
         HandlerConfig.from_mapping({"input": {"text": {"tokenizer": "t"}, "shape": [3]}})
     with pytest.raises(ConfigError, match=r"input.text.max_tokens: expected an integer"):
         TextSpec.from_mapping({"tokenizer": "t", "max_tokens": 0})
