@@ -40,8 +40,11 @@ def decode_wav(
         with wave.open(io.BytesIO(data)) as wav:
             channels, width, rate = wav.getnchannels(), wav.getsampwidth(), wav.getframerate()
             frames = wav.readframes(wav.getnframes())
-    except (wave.Error, EOFError) as error:
-        # wave reads integer PCM only: a float or compressed WAV is refused by name.
+        if channels < 1 or width < 1:
+            raise wave.Error(f"{channels} channels of {width}-byte samples")
+    except Exception as error:
+        # wave reads integer PCM only: a float or compressed WAV is refused by name, and
+        # whatever else a malformed header makes it raise (struct's, EOF) is the file's.
         raise BadInputError(
             "a PCM WAV file (8, 16, 24 or 32-bit integer samples)",
             f"one that does not read ({str(error)[:120] or type(error).__name__})",
@@ -53,6 +56,8 @@ def decode_wav(
             f"{rate} Hz",
             reason="wrong_shape",
         )
+    # A file cut inside its last frame: the whole frames only.
+    frames = frames[: len(frames) - len(frames) % (width * channels)]
     samples = _pcm(frames, width).reshape(-1, channels).T  # [channels, samples]
     count = samples.shape[1]
     longest = shape[at]

@@ -167,3 +167,43 @@ def test_archived_from_a_directory_of_recordings_in_class_folders(tmp_path: Path
             say=lambda _: None,
         )
     assert json.loads(json.dumps(out))  # answers are JSON
+
+
+def test_mutated_recordings_get_an_answer_or_a_clear_4xx() -> None:
+    """WAV bodies with bytes flipped, cut or inserted: each answered, or refused with a 4xx
+    whose reason hookwatch names (never the "unreadable" of a decoder gap)."""
+    from hypothesis import HealthCheck, given, settings
+
+    from hookwatch._metrics import MetricSet
+    from tests.payloads import _mutated
+
+    handler = HandlerConfig.from_mapping(
+        {
+            "input": {"shape": [None], "max_length": 400, "sample_rate": 8000},
+            "monitoring": {"layers": [], "output": {"head": "values"}},
+        }
+    )
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1, 1)).eval()
+
+    class Mean(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = model(x.mean(1, keepdim=True))
+            return out
+
+    service = ModelService.from_handler_config(Mean(), handler, "wave", MetricSet())
+    valid = wav((np.sin(np.arange(200) / 5) * 0.5).astype(np.float32))
+    for width in (1, 3, 4):
+        assert "values" in service.handle([wav(np.zeros(50, np.float32), width=width)])[0]
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(body=_mutated(valid))
+    def check(body: bytes) -> None:
+        answer = service.handle([body])[0]
+        if "values" not in answer:
+            assert answer["code"] in (400, 413) and answer["expected"] and answer["got"], answer
+
+    check()
+    assert service.monitor is not None
+    assert "unreadable" not in service.monitor._counts().rejected_by
+    service.close()
