@@ -155,6 +155,54 @@ EDGES: tuple[bytes, ...] = (
 )
 
 
+_DATATYPES = st.sampled_from(["FP32", "FP64", "INT64", "BOOL", "BYTES", "UINT8", "FP16", "X"])
+
+
+@st.composite
+def _structured(draw: st.DrawFn) -> bytes:
+    """Other servers' request forms with their parts drawn at random: the Open Inference
+    Protocol's tensors (names, shapes, datatypes, data, outputs, id), MLflow's tables and
+    records."""
+    kind = draw(st.sampled_from(["oip", "split", "records"]))
+    if kind == "oip":
+        tensors = []
+        for _ in range(draw(st.integers(0, 3))):
+            shape = draw(st.lists(st.integers(-1, 70), max_size=5))
+            tensor: dict[str, Any] = {
+                "name": draw(st.one_of(st.text(max_size=6), st.none(), st.integers())),
+                "shape": shape,
+                "datatype": draw(_DATATYPES),
+            }
+            if draw(st.booleans()):
+                tensor["data"] = draw(
+                    st.one_of(st.lists(st.one_of(_numbers, _scalars), max_size=80), _json_values)
+                )
+            else:
+                tensor["parameters"] = {"binary_data_size": draw(st.integers(-5, 300))}
+            tensors.append(tensor)
+        body: dict[str, Any] = {"inputs": tensors}
+        if draw(st.booleans()):
+            body["outputs"] = draw(
+                st.one_of(
+                    st.lists(st.fixed_dictionaries({"name": st.text(max_size=6)})), _json_values
+                )
+            )
+        if draw(st.booleans()):
+            body["id"] = draw(_scalars)
+        tail = draw(st.binary(max_size=64)) if draw(st.booleans()) else b""
+        return _encode(body) + tail
+    if kind == "split":
+        frame = {
+            "columns": draw(st.one_of(st.lists(st.text(max_size=4), max_size=6), _scalars)),
+            "data": draw(
+                st.one_of(st.lists(st.lists(_numbers, max_size=70), max_size=4), _json_values)
+            ),
+        }
+        return _encode({"dataframe_split": draw(st.one_of(st.just(frame), _json_values))})
+    records = draw(st.lists(st.dictionaries(st.text(max_size=4), _scalars, max_size=6), max_size=4))
+    return _encode({"dataframe_records": records})
+
+
 def other_forms(valid: bytes) -> list[bytes]:
     """``valid``'s item as other clients send it: the Open Inference Protocol's JSON and its
     binary extension, an ``.npy`` file and a CSV line."""
@@ -224,5 +272,6 @@ def payloads(valid: bytes) -> st.SearchStrategy[Payload]:
         st.sampled_from(EDGES),
         *(_mutated(form) for form in other_forms(valid)),
         st.sampled_from(FORM_EDGES),
+        _structured(),
     )
     return st.tuples(st.sampled_from(CONTENT_TYPES), bodies)

@@ -177,3 +177,48 @@ def test_archived_from_a_csv_read_by_its_header(tmp_path: Path) -> None:
             tmp_path / "build2",
             say=lambda _: None,
         )
+
+
+def test_generated_records_and_tables_get_an_answer_or_a_clear_4xx() -> None:
+    """Records with keys and values drawn at random, MLflow's tables, CSV with headers:
+    answered, or refused with a 4xx whose reason hookwatch names."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from hookwatch._metrics import MetricSet
+    from tests.payloads import _json_values, _numbers, _structured
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3)).eval()
+    handler = HandlerConfig.from_mapping(
+        {"input": {"shape": [4], "features": NAMES}, "monitoring": {"layers": []}}
+    )
+    served = ModelService.from_handler_config(model, handler, "records", MetricSet())
+    keys = st.sampled_from([*NAMES, "id", ""])
+    records = st.dictionaries(keys, st.one_of(_numbers, _json_values), max_size=6)
+    csv = st.lists(st.sampled_from([*NAMES, "id", "1", "x", ""]), max_size=6).flatmap(
+        lambda header: st.lists(
+            st.lists(st.sampled_from(["1", "-2.5", "x", "", "1e400"]), max_size=7), max_size=3
+        ).map(lambda rows: "\n".join(",".join(r) for r in [header, *rows]))
+    )
+    bodies = st.one_of(
+        records,
+        st.lists(records, max_size=3),
+        st.fixed_dictionaries({"dataframe_records": st.lists(records, max_size=3)}),
+        st.fixed_dictionaries({"instances": st.lists(records, max_size=3)}),
+        _structured(),
+        csv,
+    )
+
+    @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(body=bodies)
+    def check(body: Any) -> None:
+        answer = served.handle([body])[0]
+        ok = isinstance(answer, list) or "class" in answer or "predictions" in answer
+        if not ok and "outputs" not in answer:
+            assert answer["code"] in (400, 413) and answer["expected"] and answer["got"], answer
+
+    check()
+    assert served.monitor is not None
+    assert "unreadable" not in served.monitor._counts().rejected_by
+    served.close()
