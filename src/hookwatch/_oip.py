@@ -42,9 +42,6 @@ NUMERIC = frozenset(
 #: Strings (texts; images in base64).
 BYTES = "BYTES"
 
-_FORM = '{"inputs": [{"name": ..., "shape": [...], "datatype": ..., "data": [...]}]}'
-EXPECTED = f"an Open Inference Protocol request {_FORM}"
-
 
 @dataclass(frozen=True)
 class Tensor:
