@@ -475,6 +475,7 @@ def _start_stack_and_watch(
         p = stack.ports
         print(
             f"\n  inference   http://127.0.0.1:{p.inference}/predictions/{name}\n"
+            f"  (KServe v2, Triton clients)  http://127.0.0.1:{p.inference}/v2/models/{name}/infer\n"
             f"  management  http://127.0.0.1:{p.management}/models/{name}\n"
             f"  TorchServe metrics  http://127.0.0.1:{p.metrics}/metrics\n"
             f"  hookwatch exporter  http://127.0.0.1:{p.exporter}/metrics\n"
