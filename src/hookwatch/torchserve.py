@@ -53,11 +53,11 @@ def _body(row: dict[str, Any]) -> Any:
 
 
 def _batch_size(raw: Mapping[str, Any], context: Any) -> int:
-    """TorchServe's batch size for the model: the model-config's ``batchSize``, else what the
-    registration gave (1 by default)."""
-    size = raw.get("batchSize")
+    """TorchServe's batch size for the model: what the worker was given (the registration's,
+    or the model-config's ``batchSize``), else the model-config's, else 1."""
+    size = (context.system_properties or {}).get("batch_size")
     if size is None:
-        size = (context.system_properties or {}).get("batch_size", 1)
+        size = raw.get("batchSize", 1)
     try:
         return int(size)
     except (TypeError, ValueError):
