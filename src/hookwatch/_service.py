@@ -14,7 +14,7 @@ import math
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
@@ -485,15 +485,20 @@ def _from_records(values: Any, names: Sequence[str]) -> Any:
 
 
 def _record(record: Mapping[str, Any], names: Sequence[str], which: str) -> list[Any]:
-    missing = [name for name in names if name not in record]
+    _all_named(names, record, "a value for each", f" in {which}")
+    return [record[name] for name in names]
+
+
+def _all_named(names: Sequence[str], present: Container[str], what: str, where: str) -> None:
+    """A 400 naming the features (``input.features``) ``present`` lacks, if any."""
+    missing = [name for name in names if name not in present]
     if missing:
         shown = ", ".join(map(repr, missing[:5])) + (", ..." if len(missing) > 5 else "")
         raise BadInputError(
-            f"a value for each of the {len(names)} features (input.features)",
-            f"none for {shown} in {which}",
+            f"{what} of the {len(names)} features (input.features)",
+            f"none for {shown}{where}",
             reason="missing_field",
         )
-    return [record[name] for name in names]
 
 
 def _instances(body: Mapping[str, Any], spec: InputSpec) -> bool:
@@ -627,14 +632,7 @@ def _csv_values(
 
 def _columns(header: Sequence[str], features: Sequence[str]) -> list[int]:
     """Where each of ``features`` stands in a CSV header; a 400 naming those it lacks."""
-    missing = [name for name in features if name not in header]
-    if missing:
-        shown = ", ".join(map(repr, missing[:5])) + (", ..." if len(missing) > 5 else "")
-        raise BadInputError(
-            f"a CSV header naming each of the {len(features)} features (input.features)",
-            f"none for {shown}",
-            reason="missing_field",
-        )
+    _all_named(features, header, "a CSV header naming each", "")
     return [header.index(name) for name in features]
 
 
