@@ -34,16 +34,31 @@ TEXT_MAR = ROOT / "model_store" / "minilm.mar"
 def post_together(stack: Stack, bodies: Sequence[Any]) -> list[tuple[int, Any]]:
     """POST every body at the same moment, one thread each; the replies in body order."""
     url = f"http://127.0.0.1:{stack.ports.inference}/predictions/{stack.model_name}"
-    start = threading.Barrier(len(bodies))
-    replies: list[tuple[int, Any]] = [(0, None)] * len(bodies)
+    return post_all(
+        [
+            (
+                url,
+                body if isinstance(body, bytes) else json.dumps(body).encode(),
+                "application/json",
+            )
+            for body in bodies
+        ]
+    )
 
-    def send(index: int, body: Any) -> None:
-        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+
+def post_all(sends: Sequence[tuple[str, bytes, str]]) -> list[tuple[int, Any]]:
+    """POST each ``(url, body, content type)`` at the same moment, one thread each; the
+    replies, parsed, in order."""
+    start = threading.Barrier(len(sends))
+    replies: list[tuple[int, Any]] = [(0, None)] * len(sends)
+
+    def send(index: int) -> None:
+        url, body, kind = sends[index]
         start.wait()
-        status, reply = http_post(url, raw, timeout=120)
+        status, reply = http_post(url, body, kind, timeout=120)
         replies[index] = (status, json.loads(reply))
 
-    threads = [threading.Thread(target=send, args=item) for item in enumerate(bodies)]
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(sends))]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -183,20 +198,7 @@ def test_other_serving_protocols_reach_the_model_on_torchserves_own_paths(
             "application/json",
         ),
     ]
-    replies: list[tuple[int, Any]] = [(0, None)] * len(sends)
-    start = threading.Barrier(len(sends))
-
-    def send(index: int) -> None:
-        url, body, kind = sends[index]
-        start.wait()
-        status, reply = http_post(url, body, kind, timeout=120)
-        replies[index] = (status, json.loads(reply))
-
-    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(sends))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(180)
+    replies = post_all(sends)
     classes = [a["class"] for a in alone]
     (s0, r0), (s1, r1), (s2, r2), (s3, r3), (s4, r4), (s5, r5) = replies
     assert [s0, s1, s2, s3, s4] == [200] * 5, replies
