@@ -807,6 +807,32 @@ def _check_finite_range(values: Any, dtype: str) -> None:
         )
 
 
+#: Whole numbers from here on are not all float64's: 2**53 + 1 reads as 2**53.
+_FLOAT_WHOLE = float(2**53)
+
+
+def _exact_whole(values: Any, lo: int, hi: int, dtype: str) -> np.ndarray[Any, Any]:
+    """``values`` as int64, each number as it was sent (a Python int exactly), checked against
+    ``[lo, hi]``: the slow path for numbers past float64's whole ones."""
+    objects = np.array(values, dtype=object)
+    whole: list[int] = []
+    for value in objects.flat:
+        if isinstance(value, float | np.floating) and float(value).is_integer():
+            value = int(value)
+        if not isinstance(value, int | np.integer):
+            raise BadInputError(
+                f"whole numbers (input dtype {dtype})", _describe(value), reason="wrong_type"
+            )
+        if not lo <= int(value) <= hi:
+            raise BadInputError(
+                f"whole numbers in [{lo}, {hi}] (input dtype {dtype})",
+                f"{int(value)}",
+                reason="out_of_range",
+            )
+        whole.append(int(value))
+    return np.array(whole, dtype=np.int64).reshape(objects.shape)
+
+
 def decode_as(values: Any, dtype: str) -> torch.Tensor:
     """Rectangular numbers (nested lists, or an array) as a tensor of ``dtype``, exactly, or
     :class:`BadInputError` for a value that dtype cannot hold: a request's payload, and a
@@ -833,6 +859,11 @@ def decode_as(values: Any, dtype: str) -> torch.Tensor:
                 )
         return wide.to(target)
     # Whole numbers: ints stay ints (no rounding through a float), floats must be whole.
+    if target == torch.bool:
+        lo, hi = 0, 1
+    else:
+        info = torch.iinfo(target)
+        lo, hi = info.min, info.max
     array = np.asarray(values)
     if array.dtype.kind == "f":
         if not bool(np.isfinite(array).all()):
@@ -841,18 +872,13 @@ def decode_as(values: Any, dtype: str) -> torch.Tensor:
             raise BadInputError(
                 f"whole numbers (input dtype {dtype})", "fractional values", reason="wrong_type"
             )
+        if array.size and float(np.abs(array).max()) >= _FLOAT_WHOLE:
+            # Past 2**53 a float64 holds only some whole numbers: an int sent beside a float
+            # (or past int64) was rounded as numpy read it, and 2**63 - 1 reads as 2**63.
+            array = _exact_whole(values, lo, hi, dtype)
     elif array.dtype.kind not in "iub":  # JSON's true and false: a bool input's 1 and 0
-        # Python ints beyond int64 make an object array.
-        raise BadInputError(
-            f"whole numbers within {dtype}'s range",
-            "a number too large to convert",
-            reason="out_of_range",
-        )
-    if target == torch.bool:
-        lo, hi = 0, 1
-    else:
-        info = torch.iinfo(target)
-        lo, hi = info.min, info.max
+        # Python ints beyond uint64 make an object array.
+        array = _exact_whole(values, lo, hi, dtype)
     if array.size and (array.min() < lo or array.max() > hi):
         raise BadInputError(
             f"whole numbers in [{lo}, {hi}] (input dtype {dtype})",

@@ -27,6 +27,11 @@ def _decode(dtype: str, data: list[Any], **spec: Any) -> torch.Tensor:
         ("int64", [16_777_217, 123_456_789, 2**62 + 1]),  # beyond float32's and float64's digits
         ("int32", [2**31 - 1, -(2**31), 3]),
         ("int64", [3.0, 4, -5]),  # whole floats are whole numbers
+        # An int beside a float: numpy reads them all as float64, which rounds 2**53 + 1 and
+        # reads 2**63 - 1 as 2**63 (then cast, -2**63).
+        ("int64", [0.0, 1, 2**53 + 1]),
+        ("int64", [1.0, 2, 2**63 - 1]),
+        ("int64", [-(2**63), 2.0, 3]),
         ("bool", [0, 1, 1]),
         ("float64", [0.1, 1e300, -3]),
         ("uint8", [0, 255, 17]),  # raw image bytes
@@ -47,7 +52,12 @@ def test_values_reach_the_model_exactly(dtype: str, data: list[Any]) -> None:
     ("dtype", "data", "reason", "said"),
     [
         ("int64", [1e30, -1e30, 3], "out_of_range", "whole numbers in [-9223372036854775808"),
-        ("int64", [99_999_999_999_999_999_999, 3, 3], "out_of_range", "within int64's range"),
+        ("int64", [99_999_999_999_999_999_999, 3, 3], "out_of_range", "got 99999999999999999999"),
+        # One past int64's top: numpy read it as the float 2**63, which passed the range check
+        # and wrapped to -2**63.
+        ("int64", [1, 2, 2**63], "out_of_range", "got 9223372036854775808"),
+        ("int64", [1.0, 2, 2**63], "out_of_range", "got 9223372036854775808"),
+        ("int64", [1e19, 2, 3], "out_of_range", "whole numbers in [-9223372036854775808"),
         ("int64", [3.5, 3, 3], "wrong_type", "whole numbers"),
         ("int32", [3_000_000_000, 1, 3], "out_of_range", "[-2147483648, 2147483647]"),
         ("bool", [0, 1, 2], "out_of_range", "[0, 1]"),
