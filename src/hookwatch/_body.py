@@ -66,6 +66,14 @@ class NoPayload:
         self.fields = tuple(sorted(str(f)[:40] for f in fields))[:5]
 
     def __repr__(self) -> str:
+        if any("\ufffd" in f or not f.isprintable() for f in self.fields):
+            # A file's bytes read as a form (`curl --data-binary @photo.png` sends it as
+            # application/x-www-form-urlencoded): its "field names" are noise, not worth echoing.
+            return (
+                "a form whose fields are not text and no payload (a file sent as a form: curl "
+                "--data-binary sends application/x-www-form-urlencoded; send it with curl -T "
+                "FILE, or with its own Content-Type)"
+            )
         carried = f"form fields [{', '.join(map(repr, self.fields))}]" if self.fields else "a form"
         return (
             f"{carried} and no payload (a body sent without Content-Type: application/json "

@@ -57,7 +57,18 @@ def image_bytes(value: Any) -> bytes | None:
     if isinstance(value, bytes | bytearray):
         return bytes(value)
     if isinstance(value, str):
-        text = value.split(",", 1)[1] if value.startswith("data:") else value  # a data: URL
+        text = value
+        if value.startswith("data:"):  # a data: URL: its header, a comma, the file
+            header, comma, text = value.partition(",")
+            if not comma or not header.endswith(";base64"):
+                raise BadInputError(
+                    "a data: URL of a base64 image (data:image/png;base64,...)",
+                    "one without a comma" if not comma else f"one whose header is {header[:60]!r}",
+                    reason="not_json",
+                )
+        # Line breaks are allowed, as base64 tools and MIME encoders wrap at 76 columns
+        # (anything else outside the alphabet is still refused).
+        text = text.translate(_LINE_BREAKS)
         try:
             return base64.b64decode(text, validate=True)
         except (binascii.Error, ValueError):
@@ -67,6 +78,10 @@ def image_bytes(value: Any) -> bytes | None:
                 reason="not_json",
             ) from None
     return None
+
+
+#: What :func:`image_bytes` drops from a base64 string before it decodes it.
+_LINE_BREAKS = str.maketrans("", "", "\r\n")
 
 
 def decode_image(data: bytes, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -79,7 +94,10 @@ def decode_image(data: bytes, shape: tuple[int, ...], dtype: torch.dtype) -> tor
     except image_module.DecompressionBombError:
         # Pillow's own refusal, at open, of an image claiming over twice its pixel limit.
         raise BadInputError(
-            f"an image of at most {MAX_IMAGE_PIXELS:,} pixels", "far more", reason="too_large"
+            f"an image of at most {MAX_IMAGE_PIXELS:,} pixels",
+            "far more",
+            status=413,
+            reason="too_large",
         ) from None
     except Exception as error:  # Pillow raises UnidentifiedImageError, OSError, ValueError...
         raise BadInputError(
@@ -93,6 +111,7 @@ def decode_image(data: bytes, shape: tuple[int, ...], dtype: torch.dtype) -> tor
             raise BadInputError(
                 f"an image of at most {MAX_IMAGE_PIXELS:,} pixels",
                 f"{image.width}x{image.height}",
+                status=413,
                 reason="too_large",
             )
         try:
@@ -104,7 +123,7 @@ def decode_image(data: bytes, shape: tuple[int, ...], dtype: torch.dtype) -> tor
                 image.draft(IMAGE_CHANNELS[channels], _cover(image.size, (side, side)))
             # A phone's photo stores its rotation apart from its pixels.
             image = image_ops.exif_transpose(image)
-            image = image.convert(IMAGE_CHANNELS[channels])
+            image = _eight_bit(image, image_module).convert(IMAGE_CHANNELS[channels])
             image = _resize_crop(image, image_module, width, height)
             array = np.array(image, dtype=np.uint8)  # a copy the tensor may own
         except Exception as error:  # a truncated or corrupt file fails here, not at open
@@ -119,6 +138,21 @@ def decode_image(data: bytes, shape: tuple[int, ...], dtype: torch.dtype) -> tor
     if dtype == torch.uint8:
         return tensor
     return tensor.to(torch.float32).div_(255.0).to(dtype)
+
+
+#: Pillow's modes of one 16-bit (or 32-bit integer) channel, as a 16-bit PNG or TIFF opens.
+_WIDE_GRAY = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+
+
+def _eight_bit(image: Any, image_module: Any) -> Any:
+    """A 16-bit grayscale image in 8 bits, its range scaled (``value / 257``); other images as
+    they are. Pillow's own conversion of these to ``L`` clips at 255, so a 16-bit scan
+    would reach the model nearly all white."""
+    if image.mode not in _WIDE_GRAY:
+        return image
+    wide = np.asarray(image, dtype=np.float64)
+    narrow = np.clip(np.rint(wide / 257.0), 0, 255).astype(np.uint8)
+    return image_module.fromarray(narrow)  # uint8, two dimensions: mode L
 
 
 def _cover(size: tuple[int, int], target: tuple[int, int]) -> tuple[int, int]:

@@ -39,7 +39,7 @@ OTHER_CLASS = "other"
 #: fixed vocabulary, never text from the request.
 REJECT_REASONS: tuple[str, ...] = (
     "too_large",  # the body, or a text model's texts, tokens or characters, over a limit (413)
-    "not_json",  # the body does not parse as JSON (or as the binary encoding)
+    "not_json",  # the body does not parse: as JSON, or as the file it came as (image, WAV)
     "not_utf8",  # text that is not UTF-8: undecodable bytes or an unpaired surrogate
     "too_deep",  # nested deeper than the input's shape allows
     "missing_field",  # no input field in the JSON object

@@ -311,6 +311,13 @@ def decode_payload(
         if isinstance(body, bytes | bytearray) and not _looks_like_json(body):
             check_body_size(body, limit, _LIMIT_SETTING)
             return _check_values(decode_image(bytes(body), shape, _DTYPES[spec.dtype]), spec)
+        if type(body) is str and body.lstrip()[:1] not in ("{", "[", ""):
+            # A bare JSON string (TorchServe hands it over parsed) or a text body: the file
+            # in base64, or a data: URL.
+            check_body_size(body, limit, _LIMIT_SETTING)
+            data = image_bytes(body)
+            assert data is not None  # a string always decodes or raises
+            return _check_values(decode_image(data, shape, _DTYPES[spec.dtype]), spec)
     csv = spec.encoding == "json" and _csv_like(body, spec.features)
     rows = _csv_values(body, spec.features) if csv else None
     if rows is not None:
@@ -333,7 +340,14 @@ def decode_payload(
         or (type(body) is dict and "instances" in body and _instances(body, spec))
     )
     if image:
-        listed = values if wrapped and type(values) is list and len(values) > 1 else [values]
+        # Several files: under `instances`, or a list of strings under the field.
+        several_files = (
+            several
+            and type(values) is list
+            and len(values) > 1
+            and (wrapped or all(type(v) is str for v in values))
+        )
+        listed = values if several_files else [values]
         files = [image_bytes(value) for value in listed]
         if all(data is not None for data in files):
             _count_items(len(files), spec)
@@ -342,7 +356,9 @@ def decode_payload(
                 for data in files
                 if data is not None
             ]
-            return Items(torch.stack(images), True) if wrapped else images[0]
+            if several_files or wrapped:
+                return Items(torch.stack(images), wrapped)
+            return images[0]
     depth = _depth(values, len(shape))
     if several and depth > len(shape) and spec.length_dim is not None:
         # A list of items, each of its own length: each decoded alone, padded with the batch.

@@ -137,6 +137,11 @@ def test_a_form_post_gets_a_400_naming_its_fields_not_none(metrics: MetricSet) -
     form = _body({"not json": b""})
     assert isinstance(form, NoPayload) and form.fields == ("not json",)
     assert repr(_body({})).startswith("a form and no payload (a body sent without")
+    # A file's bytes read as a form (`curl --data-binary @a.png`): no noise echoed, the way
+    # to send it named instead.
+    png = repr(_body({"\x89PNG\r\n\x1a\n\x00\x00": b"", "IHDR\ufffd\ufffd": b""}))
+    assert png.startswith("a form whose fields are not text") and "curl -T" in png, png
+    assert "PNG" not in png
     # Request text is cut short: at most five names of 40 characters.
     assert NoPayload(f"f{i}" + "x" * 99 for i in range(9)).fields == tuple(
         (f"f{i}" + "x" * 99)[:40] for i in range(5)

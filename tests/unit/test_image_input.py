@@ -144,6 +144,39 @@ def test_a_truncated_file_is_a_400_and_a_huge_one_a_413() -> None:
     with pytest.raises(BadInputError) as huge:
         _pipeline([3, 8, 8]).decode(out.getvalue())
     assert huge.value.reason == "too_large" and "8000x7000" in str(huge.value)
+    assert huge.value.status == 413  # as security.md's table says (it was a 400)
+    # Past twice the limit Pillow itself refuses at open: a 413 too.
+    out = io.BytesIO()
+    Image.new("1", (15000, 12000)).save(out, "PNG")
+    with pytest.raises(BadInputError) as bomb:
+        _pipeline([3, 8, 8]).decode(out.getvalue())
+    assert (bomb.value.reason, bomb.value.status) == ("too_large", 413), str(bomb.value)
+
+
+def test_a_16_bit_image_is_read_at_its_range_not_clipped() -> None:
+    # Pillow's own conversion of a 16-bit grey image clips at 255: a scan of values up to
+    # 65535 reached the model almost all white, its answer confidently wrong.
+    grey = (np.arange(24 * 40).reshape(24, 40) % 256).astype(np.uint8)
+    wide = grey.astype(np.uint16) * 257
+    data = _file(wide, "PNG")
+    assert Image.open(io.BytesIO(data)).mode.startswith("I;16")
+    for shape in ([1, 24, 40], [3, 24, 40]):
+        assert torch.equal(_pipeline(shape).decode(data), _pipeline(shape).decode(_file(grey)))
+
+
+def test_base64_wrapped_in_lines_and_a_data_url_without_its_comma() -> None:
+    pipeline = _pipeline([3, 24, 40])
+    data = _file(RGB)
+    wrapped = base64.encodebytes(data).decode()  # 76 columns, as MIME and `base64` write it
+    assert "\n" in wrapped
+    assert torch.equal(pipeline.decode({"data": wrapped}), pipeline.decode(data))
+    for url, got in (
+        ("data:image/png;base64", "without a comma"),
+        ("data:image/png," + base64.b64encode(data).decode(), "header is 'data:image/png'"),
+    ):
+        with pytest.raises(BadInputError) as caught:
+            pipeline.decode({"data": url})
+        assert caught.value.reason == "not_json" and got in str(caught.value), str(caught.value)
 
 
 def test_the_body_limit_takes_a_photo() -> None:
@@ -215,7 +248,7 @@ def test_archived_from_a_directory_of_images_and_served_image_bodies(tmp_path: P
         path = tmp_path / "ref" / "ab"[i % 2] / f"{i:03}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(_file(rng.integers(0, 256, (20, 28, 3), dtype=np.uint8)))
-    config = tmp_path / "model-config.yaml"
+    config = tmp_path / "tiny.yaml"  # any name: `serve` reads it by the manifest's
     handler = {
         "input": {"shape": [3, 16, 16], "encoding": "image", "mean": [0.5], "std": [0.25]},
         "monitoring": {"layers": ["act"], "output": {"head": "logits"}, "sample_rate": 1.0},
@@ -233,6 +266,11 @@ def test_archived_from_a_directory_of_images_and_served_image_bodies(tmp_path: P
     )
     # Images in folders that name no class: unlabelled, and told how folders would label.
     assert any("images are in folders (a, b)" in line for line in said), said
+    # `hookwatch serve` raises TorchServe's body limit to the photo-sized one (it read the
+    # config as model-config.yaml only, and kept TorchServe's 6.5 MB for any other name).
+    from hookwatch.tools.devstack import _body_limit
+
+    assert _body_limit(mar) == IMAGE_BODY_BYTES
     # `hookwatch profile` rebuilds the profile from the same directory.
     from hookwatch.tools import cli
 
@@ -255,6 +293,13 @@ def test_archived_from_a_directory_of_images_and_served_image_bodies(tmp_path: P
         )
         assert all(set(a) == {"class", "probabilities"} for a in answers), answers
         assert answers[0] == answers[1] == answers[2]
+        # A bare JSON string (TorchServe hands it over parsed), and several under the field:
+        # "not JSON" and "numbers of shape [3, 16, 16]" before.
+        encoded = base64.b64encode(photo).decode()
+        bare, listed = handled(
+            handler_, [{"body": encoded}, {"body": {"data": [encoded, encoded]}}], context
+        )
+        assert bare == answers[0] and listed == [answers[0], answers[0]], (bare, listed)
         (bad,) = handled(handler_, [{"body": bytearray(b"not a picture")}], context)
         assert bad["code"] == 400 and "an image file" in bad["expected"], bad
 

@@ -845,7 +845,9 @@ def _body_limit(mar: Path) -> int:
     0 when the archive holds no readable one (TorchServe's default then stands)."""
     try:
         with zipfile.ZipFile(mar) as archive:
-            config = yaml.safe_load(archive.read("model-config.yaml"))
+            # The config under the name it was archived with (`--config mb.yaml` keeps it).
+            manifest = json.loads(archive.read("MAR-INF/MANIFEST.json"))["model"]
+            config = yaml.safe_load(archive.read(manifest["configFile"]))
         # A text model's input has no shape: its limit is the fixed 1 MiB, under TorchServe's.
         spec = InputSpec.from_mapping(config["handler"]["input"])
     except Exception:
