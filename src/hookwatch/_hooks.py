@@ -810,6 +810,7 @@ class LayerHook:
         if (
             gate.whole == self._fast_batch
             and type(value) is torch.Tensor
+            and not value.is_nested  # a nested tensor has no shape to ask for
             and value.shape == self._fast_shape
             and value.dtype is self._fast_dtype
             and self.state is _ATTACHED
@@ -834,7 +835,7 @@ class LayerHook:
         try:
             if self._items is not None:
                 value = as_items(value, self._items)
-            if type(value) is torch.Tensor and self._select is None:
+            if type(value) is torch.Tensor and self._select is None and not value.is_nested:
                 tensor: torch.Tensor | None = value
             elif self._joins and isinstance(value, Mapping):
                 tensor = joined_inputs(value, self._max_features, self._gate.steps_of)
@@ -1169,6 +1170,14 @@ def packed_means(packed: PackedSequence) -> torch.Tensor:
     return padded.sum(dim=1) / steps.unsqueeze(1)
 
 
+def nested_means(nested: torch.Tensor) -> torch.Tensor:
+    """A nested tensor (each sample's own steps: what ``nn.TransformerEncoder`` passes
+    between its layers in inference given a padding mask) as each sample's mean over its
+    steps, ``[batch, *features]``: it has no one shape to read, and its padding is no
+    sample's, as a packed sequence's is not (:func:`packed_means`)."""
+    return torch.stack([part.float().mean(dim=0) for part in nested.unbind()])
+
+
 def select_tensor(value: Any, select: int | str | None = None) -> torch.Tensor | None:
     """The tensor to watch in a module's output (or input).
 
@@ -1266,9 +1275,9 @@ def _first_tensor(value: Any, depth: int) -> torch.Tensor | None:
     items (tuples, lists, mappings, dataclass fields), at most ``depth`` levels down: an
     LSTM's ``(out, (h, c))`` gives ``out``, a block's ``((hidden, weights), cache)``
     ``hidden``. A packed sequence counts as a tensor: its sequences' means
-    (:func:`packed_means`)."""
+    (:func:`packed_means`); a nested tensor's are read the same way (:func:`nested_means`)."""
     if isinstance(value, torch.Tensor):
-        return value
+        return nested_means(value) if value.is_nested else value
     if isinstance(value, PackedSequence):
         return packed_means(value)
     if depth == 0:
@@ -1285,7 +1294,7 @@ def _first_tensor(value: Any, depth: int) -> torch.Tensor | None:
     items = list(items)
     for item in items:
         if isinstance(item, torch.Tensor):
-            return item
+            return nested_means(item) if item.is_nested else item
         if isinstance(item, PackedSequence):
             # An RNN's (output, h_n) over packed input: its output, as over padded input
             # (a PackedSequence is a tuple, not a tensor: h_n would come first otherwise).

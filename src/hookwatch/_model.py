@@ -70,6 +70,12 @@ class ModelSpec:
     #: The distribution that installed ``module`` where it was archived, ``name==version``: a
     #: worker whose environment has another version says so as it loads the model.
     distribution: str | None = None
+    #: The answered parts with a step per step of a request's input (a tagger's labels, a
+    #: per-step output: cut at each request's own length in a padded batch), as ``archive``
+    #: found them by running a sample alone and beside a longer one: ``head`` and
+    #: ``output.also`` keys. None where it was not found out (guessed from each batch's
+    #: shapes: a fixed number of steps as long as the batch's longest reads as steps).
+    answer_steps: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -89,6 +95,11 @@ class ModelSpec:
                 **({"module": self.module} if self.module else {}),
                 **({"files": dict(self.files)} if self.files else {}),
                 **({"distribution": self.distribution} if self.distribution else {}),
+                **(
+                    {"answer_steps": list(self.answer_steps)}
+                    if self.answer_steps is not None
+                    else {}
+                ),
             },
             indent=2,
         )
@@ -111,6 +122,11 @@ class ModelSpec:
             module=str(raw["module"]) if raw.get("module") else None,
             files={str(k): str(v) for k, v in (raw.get("files") or {}).items()},
             distribution=str(raw["distribution"]) if raw.get("distribution") else None,
+            answer_steps=(
+                tuple(str(k) for k in raw["answer_steps"])
+                if isinstance(raw.get("answer_steps"), list)
+                else None
+            ),
         )
 
 

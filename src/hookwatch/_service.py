@@ -1307,23 +1307,31 @@ def batch_inputs(pipeline: Pipeline, items: Sequence[Any]) -> ModelInputs:
     return pipeline.batch(items)
 
 
-def _own_steps(inputs: ModelInputs | None, outputs: Any) -> torch.Tensor | None:
-    """Which steps of each output row are the sample's own, ``[rows, steps]``, where the
-    output has a step per step of a padded batch (``[rows, steps, ...]``, three dimensions or
-    more): a batch padded to its longest (a variable first dimension), or texts padded to
-    the longest (their attention mask, whichever side the tokenizer pads). A ``[batch, C]``
-    output is left whole even when C equals the longest (a classifier's)."""
-    if not (isinstance(outputs, torch.Tensor) and outputs.dim() >= 3):
-        return None
+def _step_mask(inputs: ModelInputs | None) -> torch.Tensor | None:
+    """Which steps of a padded batch are each sample's own, ``[rows, steps]``: a batch padded
+    to its longest (a variable first dimension), or texts padded to the longest (their
+    attention mask, whichever side the tokenizer pads); None for any other batch."""
     if isinstance(inputs, Padded):
         mask = inputs.step_mask()
     elif isinstance(inputs, dict):
         mask = inputs.get("attention_mask")
     else:
         return None
-    if mask is None or mask.dim() != 2 or tuple(mask.shape) != tuple(outputs.shape[:2]):
+    if mask is None or mask.dim() != 2:
         return None
     return mask.bool()
+
+
+def _has_steps(outputs: Any, mask: torch.Tensor, dims: int) -> bool:
+    """``outputs`` may have a step per step of the batch ``mask`` describes: ``dims``
+    dimensions or more, its first two the mask's. Where the archive did not find out, the
+    head's shape is all there is (a ``[batch, C]`` head is left whole even when C equals the
+    longest: three dimensions are asked of it)."""
+    return (
+        isinstance(outputs, torch.Tensor)
+        and outputs.dim() >= dims
+        and tuple(outputs.shape[:2]) == tuple(mask.shape)
+    )
 
 
 def _all_finite(x: torch.Tensor) -> bool:
@@ -1477,6 +1485,9 @@ class BatchResult:
     #: Each row's own steps where the output has a step per step of a padded batch
     #: (``[rows, longest, ...]``): its answer holds those, padding is no sample's.
     steps: torch.Tensor | None = None
+    #: The same for the ``output.also`` parts with a step per input step (the archive's
+    #: :attr:`ModelSpec.answer_steps`), where one is answered.
+    also_steps: torch.Tensor | None = None
     #: The output's other parts answered beside the head's (``output.also``), a row each.
     also: dict[str, torch.Tensor] | None = None
     #: Requests answered ``{"predictions": [...]}`` (:attr:`DecodedBatch.wrapped`).
@@ -1505,6 +1516,7 @@ class ModelService:
         output: OutputSpec | None = None,
         model_dir: str | Path | None = None,
         model_name: str = "",
+        answer_steps: Sequence[str] | None = None,
     ) -> None:
         self.model = model
         #: Named in the Open Inference Protocol's responses.
@@ -1530,6 +1542,13 @@ class ModelService:
         self._padded = spec.variable is not None
         #: A per-step output may be cut at each sample's own steps: padded or text batches.
         self._stepped = self._padded or isinstance(self.pipeline, TextPipeline)
+        #: Which answered parts have a step per input step (:attr:`ModelSpec.answer_steps`):
+        #: the head's cut where None (not known) when its shape reads so; the
+        #: ``output.also`` parts named here cut too.
+        self._head_steps = None if answer_steps is None else "head" in answer_steps
+        self._also_steps = frozenset(answer_steps or ()) & {str(p) for p in self.output.also}
+        if answer_steps is not None and not self._head_steps and not self._also_steps:
+            self._stepped = False
         #: Requests may come as the Open Inference Protocol's tensors: not to a preprocess
         #: function (it reads its own payloads).
         self._oip = not (isinstance(self.pipeline, InputPipeline) and spec.preprocess is not None)
@@ -1545,13 +1564,15 @@ class ModelService:
         monitored: bool = True,
         model_dir: str | None = None,
         batch_size: int | None = None,
+        answer_steps: Sequence[str] | None = None,
     ) -> ModelService:
         """Serve ``model`` as a model-config's ``handler:`` section says.
 
         ``monitored=False`` serves the same requests with nothing attached. The drift profile
         is looked up in ``model_dir`` (where TorchServe extracts the .mar). ``batch_size``:
         the server's (TorchServe's ``batchSize``); 1 keeps a request's several items of a
-        variable length to one length (nothing is padded).
+        variable length to one length (nothing is padded). ``answer_steps``: the archive's
+        :attr:`ModelSpec.answer_steps`.
         """
         config = handler.monitoring
         monitor = None
@@ -1569,6 +1590,7 @@ class ModelService:
             config.output,
             model_dir,
             model_name,
+            answer_steps,
         )
         if batch_size == 1 and isinstance(service.pipeline, InputPipeline | ArgumentsPipeline):
             service.pipeline.mixed_lengths = False
@@ -1769,11 +1791,27 @@ class ModelService:
             batch.listed,
             batch.received,
             sampled,
-            _own_steps(batch.inputs, outputs) if self._stepped else None,
+            *(self._steps(batch.inputs, outputs, also) if self._stepped else (None, None)),
             also,
             batch.wrapped,
             batch.v2,
         )
+
+    def _steps(
+        self, inputs: ModelInputs | None, outputs: Any, also: dict[str, torch.Tensor] | None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Each row's own steps for the head's answer, and for the ``output.also`` parts
+        with a step per input step (:attr:`BatchResult.steps`, :attr:`also_steps`)."""
+        mask = _step_mask(inputs)
+        if mask is None:
+            return None, None
+        head = None
+        if self._head_steps is not False and _has_steps(outputs, mask, 3):
+            head = mask
+        parts = None
+        if also is not None and any(_has_steps(also[k], mask, 2) for k in self._also_steps):
+            parts = mask
+        return head, parts
 
     def _output_rows(self, raw: Any, rows: int) -> torch.Tensor | list[Any]:
         """The forward's output, a row per sample: its (selected) tensor batch-first, or
@@ -2007,11 +2045,16 @@ class ModelService:
                 )
             # One check per batch: only a batch with a NaN or an Infinity takes the slow path.
             finite = items or (isinstance(outputs, torch.Tensor) and _all_finite(outputs))
-            also_host = (
+            also_host: dict[str, Any] = (
                 {key: part.detach().cpu() for key, part in result.also.items()}
                 if result.also is not None
                 else {}
             )
+            if result.also_steps is not None:
+                own = result.also_steps.cpu()
+                for key in self._also_steps & also_host.keys():
+                    if _has_steps(also_host[key], own, 2):
+                        also_host[key] = [p[k] for p, k in zip(also_host[key], own, strict=True)]
             if result.steps is not None and isinstance(outputs, torch.Tensor):
                 # Each sample's own steps: the same answer alone or beside a longer one.
                 kept = result.steps.cpu()

@@ -78,8 +78,10 @@ class HookwatchHandler(BaseHandler):  # type: ignore[misc]
         torch.set_num_threads(self.handler_config.torch_threads)
         model_dir = (context.system_properties or {}).get("model_dir")
         spec_file = Path(model_dir) / MODEL_SPEC_FILE if model_dir else None
+        spec = None
         if spec_file is not None and spec_file.is_file():
-            self._initialize_from_spec(context, ModelSpec.load(spec_file))
+            spec = ModelSpec.load(spec_file)
+            self._initialize_from_spec(context, spec)
         else:
             # An archive made without `hookwatch archive`: TorchServe's own loader (one
             # no-argument nn.Module class in the model file, or TorchScript).
@@ -92,6 +94,7 @@ class HookwatchHandler(BaseHandler):  # type: ignore[misc]
             monitored=self.monitored,
             model_dir=model_dir,
             batch_size=_batch_size(model_config.raw, context),
+            answer_steps=spec.answer_steps if spec is not None else None,
         )
 
     def _initialize_from_spec(self, context: Any, spec: ModelSpec) -> None:

@@ -542,3 +542,160 @@ def test_a_probe_the_model_refuses_leaves_the_profile_to_the_reference(
     profile = build_profile(LongOnly().eval(), {"layers": ["proj"]}, [batch, batch], "long")
     assert "proj" in profile.references and not profile.left_out
     assert "could not try a sample alone and padded (RuntimeError" in caplog.text
+
+
+DECODER = '''
+import torch
+from torch import nn
+
+
+class Decoder(nn.Module):
+    """A series of any length in; out, a forecast of a fixed 6 steps ([B, 6, 2]) and each
+    input step's weight beside it ([B, T], none on the padding)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.proj = nn.Linear(3, 8)
+        self.act = nn.Tanh()
+        self.score = nn.Linear(8, 1)
+        self.out = nn.Linear(8, 12)
+
+    def forward(self, x, lengths):
+        h = self.act(self.proj(x))
+        own = torch.arange(x.shape[1])[None, :] < lengths[:, None]
+        weights = self.score(h).squeeze(-1).masked_fill(~own, float("-inf")).softmax(-1)
+        pooled = (weights[:, :, None] * h).sum(1)
+        return self.out(pooled).reshape(-1, 6, 2), weights
+'''
+
+
+def test_a_fixed_number_of_steps_is_never_cut_and_a_part_a_step_is(tmp_path: Path) -> None:
+    """A forecast of a fixed 6 steps from a series of any length: where a batch's longest
+    happened to be 6 steps too, each answer was cut at its own length (a 3-step request got
+    3 of the 6, by the length of the requests batched with it: found by an outside run,
+    2026-12-07); an ``also`` part with a weight an input step came back with the batch's
+    padding. `archive` now finds which answered parts follow the input's length (a sample
+    alone and beside a longer one) and the worker cuts those, and only those."""
+    import zipfile
+
+    from tests.fakes import archived_handler, handled
+
+    (tmp_path / "decoder.py").write_text(DECODER)
+    config = tmp_path / "model-config.yaml"
+    handler = {
+        "input": {"shape": [None, 3], "max_length": 20, "lengths": "lengths"},
+        "monitoring": {
+            "layers": ["act"],
+            "sample_rate": 1.0,
+            "output": {"head": "values", "select": 0, "also": [1]},
+        },
+    }
+    config.write_text(yaml.safe_dump({"batchSize": 4, "handler": handler}))
+    rng = np.random.default_rng(6)
+    lines = [json.dumps({"data": series}) for series in _series(rng, 60)]
+    (tmp_path / "ref.jsonl").write_text("\n".join(lines) + "\n")
+    mar = archive_model(
+        ModelRef.parse(f"{tmp_path / 'decoder.py'}:Decoder"),
+        "decoder",
+        config,
+        tmp_path / "ref.jsonl",
+        tmp_path / "store",
+        tmp_path / "build",
+        say=lambda _line: None,
+    )
+    with zipfile.ZipFile(mar) as archived:
+        spec = json.loads(archived.read("hookwatch-model.json"))
+    assert spec["answer_steps"] == ["1"]
+    three, six, eleven = (rng.standard_normal((n, 3)).round(4).tolist() for n in (3, 6, 11))
+    with archived_handler(mar, tmp_path / "served") as (served, context):
+        (alone,) = handled(served, [{"body": {"data": three}}], context)
+        assert len(alone["values"]) == 6 and len(alone["1"]) == 3, alone
+        for other in (six, eleven):  # the longest as long as the forecast, and longer
+            beside, _ = handled(
+                served, [{"body": {"data": three}}, {"body": {"data": other}}], context
+            )
+            assert len(beside["values"]) == 6 and len(beside["1"]) == 3, beside
+            np.testing.assert_allclose(beside["values"], alone["values"], atol=1e-5)
+            np.testing.assert_allclose(beside["1"], alone["1"], atol=1e-5)
+
+
+NESTED = '''
+import torch
+from torch import nn
+
+
+class Encoder(nn.Module):
+    """nn.TransformerEncoder given a padding mask, as built by default: in inference its
+    layers pass nested tensors (each sample's own steps) from one to the next."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(2)
+        self.embed = nn.Linear(3, 16)
+        layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True, dropout=0.0)
+        self.encoder = nn.TransformerEncoder(layer, 2)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x, mask):
+        h = self.encoder(self.embed(x), src_key_padding_mask=~mask)
+        own = mask[:, :, None].float()
+        return self.head((h * own).sum(1) / own.sum(1))
+'''
+
+
+def test_layers_that_pass_nested_tensors_are_listed_archived_and_watched(
+    tmp_path: Path,
+) -> None:
+    """`layers`, `init` and `archive` failed on such a model ("NestedTensorImpl doesn't
+    support sizes": found by an outside run, 2026-12-07), and a watched encoder layer failed
+    its capture. A nested tensor is read as each sample's mean over its own steps."""
+    import zipfile
+
+    from hookwatch.tools.cli import main
+    from tests.fakes import archived_handler, handled
+
+    source = tmp_path / "encoder.py"
+    source.write_text(NESTED)
+    config = tmp_path / "model-config.yaml"
+    handler = {
+        "input": {"shape": [None, 3], "max_length": 20, "mask": "mask"},
+        "monitoring": {
+            "layers": ["encoder.layers.0", "encoder.layers.1"],
+            "sample_rate": 1.0,
+            "output": {"head": "logits"},
+        },
+    }
+    config.write_text(yaml.safe_dump({"batchSize": 4, "handler": handler}))
+    assert main(["layers", f"{source}:Encoder", "--config", str(config)]) == 0
+    out = tmp_path / "init.yaml"
+    assert main(["init", f"{source}:Encoder", "--config", str(config), "--out", str(out)]) == 0
+    rng = np.random.default_rng(8)
+    lines = [json.dumps({"data": series}) for series in _series(rng, 60)]
+    (tmp_path / "ref.jsonl").write_text("\n".join(lines) + "\n")
+    mar = archive_model(
+        ModelRef.parse(f"{source}:Encoder"),
+        "encoder",
+        config,
+        tmp_path / "ref.jsonl",
+        tmp_path / "store",
+        tmp_path / "build",
+        say=lambda _line: None,
+    )
+    profile = build_profile_of(mar, tmp_path / "profile")
+    # Each sample's own steps: the same alone as padded, so their drift is watched.
+    for layer in ("encoder.layers.0", "encoder.layers.1"):
+        assert layer in profile.references and layer not in profile.left_out, profile.left_out
+    with zipfile.ZipFile(mar) as archived:
+        assert "hookwatch-model.json" in archived.namelist()
+    short, long_ = (rng.standard_normal((n, 3)).round(4).tolist() for n in (4, 12))
+    with archived_handler(mar, tmp_path / "served") as (served, context):
+        (alone,) = handled(served, [{"body": {"data": short}}], context)
+        beside, _ = handled(served, [{"body": {"data": short}}, {"body": {"data": long_}}], context)
+        assert beside["class"] == alone["class"]
+        np.testing.assert_allclose(beside["probabilities"], alone["probabilities"], atol=1e-5)
+        monitor = served.service.monitor
+        monitor.flush()
+        assert monitor._counts().requests == 3
+        faults = monitor._gate.hook_faults()
+        assert not faults, faults

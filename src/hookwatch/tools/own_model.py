@@ -472,6 +472,68 @@ def _first_rows(batch: ModelInputs, rows: int) -> ModelInputs:
     return batch[:rows]
 
 
+def _alone_and_together(batch: ModelInputs) -> tuple[ModelInputs, ModelInputs, int, int] | None:
+    """A sample alone and padded beside a longer one, its own length and the pair's padded
+    length: a padded batch's :meth:`Padded.probe`, or texts by their attention mask. None
+    where the batch has nothing to tell them apart (texts all of one length)."""
+    if isinstance(batch, Padded):
+        probe = batch.probe()
+        if probe is None or probe[1].step_mask() is None:
+            return None
+        alone, together = probe
+        return alone, together, int(alone.lengths[0]), int(together.values.shape[1])
+    if not isinstance(batch, dict):
+        return None
+    mask = batch.get("attention_mask")
+    if mask is None or mask.dim() != 2 or len(mask) < 2:
+        return None
+    lengths = mask.bool().sum(1).tolist()
+    short = min(range(len(lengths)), key=lengths.__getitem__)
+    long_ = max(range(len(lengths)), key=lengths.__getitem__)
+    own, longest = int(lengths[short]), int(mask.shape[1])
+    if own == longest:
+        return None
+    keep = mask[short].bool()
+    steps = tuple(mask.shape)
+    texts_alone = {
+        name: value[[short]][:, keep] if tuple(value.shape[:2]) == steps else value[[short]]
+        for name, value in batch.items()
+    }
+    texts_together = {name: value[[short, long_]] for name, value in batch.items()}
+    return texts_alone, texts_together, own, longest
+
+
+def answer_steps(
+    pipeline: Pipeline, model: nn.Module, batch: ModelInputs, output: Any
+) -> tuple[str, ...] | None:
+    """The answered parts (``head``, ``output.also`` keys) with a step per step of the input,
+    found by running a sample alone and padded beside a longer one: a part whose second
+    dimension is the sample's length alone and the pair's padded length beside it
+    (:attr:`ModelSpec.answer_steps`). A fixed number of steps (a decoder's 8) is not one, even
+    where a batch's longest happens to be as long. None where that cannot be tried."""
+    pair = _alone_and_together(batch)
+    if pair is None or output.items is not None:
+        return None
+    alone, together, own, longest = pair
+    try:
+        with torch.inference_mode():
+            outputs = [call_model(pipeline, model, part) for part in (alone, together)]
+    except Exception:
+        return None  # a sample the model refuses cut short: guessed per batch, as before
+    parts = {"head": output.select, **{str(part): part for part in output.also}}
+    stepped = []
+    for key, select in parts.items():
+        a, t = (select_tensor(out, select) for out in outputs)
+        if (
+            a is not None
+            and t is not None
+            and min(a.dim(), t.dim()) >= 2
+            and (int(a.shape[1]), int(t.shape[1])) == (own, longest)
+        ):
+            stepped.append(key)
+    return tuple(stepped)
+
+
 def _describe_inputs(batch: ModelInputs) -> str:
     if isinstance(batch, dict):
         return ", ".join(f"{name} {list(value.shape[1:])}" for name, value in batch.items())
@@ -546,6 +608,10 @@ def _tensors_per_sample(result: Any, samples: int) -> bool:
 def _shapes(value: Any, batch: int = 0) -> tuple[tuple[int, ...], ...]:
     """The shapes of the tensors in ``value``, batch-first: a sequence-first ``[T, B, H]``
     (the second dimension alone has the batch's size) is shown as the hooks read it."""
+    if isinstance(value, torch.Tensor) and value.is_nested:
+        # Watched as each sample's mean over its steps (hooks.nested_means).
+        parts = value.unbind()
+        return ((len(parts), *parts[0].shape[1:]),) if parts else ()
     if isinstance(value, torch.Tensor):
         shape = tuple(value.shape)
         if len(shape) > 2 and batch and shape[0] != batch and shape[1] == batch:
@@ -2063,6 +2129,10 @@ def archive_model(
                     f"  weights: none archived: the state_dict holds {kinds}, which a worker "
                     "does not load; a rebuild gave the same outputs, so workers build it"
                 )
+    # What a padded batch's answers are cut at: found here, where samples are at hand.
+    archived = dataclasses.replace(
+        archived, answer_steps=answer_steps(pipeline, model, batches[0], config.output)
+    )
     (build / MODEL_SPEC_FILE).write_text(archived.to_json())
     if serialized != build / MODEL_SPEC_FILE:  # else the archiver's one serialized file
         files.append(build / MODEL_SPEC_FILE)
