@@ -58,6 +58,9 @@ class FakeContext:
         self.statuses: dict[int, tuple[int, str]] = {}
         self.content_types: dict[int, str] = {}
         self.request_ids: dict[int, str] = {}
+        #: Each request's headers as TorchServe keeps them: a part's Content-Type under the
+        #: part's name (``{"body": {"content-type": ...}}``).
+        self.request_headers: dict[int, dict[str, Any]] = {}
 
     def set_response_status(self, code: int = 200, phrase: str = "", idx: int = 0) -> None:
         self.statuses[idx] = (code, phrase)
@@ -65,8 +68,8 @@ class FakeContext:
     def set_response_content_type(self, idx: int, value: str) -> None:
         self.content_types[idx] = value
 
-    def get_request_header(self, idx: int, key: str) -> str | None:
-        return None
+    def get_request_header(self, idx: int, key: str) -> Any:
+        return self.request_headers.get(idx, {}).get(key)
 
 
 def handled(handler: Any, rows: list[dict[str, Any]], context: FakeContext) -> list[Any]:

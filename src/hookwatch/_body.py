@@ -21,6 +21,7 @@ __all__ = [
     "JSON_BYTES_PER_NUMBER",
     "MAX_BODY_BYTES",
     "MAX_DERIVED_BODY_BYTES",
+    "JsonBody",
     "NoPayload",
     "body_limit",
     "check_body_size",
@@ -48,6 +49,15 @@ _NUMBERS = frozenset({float, bool, type(None)})
 _SCALARS = frozenset({int, float, bool, type(None)})
 _MOST_CHARS = 24
 _FEWEST_CHARS = 3
+
+
+class JsonBody(bytes):
+    """A body its client declared JSON that reaches the handler unparsed: TorchServe parses
+    ``application/json`` exactly, so ``application/json; charset=utf-8`` (what many HTTP
+    libraries send) arrives as bytes, and so does JSON that does not parse. Marked, it is read
+    as JSON by every input, never as a text, an array of raw floats or a file."""
+
+    __slots__ = ()
 
 
 class NoPayload:

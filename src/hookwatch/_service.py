@@ -25,7 +25,7 @@ from torch import nn
 
 from hookwatch import _oip
 from hookwatch._audio import decode_wav, wav_like
-from hookwatch._body import MAX_BODY_BYTES, NoPayload, body_limit, check_body_size
+from hookwatch._body import MAX_BODY_BYTES, JsonBody, NoPayload, body_limit, check_body_size
 from hookwatch._capture import RateLimitedLog
 from hookwatch._config import HandlerConfig, InputSpec, OutputSpec
 from hookwatch._errors import BadInputError, ConfigError, error_line
@@ -300,7 +300,11 @@ def decode_payload(
         return _check_values(
             wave if spec.dtype == "float32" else wave.to(_DTYPES[spec.dtype]), spec
         )
-    if spec.encoding == "float32" and isinstance(body, bytes | bytearray):
+    if (
+        spec.encoding == "float32"
+        and isinstance(body, bytes | bytearray)
+        and type(body) is not JsonBody
+    ):
         check_body_size(body, limit, _LIMIT_SETTING)
         return _check_values(_decode_float32(body, shape), spec)
     if image:

@@ -9,6 +9,7 @@ forward (and through ``monitoring.mask`` to the hooks, so padding never counts).
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from typing import Any, Protocol
 
 import torch
 
-from hookwatch._body import NoPayload, check_body_size
+from hookwatch._body import JsonBody, NoPayload, check_body_size
 from hookwatch._config import TextSpec
 from hookwatch._errors import BadInputError, ConfigError
 
@@ -145,6 +146,21 @@ class TextPipeline:
         string, anything else as bytes: a string is one text either way, bytes are one text
         in UTF-8, a list holds several. Each is held to the body limit first."""
         check_body_size(body)
+        if type(body) is JsonBody:
+            # Declared JSON: a JSON body, or a 400 (read as one text, `{"text": "abc` was
+            # answered as a text).
+            try:
+                return json.loads(body)
+            except RecursionError:
+                raise BadInputError(
+                    self._expected, "JSON nested too deeply to parse", reason="too_deep"
+                ) from None
+            except (UnicodeDecodeError, ValueError) as error:
+                raise BadInputError(
+                    self._expected,
+                    f"a body that is not JSON ({str(error).splitlines()[0][:120]})",
+                    reason="not_json",
+                ) from None
         if isinstance(body, bytes | bytearray):
             try:
                 return bytes(body).decode("utf-8")

@@ -29,7 +29,7 @@ except ImportError as error:  # pragma: no cover - exercised where TorchServe is
         "hookwatch.torchserve needs TorchServe: pip install 'hookwatch[torchserve]'"
     ) from error
 
-from hookwatch._body import NoPayload
+from hookwatch._body import JsonBody, NoPayload
 from hookwatch._config import HandlerConfig, read_model_config
 from hookwatch._model import MODEL_SPEC_FILE, ModelSpec, build_model
 from hookwatch._service import BatchResult, DecodedBatch, ModelService
@@ -42,14 +42,36 @@ JSON = "application/json"
 _compact = json.JSONEncoder(separators=(",", ":")).encode
 
 
-def _body(row: dict[str, Any]) -> Any:
+def _body(row: dict[str, Any], context: Any = None, index: int = 0) -> Any:
     """A request's payload as TorchServe hands it over: under ``data`` or ``body``, else what
-    it carried instead (a body sent as a form arrives as its fields, none of them those)."""
-    if "data" in row:
-        return row["data"]
-    if "body" in row:
-        return row["body"]
+    it carried instead (a body sent as a form arrives as its fields, none of them those).
+    Bytes its client declared JSON come marked (:class:`JsonBody`)."""
+    for key in ("data", "body"):
+        if key in row:
+            value = row[key]
+            # Only bytes ask: a parsed body (most of them) pays nothing here.
+            if (
+                (type(value) is bytes or type(value) is bytearray)
+                and context is not None
+                and _declared_json(context, index, key)
+            ):
+                return JsonBody(value)
+            return value
     return NoPayload(row)
+
+
+def _declared_json(context: Any, index: int, key: str) -> bool:
+    """The request's ``key`` part was sent as JSON (``application/json`` with parameters, or a
+    ``+json`` type): TorchServe keeps each part's Content-Type under the part's name."""
+    try:
+        header = context.get_request_header(index, key)
+    except Exception:  # a context without the request's headers: as before, undeclared
+        return False
+    kind = header.get("content-type") if isinstance(header, dict) else header
+    if not isinstance(kind, str):
+        return False
+    media = kind.split(";", 1)[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
 
 
 def _batch_size(raw: Mapping[str, Any], context: Any) -> int:
@@ -113,7 +135,8 @@ class HookwatchHandler(BaseHandler):  # type: ignore[misc]
         self.initialized = True
 
     def preprocess(self, data: list[dict[str, Any]]) -> DecodedBatch:
-        return self.service.decode([_body(row) for row in data])
+        context = self.context
+        return self.service.decode([_body(row, context, i) for i, row in enumerate(data)])
 
     def inference(self, data: DecodedBatch, *args: Any, **kwargs: Any) -> BatchResult:
         return self.service.infer(data)

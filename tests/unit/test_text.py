@@ -106,6 +106,35 @@ def test_texts_under_text_or_inputs_in_an_object_are_the_texts(tokenizer_dir: Pa
     assert pipe.decode({"data": "w1 w2"}).tokens == pipe.decode("w1 w2").tokens
 
 
+def test_bytes_declared_json_are_read_as_json_never_as_a_text(tokenizer_dir: Path) -> None:
+    """TorchServe parses exactly `application/json`: `application/json; charset=utf-8` (as
+    many HTTP libraries send it) and JSON that does not parse reach the handler as bytes, and
+    a text model answered the JSON's characters as one text (found by an outside run,
+    2026-12-07). Its Content-Type read, such a body is JSON, or a 400."""
+    from hookwatch.torchserve import _body
+    from tests.fakes import FakeContext
+
+    context = FakeContext(tokenizer_dir, {})
+    raw = json.dumps({"text": ["w1 w2", "w3"]}).encode()
+    context.request_headers = {
+        0: {"body": {"content-type": "application/json; charset=utf-8"}},
+        1: {"body": {"content-type": "application/json"}},
+        2: {"body": {"content-type": "text/plain"}},
+        3: {"data": {"content-type": "application/vnd.api+json"}},
+    }
+    plain = b'["w1"]'
+    rows = [{"body": raw}, {"body": b'{"text": "abc'}, {"body": plain}, {"data": bytearray(raw)}]
+    bodies = [_body(row, context, i) for i, row in enumerate(rows)]
+    assert [type(b).__name__ for b in bodies] == ["JsonBody", "JsonBody", "bytes", "JsonBody"]
+    pipe = pipeline(tokenizer_dir, **LIMITS)
+    expected = pipe.decode(["w1 w2", "w3"]).tokens
+    assert pipe.decode(bodies[0]).tokens == pipe.decode(bodies[3]).tokens == expected
+    error = error_of(pipe, bodies[1])
+    assert (error.status, error.reason) == (400, "not_json") and "not JSON" in error.got
+    # A text/plain body is a text, whatever it looks like.
+    assert pipe.decode(bodies[2]).tokens != pipe.decode(["w1"]).tokens
+
+
 def test_a_request_without_a_payload_says_what_it_carried(tokenizer_dir: Path) -> None:
     error = error_of(pipeline(tokenizer_dir, **LIMITS), NoPayload(["a text"]))
     assert error.status == 400 and error.reason == "missing_field"
