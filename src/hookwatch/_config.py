@@ -914,7 +914,7 @@ class TextSpec:
     max_tokens: int = _option(
         256,
         "tokens per text, special tokens included; a longer text gets a 413 (texts are never "
-        "truncated)",
+        "truncated). Left at 256, the tokenizer's `model_max_length` where that is less",
         bounds=(1, 65_536),
         type_note="at most the tokenizer's `model_max_length`",
     )

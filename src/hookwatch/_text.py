@@ -9,6 +9,7 @@ forward (and through ``monitoring.mask`` to the hooks, so padding never counts).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Sequence
@@ -101,6 +102,11 @@ class TextPipeline:
         directory = Path(model_dir) if model_dir is not None else Path.cwd()
         self._tokenizer = load_tokenizer(directory / spec.tokenizer)
         limit = self._tokenizer.model_max_length
+        default = TextSpec.__dataclass_fields__["max_tokens"].default
+        if spec.max_tokens == default and limit < default:
+            # Left at its default: the tokenizer's own length is the limit (`init` and
+            # `layers` of a 128-token model failed on a value nobody had set).
+            spec = self.spec = dataclasses.replace(spec, max_tokens=int(limit))
         if spec.max_tokens > limit:
             raise ConfigError(
                 f"input.text.max_tokens: expected at most the tokenizer's model_max_length "

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+import yaml
 from torch import nn
 
 from hookwatch import ConfigError
@@ -411,6 +412,18 @@ def test_init_bounds_ids_that_go_straight_into_an_embedding(run: Run, tmp_path: 
     # Ids the model derives itself (a float input, embedded after a cast) are not bounded.
     rows = own_model.discover_layers(Derived().eval(), torch.zeros(2, 5))
     assert rows[0].vocabulary == 0
+    # Ids of any length (`init --config` of `shape: [null]`): bounded too, as the docs say
+    # (they were not: found by two outside runs, 2026-12-07).
+    given = tmp_path / "given.yaml"
+    given.write_text(
+        yaml.safe_dump({"handler": {"input": {"shape": [None], "max_length": 5, "dtype": "int64"}}})
+    )
+    code, said, err = run("layers", model, "--config", str(given))
+    assert code == 0 and "ids into an embedding of 10 rows" in said, err
+    code, _, err = run("init", model, "--config", str(given), "--out", str(out), "--force")
+    assert code == 0, err
+    spec = read_model_config(out).handler.input
+    assert spec.length_dim == 0 and (spec.min_value, spec.max_value) == (0.0, 9.0)
 
 
 class Derived(nn.Module):
@@ -494,6 +507,7 @@ def test_init_quotes_layer_paths_yaml_would_read_as_numbers(tmp_path: Path) -> N
 #: A model that maps its logits to class names itself: it answers strings, no tensor.
 NAMES_MODEL = """\
 import torch
+import yaml
 from torch import nn
 
 

@@ -135,6 +135,22 @@ def test_bytes_declared_json_are_read_as_json_never_as_a_text(tokenizer_dir: Pat
     assert pipe.decode(bodies[2]).tokens != pipe.decode(["w1"]).tokens
 
 
+def test_max_tokens_left_at_its_default_follows_a_shorter_tokenizer(tmp_path: Path) -> None:
+    """A tokenizer of 128 tokens failed `init` and `layers` with "expected at most the
+    tokenizer's model_max_length (128), got 256": a value nobody had set (an outside run,
+    2026-12-07). Left unset, the tokenizer's length is the limit; set past it, still refused."""
+    import json as json_
+
+    directory = save_tokenizer(tmp_path / "model" / "tokenizer")
+    config = directory / "tokenizer_config.json"
+    settings = json_.loads(config.read_text())
+    config.write_text(json_.dumps({**settings, "model_max_length": 128}))
+    assert pipeline(directory).spec.max_tokens == 128
+    assert pipeline(directory, max_tokens=100).spec.max_tokens == 100
+    with pytest.raises(ConfigError, match=r"model_max_length \(128\), got 300"):
+        pipeline(directory, max_tokens=300)
+
+
 def test_a_request_without_a_payload_says_what_it_carried(tokenizer_dir: Path) -> None:
     error = error_of(pipeline(tokenizer_dir, **LIMITS), NoPayload(["a text"]))
     assert error.status == 400 and error.reason == "missing_field"

@@ -758,7 +758,10 @@ def discover_layers(
             0,
             features,
             0,
-            vocabulary=min(vocabulary) if vocabulary and x is first else 0,
+            # Ids as the request sent them: the input, or a padded batch's values.
+            vocabulary=min(vocabulary)
+            if vocabulary and (x is first or (isinstance(x, Padded) and x.field is None))
+            else 0,
         )
     ]
     for name, module in watchable_modules(root).items():
@@ -1167,6 +1170,17 @@ def _variable_lines(spec: InputSpec, dtype: str) -> list[str]:
     return lines
 
 
+def _vocabulary_lines(vocabulary: int) -> list[str]:
+    """``min``/``max`` of an input that goes straight into an embedding of ``vocabulary``
+    rows: ids past it would reach the forward and fail there (a 422 naming an IndexError),
+    so they are refused up front, as the ids the model takes."""
+    return [
+        f"    min: 0             # the input goes straight into an embedding of {vocabulary} rows:",
+        f"    max: {vocabulary - 1}{' ' * max(1, 14 - len(str(vocabulary - 1)))}"
+        "# other ids get a 400 saying so",
+    ]
+
+
 #: TorchServe's keys `init` writes, and their values unless the config it starts from has its
 #: own: one request a batch (a model whose answers do not depend on its batch is the user's
 #: to batch), a 30 s answer.
@@ -1219,6 +1233,9 @@ def init_config(
             ]
     elif variable is not None and variable.length_dim is not None:
         input_lines = _variable_lines(variable, dtype)
+        vocabulary = rows[0].vocabulary if rows and rows[0].name == INPUT_LAYER else 0
+        if vocabulary and variable.min_value is None and variable.max_value is None:
+            input_lines += _vocabulary_lines(vocabulary)
     else:
         input_lines = [f"    shape: [{', '.join(map(str, shape))}]", f"    dtype: {dtype}"]
         if argument:
@@ -1261,14 +1278,7 @@ def init_config(
         if preprocessed:
             pass
         elif vocabulary:
-            # Ids past the embedding would reach the forward and fail there (a 422 naming an
-            # IndexError): refused up front, as the ids the model takes.
-            input_lines += [
-                "    min: 0             # the input goes straight into an embedding of "
-                f"{vocabulary} rows:",
-                f"    max: {vocabulary - 1}{' ' * max(1, 14 - len(str(vocabulary - 1)))}"
-                "# other ids get a 400 saying so",
-            ]
+            input_lines += _vocabulary_lines(vocabulary)
         else:
             input_lines += [
                 "    # min: 0           # requests outside [min, max] get a 400",
