@@ -266,3 +266,44 @@ def test_the_api_example_serves_and_exports_what_the_torchserve_handler_does(
         "hookwatch_drift_bin_samples_total",
     } <= names, names
     assert from_example == from_handler
+
+
+def test_a_process_writing_metric_files_serves_its_own_request_counts(tmp_path: Path) -> None:
+    """`serve_metrics(port)` in a process with PROMETHEUS_MULTIPROC_DIR set (one of several
+    processes of an own server) served its request counters as 0: they live in the count
+    slot files, never in the registry (found by an outside run, 2026-12-07). It now serves
+    the process's own files merged; the exporter still merges every process's."""
+    code = textwrap.dedent(
+        """
+        import urllib.request
+        import torch
+        from torch import nn
+        import hookwatch
+
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)).eval()
+        monitor = hookwatch.watch(model, {"layers": ["1"], "sample_rate": 1.0}, name="files")
+        for _ in range(7):
+            with torch.inference_mode(), monitor.request(2):
+                model(torch.randn(2, 4))
+        monitor.flush()
+        with hookwatch.serve_metrics(0) as server:
+            print(urllib.request.urlopen(server.url, timeout=10).read().decode())
+        monitor.close()
+        """
+    )
+    directory = tmp_path / "metrics"
+    directory.mkdir()
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    samples = {
+        (s.name, s.labels.get("layer", "")): s.value
+        for family in text_string_to_metric_families(done.stdout)
+        for s in family.samples
+        if s.labels.get("model") == "files"
+    }
+    assert samples[("hookwatch_requests_total", "")] == 14, samples
+    assert samples[("hookwatch_requests_sampled_total", "")] == 14
+    assert samples[("hookwatch_captures_total", "1")] >= 1

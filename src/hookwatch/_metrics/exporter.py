@@ -285,6 +285,42 @@ def _mergeable(path: str) -> bool:
     return True
 
 
+def _owner(name: str) -> int | None:
+    """The pid whose metric file ``name`` is (a worker's counters, slots or gauges), or None
+    (the archive, a probe)."""
+    accumulated = _ACCUMULATED.match(name)
+    if accumulated is not None:
+        return int(accumulated.group(2))
+    gauge = _DB_PID.search(name) if name.startswith("gauge_") else None
+    return int(gauge.group(1)) if gauge is not None else None
+
+
+class _ProcessCollector(Collector):
+    """One process's own metric files merged: what its monitors wrote, the request path's
+    count slots included (they are in no registry of the process)."""
+
+    def __init__(self, path: str, pid: int) -> None:
+        self._path = path
+        self._pid = pid
+
+    def collect(self) -> Iterable[Any]:
+        files = [
+            f
+            for f in glob.glob(os.path.join(self._path, "*.db"))
+            if _owner(os.path.basename(f)) == self._pid
+        ]
+        return _merge(files)
+
+
+def process_registry(path: str, pid: int | None = None) -> CollectorRegistry:
+    """A registry of the metric files process ``pid`` (this one) writes in ``path``: its
+    own series, as a one-process registry would hold them, where the process writes files
+    (``PROMETHEUS_MULTIPROC_DIR`` set) and its registry lacks the request counts."""
+    registry = CollectorRegistry()
+    registry.register(_ProcessCollector(path, os.getpid() if pid is None else pid))
+    return registry
+
+
 def exporter_registry(
     path: str, reap_dead_pids: bool = True, compact: bool = True
 ) -> CollectorRegistry:

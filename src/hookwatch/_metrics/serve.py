@@ -14,8 +14,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from hookwatch._metrics.exporter import exporter_registry
+from hookwatch._metrics.exporter import exporter_registry, process_registry
 from hookwatch._metrics.worker import MetricSet, default_metrics
+from hookwatch._metrics.worker import multiprocess_dir as files_dir
 
 __all__ = ["MetricsServer", "SampleKey", "parse_samples", "render", "serve_metrics"]
 
@@ -78,7 +79,9 @@ def serve_metrics(
     """Serve hookwatch's metrics over HTTP from a daemon thread; ``port=0`` picks a free one.
 
     Without ``multiprocess_dir`` it serves ``metrics`` (default: the process-wide set that
-    :func:`hookwatch.watch` writes to), for an application that runs its model in one process.
+    :func:`hookwatch.watch` writes to), for an application that runs its model in one process
+    (where the process writes metric files, ``PROMETHEUS_MULTIPROC_DIR`` set, the default is
+    its own files merged).
     With it, it is the exporter of a multi-process server (TorchServe's workers): it merges the
     workers' files in that directory on each scrape, drops the gauges of dead workers and folds
     their counters into one archive file (``compact``; one exporter per directory may)::
@@ -87,8 +90,13 @@ def serve_metrics(
     """
     from prometheus_client import start_http_server
 
+    own_files = files_dir()  # the parameter has the function's name
     if multiprocess_dir is not None:
         registry = exporter_registry(os.fspath(multiprocess_dir), reap_dead_pids, compact)
+    elif metrics is None and own_files is not None:
+        # This process writes metric files (PROMETHEUS_MULTIPROC_DIR): its request counts
+        # are in them only, never in its registry (which served them as zeros).
+        registry = process_registry(own_files)
     else:
         registry = (metrics if metrics is not None else default_metrics()).registry
     server, thread = start_http_server(port, addr=addr, registry=registry)
