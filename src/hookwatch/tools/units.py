@@ -8,12 +8,14 @@ pruning candidate; one saturated on every captured sample carries no information
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import urllib.parse
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from hookwatch._errors import ConfigError
 from hookwatch.tools.devstack import http_get
@@ -46,8 +48,8 @@ class LayerUnits:
 
     @property
     def stuck(self) -> list[int]:
-        """Units saturated on every captured sample (a rounding margin for Prometheus'
-        extrapolated increases)."""
+        """Units saturated on every captured sample (a margin for counts read at slightly
+        different times)."""
         if not self.samples:
             return []
         return sorted(u for u, n in self.saturated.items() if n >= 0.999 * self.samples)
@@ -145,6 +147,26 @@ def from_exporter(url: str) -> list[LayerUnits]:
 
 
 def _query(url: str, promql: str) -> list[tuple[dict[str, str], float]]:
+    return [(labels, float(value[1])) for labels, value in _answer(url, promql)]
+
+
+def _exact_increases(
+    url: str, selector: str, window: str, by: tuple[str, ...]
+) -> list[tuple[dict[str, str], float]]:
+    """Each series' increase over its samples in ``window``, summed ``by`` those labels:
+    exact counts, where ``increase()`` extrapolates to the window's ends (40 captures read
+    as 42). A drop is a restart: the count starts again from its new value."""
+    totals: dict[tuple[str, ...], float] = defaultdict(float)
+    for labels, values in _answer(url, f"{selector}[{window}]"):
+        counts = [float(v) for _, v in values]
+        grown = sum(b - a if b >= a else b for a, b in itertools.pairwise(counts))
+        totals[tuple(labels.get(k, "") for k in by)] += grown
+    return [(dict(zip(by, key, strict=True)), value) for key, value in totals.items()]
+
+
+def _answer(url: str, promql: str) -> list[tuple[dict[str, str], Any]]:
+    """The result of an instant query: each series' labels and its value (a vector) or its
+    values (a range selector's matrix)."""
     query = urllib.parse.urlencode({"query": promql})
     status, body = _get("--prometheus", "Prometheus", url, f"/api/v1/query?{query}")
     payload = json.loads(body) if body.startswith(b"{") else {}
@@ -154,20 +176,28 @@ def _query(url: str, promql: str) -> list[tuple[dict[str, str], float]]:
             f"expected Prometheus at {url} to answer a query, got HTTP {status} ({why}): is "
             "that Prometheus' URL (port 9090 by default), and --range a PromQL duration (1h)?"
         )
-    return [(r["metric"], float(r["value"][1])) for r in payload["data"]["result"]]
+    return [(r["metric"], r.get("values", r.get("value"))) for r in payload["data"]["result"]]
 
 
 def from_prometheus(url: str, window: str, model: str | None = None) -> list[LayerUnits]:
-    """Increases over the last ``window`` (a PromQL duration), over every worker and replica."""
+    """Increases over the last ``window`` (a PromQL duration), over every worker and replica,
+    counted from the samples Prometheus holds (not ``increase()``'s extrapolation)."""
     match = f'{{model="{model}"}}' if model else ""
+    counted = {
+        ACTIVE: ("model", "layer", "unit"),
+        SATURATED: ("model", "layer", "unit"),
+        CAPTURES: ("model", "layer"),
+    }
+    rows = [
+        (name, labels, value)
+        for name, by in counted.items()
+        for labels, value in _exact_increases(url, f"{name}{match}", window, by)
+    ]
     queries = {
-        ACTIVE: f"sum by (model, layer, unit) (increase({ACTIVE}{match}[{window}]))",
-        SATURATED: f"sum by (model, layer, unit) (increase({SATURATED}{match}[{window}]))",
-        CAPTURES: f"sum by (model, layer) (increase({CAPTURES}{match}[{window}]))",
         REFERENCE_DEAD: f"max by (model, layer) ({REFERENCE_DEAD}{match})",
         REFERENCE_SATURATED: f"max by (model, layer) ({REFERENCE_SATURATED}{match})",
     }
-    rows = [
+    rows += [
         (name, labels, value) for name, q in queries.items() for labels, value in _query(url, q)
     ]
     return _collect(rows)
@@ -183,7 +213,14 @@ def _listed(units: list[int], limit: int = 24) -> str:
 
 
 def table(layers: list[LayerUnits], model: str | None = None) -> str:
+    """The units of ``layers`` (``model``'s only, when given), or a one-line
+    :class:`ConfigError` for a model none of them is from while others are."""
     chosen = [u for u in layers if model is None or u.model == model]
+    if not chosen and layers:
+        models = sorted({u.model for u in layers})
+        raise ConfigError(
+            f"--model: expected one of the models with unit counts {models}, got {model!r}"
+        )
     if not chosen:
         return (
             "no unit counts yet: no hidden layer has been captured (or monitoring.max_units is 0)"
