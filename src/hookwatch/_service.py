@@ -257,19 +257,26 @@ def _one_length(shapes: Sequence[torch.Size], what: str) -> None:
         )
 
 
+def _each_item(decode: Callable[[Any], Any], items: Sequence[Any], name: bool) -> list[Any]:
+    """``decode`` of each item, in order; with ``name``, an error says which item it was."""
+    out = []
+    for index, item in enumerate(items):
+        try:
+            out.append(decode(item))
+        except BadInputError as error:
+            if not name:
+                raise
+            raise BadInputError(
+                error.expected, f"{error.got} in item {index}", error.status, error.reason
+            ) from None
+    return out
+
+
 def _each_of_length(values: list[Any], spec: InputSpec, wrapped: bool) -> Items:
     """A request's items of a length each chooses (``[[1, 2, 3], [4, 5]]``), each decoded and
     checked as a lone item is; an error names the item."""
     _count_items(len(values), spec)
-    rows = []
-    for index, value in enumerate(values):
-        try:
-            rows.append(decode_values(value, spec))
-        except BadInputError as error:
-            raise BadInputError(
-                error.expected, f"{error.got} in item {index}", error.status, error.reason
-            ) from None
-    return Items(tuple(rows), wrapped)
+    return Items(tuple(_each_item(lambda value: decode_values(value, spec), values, True)), wrapped)
 
 
 def decode_payload(
@@ -352,14 +359,14 @@ def decode_payload(
             and (wrapped or all(type(v) is str for v in values))
         )
         listed = values if several_files else [values]
-        files = [image_bytes(value) for value in listed]
+        files = _each_item(image_bytes, listed, several_files)
         if all(data is not None for data in files):
             _count_items(len(files), spec)
-            images = [
-                _check_values(decode_image(data, shape, _DTYPES[spec.dtype]), spec)
-                for data in files
-                if data is not None
-            ]
+            images: list[torch.Tensor] = _each_item(
+                lambda data: _check_values(decode_image(data, shape, _DTYPES[spec.dtype]), spec),
+                files,
+                several_files,
+            )
             if several_files or wrapped:
                 return Items(torch.stack(images), wrapped)
             return images[0]
@@ -374,6 +381,12 @@ def decode_payload(
         if outer is not None and outer[1:] == shape and (outer[0] > 1 or wrapped):
             _count_items(outer[0], spec)
             return Items(decode_values(values, replace(spec, shape=outer)), wrapped)
+        if type(values) is list and (len(values) > 1 or wrapped):
+            # Items, one of them not of the input's shape (ragged, a string): each decoded
+            # alone names the one and what is wrong with it ("nested more than 2 levels"
+            # said nothing of either).
+            _count_items(len(values), spec)
+            _each_of_length(values, spec, wrapped)
     tensor = decode_values(values, spec, depth)
     return Items(tensor.unsqueeze(0), True) if wrapped else tensor
 

@@ -275,3 +275,19 @@ def test_a_request_of_several_items_is_answered_whole_when_its_batch_runs_alone(
     answers = service.handle([{"instances": rows}, {"data": [99.0, 0.0, 0.0]}, {"data": rows}])
     assert answers[0] == {"predictions": alone} and answers[2] == alone
     assert answers[1]["code"] == 422 and "values over 50" in answers[1]["got"]
+
+
+@pytest.mark.parametrize(
+    ("body", "got"),
+    [
+        ({"instances": [[[0.0] * 3] * 4, [[0.0] * 3] * 3]}, "shape [3, 3] in item 1"),
+        ({"instances": [[[0.0] * 3] * 3]}, "shape [3, 3] in item 0"),
+        ({"data": [[[0.0] * 3] * 4, "x"]}, "str 'x' in item 1"),
+    ],
+)
+def test_a_bad_item_among_several_is_named_with_what_is_wrong(body: Any, got: str) -> None:
+    # Each was "expected an array nested 2 levels deep, got one nested more than 2 levels"
+    # (too_deep), naming neither the item nor the fault (an outside run, 2026-12-07).
+    with pytest.raises(BadInputError) as raised:
+        decode_payload(body, InputSpec(shape=(4, 3)), several=True)
+    assert raised.value.reason == "wrong_shape" and raised.value.got.endswith(got), raised.value

@@ -113,6 +113,9 @@ def test_base64_in_the_json_field_and_numbers_are_taken_too() -> None:
     assert isinstance(two, Items) and torch.equal(two.rows, torch.stack([raw, raw]))
     with pytest.raises(BadInputError, match="not base64"):
         default.decode({"instances": [{"b64": "**"}]})
+    # Among several, the bad one is named.
+    with pytest.raises(BadInputError, match="not base64 in item 2"):
+        default.decode({"instances": [encoded, encoded, "abc"]})
 
 
 @pytest.mark.parametrize(
