@@ -1115,8 +1115,9 @@ def joined_inputs(
 ) -> torch.Tensor | None:
     """A forward's keyword arguments as the one input the hooks read: a lone tensor as it
     is; several side by side in call order, float32 ``[batch, features]``, each read as a lone
-    input would be (a map of at most ``max_features`` values whole, a larger one by its
-    channels' means), so a drift in any of them is the input's (``input.arguments``). Where
+    input would be (whole where all fit in ``max_features`` values side by side, else a map
+    past its share of them by its channels' means), so a drift in any of them is the
+    input's (``input.arguments``). Where
     they do not all have the batch first, the first tensor, as for any other call.
 
     With ``steps`` (one argument padded to the batch's longest), its lengths and mask are
@@ -1139,13 +1140,18 @@ def joined_inputs(
     rows = first.shape[0] if first.dim() else -1
     if any(t.dim() == 0 or t.shape[0] != rows for _, t in named):
         return first
+    # Whole where they fit side by side; else each map past its share of the width by its
+    # channels' means (two 3x32x32 images under a width of 4096 were joined whole, 6144
+    # values, and the second cut off at 4096: its drift unseen).
+    widths = [math.prod(t.shape[1:]) for _, t in named]
+    share = max_features if sum(widths) <= max_features else max_features // len(named)
     parts = [
         _own_steps_read(t, steps, max_features)
         if steps is not None and name == steps.argument
         else t.reshape(rows, -1).float()
-        if t.dim() <= 2 or math.prod(t.shape[1:]) <= max_features
+        if t.dim() <= 2 or width <= share
         else t.reshape(rows, t.shape[1], -1).float().mean(dim=2)
-        for name, t in named
+        for (name, t), width in zip(named, widths, strict=True)
     ]
     return torch.cat(parts, dim=1)
 

@@ -377,6 +377,13 @@ def test_each_argument_is_read_as_a_lone_input_would_be_then_side_by_side() -> N
     assert joined[:, 3:].tolist() == meta.float().tolist()
     small = torch.rand(2, 2, 3)
     assert joined_inputs({"a": small, "b": meta}).shape == (2, 6 + 4)
+    # Two maps that each fit the width but not side by side: each by its channels' means
+    # (joined whole, 6144 values under a width of 4096, the second image's most was cut off
+    # and its drift never seen: an outside run's two-image model, 2026-12-07).
+    pair = joined_inputs({"a": image, "b": image.flip(1)}, max_features=4096)
+    assert pair is not None and pair.shape == (2, 6)
+    torch.testing.assert_close(pair[:, 3:], image.flip(1).mean(dim=(2, 3)))
+    assert joined_inputs({"a": image, "b": image}, max_features=8192).shape == (2, 6144)
     # One tensor is the input as it is; arguments without the batch first, the first one.
     assert joined_inputs({"image": image}) is image
     assert joined_inputs({"a": small, "b": torch.rand(3, 4)}) is small
