@@ -372,3 +372,60 @@ def test_mutated_image_files_decode_or_get_a_named_4xx(
         assert error.reason in REJECT_REASONS and error.reason != "unreadable", error
     else:
         assert x.shape == (3, 16, 16) and bool(torch.isfinite(x).all())
+
+
+SEGMENTER = (
+    "import torch\n"
+    "from torch import nn\n"
+    "class Seg(nn.Module):\n"
+    "    def __init__(self):\n"
+    "        super().__init__()\n"
+    "        torch.manual_seed(0)\n"
+    "        self.conv = nn.Conv2d(3, 4, 3, padding=1)\n"
+    "        self.act = nn.ReLU()\n"
+    "        self.out = nn.Conv2d(4, 2, 1)\n"
+    "    def forward(self, x):\n"
+    "        return self.out(self.act(self.conv(x)))\n"
+)
+
+
+def test_a_class_map_model_is_archived_from_class_folders_their_labels_left_unused(
+    tmp_path: Path,
+) -> None:
+    # A segmentation model's images kept in folders named by class index: the folders'
+    # labels made `archive` fail ("expected logits [batch, classes], got per-position
+    # logits... archive it without labels"), with no way to leave them out but moving the
+    # files (an outside run, 2026-12-07). Labels the reference carries are left unused.
+    (tmp_path / "seg.py").write_text(SEGMENTER)
+    _folders(tmp_path / "ref", {"0": 20, "1": 20})
+    config = tmp_path / "seg.yaml"
+    handler = {
+        "input": {"shape": [3, 16, 16], "encoding": "image"},
+        "monitoring": {"layers": ["act"], "output": {"head": "logits"}},
+    }
+    config.write_text(yaml.safe_dump({"handler": handler}))
+    said: list[str] = []
+    mar = archive_model(
+        ModelRef.parse(f"{tmp_path / 'seg.py'}:Seg"),
+        "seg",
+        config,
+        tmp_path / "ref",
+        tmp_path / "store",
+        tmp_path / "build",
+        say=said.append,
+    )
+    assert mar.is_file()
+    assert any("left unused" in line and "per position" in line for line in said), said
+    # Labels given on purpose still fail, saying why.
+    np.save(tmp_path / "y.npy", np.zeros(40, dtype=np.int64))
+    with pytest.raises(ConfigError, match="per-position logits"):
+        archive_model(
+            ModelRef.parse(f"{tmp_path / 'seg.py'}:Seg"),
+            "seg",
+            config,
+            tmp_path / "ref",
+            tmp_path / "store2",
+            tmp_path / "build2",
+            labels=tmp_path / "y.npy",
+            say=said.append,
+        )

@@ -2039,6 +2039,19 @@ def archive_model(
             f"{config.output.head}"
         )
         labelled = None
+    if (
+        labelled is not None
+        and labels is None
+        and not per_sample_items(output)
+        and selected.dim() >= 3
+    ):
+        # Labels the reference carries (class folders, a `y` array) are a sample's class;
+        # per-position logits (a tagger's, a segmentation's class map) have no such class.
+        say(
+            f"  {labelled[1]} left unused: the accuracy estimate takes a class a sample, "
+            f"this model's logits are per position (shape {list(selected.shape)})"
+        )
+        labelled = None
     if labelled is not None:
         from hookwatch._profile.accuracy import with_accuracy
 
