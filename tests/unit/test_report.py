@@ -362,3 +362,22 @@ def test_log_scale_where_values_span_orders_of_magnitude() -> None:
     assert plot.log_scale(np.array([1.65, 0.9, 30.0])) is None
     assert plot.log_scale(np.array([-17.0, 0.01, 19.0])) is None  # logits: linear
     assert plot.log_scale(np.array([0.0, 0.0])) is None
+
+
+def test_the_estimate_says_its_lowest_after_the_switch_where_it_recovered() -> None:
+    # An outside run sent a few clean requests after the shifted ones: the summary said the
+    # accuracy "went from 91 % before to 100 % at the end", as if nothing had happened.
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from hookwatch.tools.report.story import _estimate
+
+    series = SimpleNamespace(
+        times=np.arange(10.0), values=np.array([0.9, 0.92, 0.91, 0.9, 0.5, 0.32, 0.4, 0.7, 1, 1])
+    )
+    story = SimpleNamespace(estimate=series, reference_accuracy=None)
+    said = _estimate(story, 4.0, UTC)  # type: ignore[arg-type]
+    assert "went from 90 % before, 32 % at its lowest after the switch, to 100 % at the end" in said
+    series.values = np.array([0.9, 0.92, 0.91, 0.9, 0.5, 0.32, 0.3, 0.3, 0.3, 0.3])
+    assert "before to 30 % at the end" in _estimate(story, 4.0, UTC)  # type: ignore[arg-type]

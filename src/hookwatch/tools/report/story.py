@@ -134,10 +134,18 @@ def _estimate(story: Story, boundary: float | None, tz: tzinfo) -> str:
     last = float(s.values[finite][-1])
     before = s.values[finite & (s.times < boundary)] if boundary is not None else np.array([])
     if before.size:
+        after = s.values[finite & (s.times >= boundary)] if boundary is not None else before
+        # Its lowest after the switch too: traffic that turned back (a few clean requests at
+        # the end) would leave only the end's value, as if nothing had happened.
+        lowest = (
+            f", {_pct(float(after.min()))} at its lowest after the switch,"
+            if after.size and float(after.min()) < last
+            else ""
+        )
         return (
             "Estimated without labels (the fleet's estimate, over 5 minutes: it lags), accuracy "
-            f"went from {_pct(float(np.median(before)))} before to {_pct(last)} at the end"
-            f"{reference}."
+            f"went from {_pct(float(np.median(before)))} before{lowest} to {_pct(last)} at the "
+            f"end{reference}."
         )
     return (
         "Estimated without labels (the fleet's estimate, over 5 minutes), accuracy at the end "
