@@ -7,6 +7,7 @@ of 400)."""
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, tzinfo
@@ -104,7 +105,11 @@ def render(
         ax.set_visible(False)
     figure.suptitle(panel.title, x=0.01, ha="left", fontsize=12, fontweight="bold")
     _legend(figure, grid[: len(groups)])
-    figure.savefig(out, dpi=DPI, facecolor="white")
+    with warnings.catch_warnings():
+        # A legend of many series can leave the layout no room: the plot is drawn without
+        # it, and a user of `report` or `stop` has no use for matplotlib's warning.
+        warnings.filterwarnings("ignore", "constrained_layout not applied", UserWarning)
+        figure.savefig(out, dpi=DPI, facecolor="white")
 
 
 def _draw_facet(ax: Axes, panel: Panel, key: tuple[str, ...], group: list[Line]) -> None:
