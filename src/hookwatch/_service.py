@@ -77,6 +77,8 @@ def _describe(value: Any) -> str:
         return f"an object with keys [{keys}]"
     if value is None:
         return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"  # as the JSON said it
     text = repr(value)
     return f"{type(value).__name__} {text[:40]}"
 

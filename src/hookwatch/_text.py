@@ -167,9 +167,12 @@ class TextPipeline:
                     f"a body that is not JSON ({str(error).splitlines()[0][:120]})",
                     reason="not_json",
                 ) from None
+        if isinstance(body, str) and body.startswith("\ufeff"):
+            return body[1:]  # a byte-order mark is no part of the text (nor its tokens)
         if isinstance(body, bytes | bytearray):
             try:
-                return bytes(body).decode("utf-8")
+                # utf-8-sig: a byte-order mark, where an editor wrote one, is dropped.
+                return bytes(body).decode("utf-8-sig")
             except UnicodeDecodeError as error:
                 raise BadInputError(
                     f"{self._expected}, in UTF-8",
@@ -224,9 +227,10 @@ class TextPipeline:
                     reason="too_large",
                 )
             if not text.strip():
+                kind = "an empty text" if not text else "a text of only white space"
                 raise BadInputError(
                     self._expected,
-                    f"an empty text in {_which(index, listed)}",
+                    f"{kind} ({_which(index, listed)})" if listed else kind,
                     reason="wrong_shape",
                 )
             try:
@@ -265,6 +269,13 @@ def _which(index: int, listed: bool) -> str:
 
 
 def _kinds(values: Sequence[Any]) -> str:
-    names = sorted({type(v).__name__ for v in values if not isinstance(v, str)})
-    sample = next((v for v in values if not isinstance(v, str)), None)
-    return f"{'/'.join(names)} {repr(sample)[:40]}".strip()
+    others = [v for v in values if not isinstance(v, str)]
+    if others and all(v is None or isinstance(v, bool) for v in others):
+        return json.dumps(others[0])  # null, true, false: as the JSON said them
+    names = sorted({_JSON_NAMES.get(type(v), type(v).__name__) for v in others})
+    sample = next(iter(others), None)
+    return f"{'/'.join(names)} {json.dumps(sample) if sample is None else repr(sample)[:40]}"
+
+
+#: What a parsed JSON value was, by its Python type, in the words of an answer.
+_JSON_NAMES = {dict: "object", list: "list", int: "int", float: "float"}

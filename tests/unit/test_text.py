@@ -72,7 +72,9 @@ BAD_TEXTS: list[tuple[Any, int, str, str]] = [
     (17, 400, "int 17", "wrong_type"),
     ([], 400, "an empty list", "wrong_shape"),
     (["w1", 3], 400, "a list holding int 3", "wrong_type"),
-    (["w1", "   "], 400, "an empty text in text 1", "wrong_shape"),
+    (["w1", "   "], 400, "a text of only white space (text 1)", "wrong_shape"),
+    (None, 400, "null", "wrong_type"),
+    ([True], 400, "true", "wrong_type"),
     (["w1"] * 4, 413, "4 texts", "too_large"),
     ("w1 " * 20, 413, "60 characters in the text", "too_large"),
     ("w1 w2 w3 w4 w5 w6 w7", 413, "9 tokens in the text", "too_large"),
@@ -131,6 +133,11 @@ def test_bytes_declared_json_are_read_as_json_never_as_a_text(tokenizer_dir: Pat
     assert pipe.decode(bodies[0]).tokens == pipe.decode(bodies[3]).tokens == expected
     error = error_of(pipe, bodies[1])
     assert (error.status, error.reason) == (400, "not_json") and "not JSON" in error.got
+    # A byte-order mark an editor wrote is no part of the text (its tokens were).
+    plain_text = pipe.decode("w1 w2").tokens
+    assert (
+        pipe.decode(b"\xef\xbb\xbfw1 w2").tokens == pipe.decode("\ufeffw1 w2").tokens == plain_text
+    )
     # A text/plain body is a text, whatever it looks like.
     assert pipe.decode(bodies[2]).tokens != pipe.decode(["w1"]).tokens
 
