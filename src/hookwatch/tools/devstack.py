@@ -847,7 +847,7 @@ def _body_limit(mar: Path) -> int:
         with zipfile.ZipFile(mar) as archive:
             # The config under the name it was archived with (`--config mb.yaml` keeps it).
             manifest = json.loads(archive.read("MAR-INF/MANIFEST.json"))["model"]
-            config = yaml.safe_load(archive.read(manifest["configFile"]))
+            config = yaml.safe_load(archive.read(manifest.get("configFile", "model-config.yaml")))
         # A text model's input has no shape: its limit is the fixed 1 MiB, under TorchServe's.
         spec = InputSpec.from_mapping(config["handler"]["input"])
     except Exception:
