@@ -262,13 +262,28 @@ def test_text_model_batches_texts_of_any_length_and_fails_only_the_bad_one(
             torch.testing.assert_close(
                 torch.tensor(answer["embedding"]), torch.tensor(alone[text]), atol=2e-5, rtol=1e-4
             )
+    # JSON declared with a charset (TorchServe parses only `application/json` exactly, and
+    # hands this one over as bytes) is read as JSON, not as its characters; JSON that does
+    # not parse is a 400 (both were answered as a text before).
+    url = f"http://127.0.0.1:{stack.ports.inference}/predictions/minilm"
+    declared = json.dumps({"text": TEXTS[0]}).encode()
+    (ok, same), (broken, said) = post_all(
+        [
+            (url, declared, "application/json; charset=utf-8"),
+            (url, b'{"text": "abc', "application/json"),
+        ]
+    )
+    assert ok == 200 and broken == 400 and "not JSON" in said["got"], (same, said)
+    torch.testing.assert_close(
+        torch.tensor(same["embedding"]), torch.tensor(alone[TEXTS[0]]), atol=2e-5, rtol=1e-4
+    )
     # Every request counts, served or rejected: the batch's bodies and the texts sent alone.
-    requests = len(bodies) + len(TEXTS)
+    requests = len(bodies) + len(TEXTS) + 2
 
     def counted() -> None:
         samples = scrape(stack.ports.exporter)
         assert total(samples, "hookwatch_requests_total", model="minilm") == requests
-        assert total(samples, "hookwatch_requests_rejected_total", model="minilm") == len(bad)
+        assert total(samples, "hookwatch_requests_rejected_total", model="minilm") == len(bad) + 1
         sampled = total(samples, "hookwatch_requests_sampled_total", model="minilm")
         captured = total(samples, "hookwatch_captures_total", layer="input")
         # Rows, not requests: a sampled request of two texts is two samples.
