@@ -544,6 +544,21 @@ def test_a_probe_the_model_refuses_leaves_the_profile_to_the_reference(
     assert "could not try a sample alone and padded (RuntimeError" in caplog.text
 
 
+def _archive_series(tmp_path: Path, model: str, config: Path, rng: np.random.Generator) -> Path:
+    """``model`` archived with a reference of 60 request bodies of series (:func:`_series`)."""
+    lines = [json.dumps({"data": series}) for series in _series(rng, 60)]
+    (tmp_path / "ref.jsonl").write_text("\n".join(lines) + "\n")
+    return archive_model(
+        ModelRef.parse(model),
+        model.rsplit(":", 1)[1].lower(),
+        config,
+        tmp_path / "ref.jsonl",
+        tmp_path / "store",
+        tmp_path / "build",
+        say=lambda _line: None,
+    )
+
+
 DECODER = '''
 import torch
 from torch import nn
@@ -593,17 +608,7 @@ def test_a_fixed_number_of_steps_is_never_cut_and_a_part_a_step_is(tmp_path: Pat
     }
     config.write_text(yaml.safe_dump({"batchSize": 4, "handler": handler}))
     rng = np.random.default_rng(6)
-    lines = [json.dumps({"data": series}) for series in _series(rng, 60)]
-    (tmp_path / "ref.jsonl").write_text("\n".join(lines) + "\n")
-    mar = archive_model(
-        ModelRef.parse(f"{tmp_path / 'decoder.py'}:Decoder"),
-        "decoder",
-        config,
-        tmp_path / "ref.jsonl",
-        tmp_path / "store",
-        tmp_path / "build",
-        say=lambda _line: None,
-    )
+    mar = _archive_series(tmp_path, f"{tmp_path / 'decoder.py'}:Decoder", config, rng)
     with zipfile.ZipFile(mar) as archived:
         spec = json.loads(archived.read("hookwatch-model.json"))
     assert spec["answer_steps"] == ["1"]
@@ -671,17 +676,7 @@ def test_layers_that_pass_nested_tensors_are_listed_archived_and_watched(
     out = tmp_path / "init.yaml"
     assert main(["init", f"{source}:Encoder", "--config", str(config), "--out", str(out)]) == 0
     rng = np.random.default_rng(8)
-    lines = [json.dumps({"data": series}) for series in _series(rng, 60)]
-    (tmp_path / "ref.jsonl").write_text("\n".join(lines) + "\n")
-    mar = archive_model(
-        ModelRef.parse(f"{source}:Encoder"),
-        "encoder",
-        config,
-        tmp_path / "ref.jsonl",
-        tmp_path / "store",
-        tmp_path / "build",
-        say=lambda _line: None,
-    )
+    mar = _archive_series(tmp_path, f"{source}:Encoder", config, rng)
     profile = build_profile_of(mar, tmp_path / "profile")
     # Each sample's own steps: the same alone as padded, so their drift is watched.
     for layer in ("encoder.layers.0", "encoder.layers.1"):
