@@ -388,7 +388,9 @@ def decode_payload(
             # alone names the one and what is wrong with it ("nested more than 2 levels"
             # said nothing of either).
             _count_items(len(values), spec)
-            _each_of_length(values, spec, wrapped)
+            each = _each_of_length(values, spec, wrapped)  # raises, naming the item
+            # Or each is one (some flat, some nested): the items, as one array.
+            return Items(torch.stack(list(each.each())), wrapped)
     tensor = decode_values(values, spec, depth)
     return Items(tensor.unsqueeze(0), True) if wrapped else tensor
 
