@@ -420,7 +420,8 @@ def test_every_option_has_help_and_every_command_an_example() -> None:
 
 def test_the_examples_parse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    for name in ("weights.pt", "model-config.yaml", "reference.npy"):
+    Path("model_store").mkdir()
+    for name in ("weights.pt", "model-config.yaml", "reference.npy", "model_store/mymodel.mar"):
         Path(name).write_text("")
     parser = cli.build_parser()
     for name, example in cli.EXAMPLES.items():

@@ -102,3 +102,81 @@ def test_indent_keeps_empty_lines_empty(text: str) -> None:
     indented = kubernetes._indent(text, 4)
     assert all(line == "" or line.startswith("    ") for line in indented.split("\n"))
     assert " \n" not in indented
+
+
+def _user_mar(path: Path, name: str, distribution: str | None = None) -> Path:
+    """A user's archive as `hookwatch archive` writes one (manifest, handler, model spec)."""
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr(
+            "handler.py",
+            "from hookwatch.torchserve import HookwatchHandler\n\n\n"
+            "class H(HookwatchHandler): ...\n",
+        )
+        model = {"modelName": name, "handler": "handler.py", "configFile": "mine.yaml"}
+        archive.writestr("MAR-INF/MANIFEST.json", json.dumps({"model": model}))
+        archive.writestr(
+            "mine.yaml",
+            yaml.safe_dump({"handler": {"input": {"shape": [3, 64, 64], "encoding": "image"}}}),
+        )
+        spec = {"format": "hookwatch-model", "kind": "factory", "file": "", "name": "build"}
+        if distribution:
+            spec["distribution"] = distribution
+        archive.writestr("hookwatch-model.json", json.dumps(spec))
+    return path
+
+
+def test_export_kubernetes_writes_the_image_and_manifests_for_a_users_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # An outside run with only the wheel could not follow docs/kubernetes.md: the Dockerfile
+    # built from a checkout and the manifests were the repository's (2026-12-07).
+    from hookwatch.tools.cli import main
+
+    mar = _user_mar(tmp_path / "vision.mar", "vision", "acme-models==0.3.1")
+    wheel = tmp_path / "hookwatch-0.2.0-py3-none-any.whl"
+    wheel.write_bytes(b"PK")
+    out = tmp_path / "deploy"
+    args = ["export-kubernetes", str(out), "--mar", str(mar), "--wheel", str(wheel)]
+    assert main([*args, "--image", "registry.example.com:5000/ml/vision:2"]) == 0
+    assert "kubectl apply -k" in capsys.readouterr().out
+    assert (out / "model_store" / "vision.mar").read_bytes() == mar.read_bytes()
+    assert (out / "wheels" / wheel.name).is_file()
+    dockerfile = (out / "Dockerfile").read_text()
+    assert "COPY model_store/" in dockerfile and "[torchserve]" in dockerfile
+    assert re.search(r"'torch==\d+\.\d+\.\d+'", dockerfile), dockerfile
+    assert "@" not in dockerfile.replace("@NAME@", "")  # every token replaced
+    properties = (out / "config.properties").read_text()
+    assert (
+        "load_models=vision.mar" in properties and "disable_token_authorization=true" in properties
+    )
+    # An image model's body limit: TorchServe's own raised to it (a photo is not refused).
+    assert "max_request_size=16777216" in properties
+    assert (out / "requirements.txt").read_text().splitlines()[-1] == "acme-models==0.3.1"
+    deployment = (out / "kubernetes" / "base" / "deployment.yaml").read_text()
+    assert 'value: "vision"' in deployment and "value: digits" not in deployment
+    base = yaml.safe_load((out / "kubernetes" / "base" / "kustomization.yaml").read_text())
+    assert base["images"] == [
+        {"name": "hookwatch", "newName": "registry.example.com:5000/ml/vision", "newTag": "2"}
+    ]
+    gpu = yaml.safe_load(
+        (out / "kubernetes" / "overlays" / "gpu" / "kustomization.yaml").read_text()
+    )
+    assert gpu["images"] == [{"name": "registry.example.com:5000/ml/vision", "newTag": "2-gpu"}]
+    rules = (out / "kubernetes" / "base" / "generated" / "prometheusrule.yaml").read_text()
+    assert "hookwatch export-kubernetes" in rules and "runbook_url:" in rules
+    # Written again only with --force; one line for a bad --mar or --wheel, no traceback.
+    assert main(args) == 2
+    assert "pass --force" in capsys.readouterr().err
+    not_ours = tmp_path / "other.mar"
+    import zipfile
+
+    with zipfile.ZipFile(not_ours, "w") as archive:
+        archive.writestr("MAR-INF/MANIFEST.json", json.dumps({"model": {"handler": "x.py"}}))
+    assert main(["export-kubernetes", str(tmp_path / "o2"), "--mar", str(not_ours)]) == 2
+    assert "built by `hookwatch archive`" in capsys.readouterr().err
+    bad_wheel = ["export-kubernetes", str(tmp_path / "o3"), "--mar", str(mar), "--wheel", str(mar)]
+    assert main(bad_wheel) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "expected a hookwatch wheel file" in err[0], err

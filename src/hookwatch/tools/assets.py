@@ -14,6 +14,7 @@ from pathlib import Path
 __all__ = [
     "ASSETS",
     "DASHBOARDS",
+    "KUBERNETES",
     "PROMETHEUS",
     "PROMETHEUS_CONFIG",
     "PROVISIONING",
@@ -34,5 +35,9 @@ PROVISIONING = ASSETS / "grafana" / "provisioning"
 #: The runbook, one section per alert (a copy of the repository's docs/runbook.md): where the
 #: rules' ``runbook_url`` points unless ``hookwatch export-monitoring --runbook-base`` says else.
 RUNBOOK = ASSETS / "docs" / "runbook.md"
+#: The Kubernetes manifests, the image's Dockerfile and TorchServe's configuration in the pod,
+#: as ``hookwatch export-kubernetes`` writes them for a user's model (the repository's
+#: ``deploy/kubernetes`` is a copy).
+KUBERNETES = ASSETS / "kubernetes"
 #: TorchServe's frontend configuration for the loopback stack ``hookwatch serve`` starts.
 TORCHSERVE_CONFIG = ASSETS / "torchserve" / "config.properties"

@@ -58,6 +58,7 @@ WORKFLOW = (
     "stop",
     "bench",
     "export-monitoring",
+    "export-kubernetes",
     "exporter",
     "profile",
     "build-demo",
@@ -77,6 +78,8 @@ EXAMPLES = {
     "bench": "hookwatch bench model_store/mymodel.mar --rounds 6 --out bench.md",
     "export-monitoring": "hookwatch export-monitoring monitoring --exporter-target "
     "10.0.0.5:9101 --torchserve-target 10.0.0.5:8082",
+    "export-kubernetes": "hookwatch export-kubernetes deploy --mar model_store/mymodel.mar "
+    "--image registry.example.com/mymodel:1",
     "exporter": "hookwatch exporter --dir /var/run/hookwatch/metrics --port 9101",
     "profile": "hookwatch profile --mar model_store/digits.mar --data reference.npy "
     "--out drift-profile.npz",
@@ -1323,6 +1326,60 @@ def _export_monitoring(args: argparse.Namespace) -> int:
     return 0
 
 
+def export_kubernetes_parser(sub: Any) -> None:
+    cmd = sub.add_parser(
+        "export-kubernetes",
+        help="write an image's Dockerfile and Kubernetes manifests (kustomize) serving your "
+        ".mar with the exporter, alerting rules and dashboards (docs/kubernetes.md)",
+    )
+    cmd.add_argument("dir", type=Path, help="an empty or missing directory (--force: any)")
+    cmd.add_argument(
+        "--mar",
+        type=_file("a .mar", "build one with `hookwatch archive`"),
+        required=True,
+        help="your model, built by `hookwatch archive` (copied into the image's model store)",
+    )
+    cmd.add_argument(
+        "--image",
+        default=None,
+        metavar="NAME[:TAG]",
+        help="the image the manifests run (default: the model's name, tag dev); build and "
+        "push it from the Dockerfile written beside them",
+    )
+    cmd.add_argument(
+        "--wheel",
+        type=Path,
+        default=None,
+        help="a hookwatch wheel for the image to install (default: hookwatch from the "
+        "package index, this version)",
+    )
+    cmd.add_argument(
+        "--runbook-base",
+        default=None,
+        metavar="URL",
+        help="where each alert's runbook_url points, before #alert-name: your copy of the "
+        "runbook (default: the runbook installed with hookwatch, a file:// URL)",
+    )
+    cmd.add_argument(
+        "--force", action="store_true", help="write into a non-empty directory (replaces files)"
+    )
+    cmd.set_defaults(func=_export_kubernetes)
+
+
+def _export_kubernetes(args: argparse.Namespace) -> int:
+    from hookwatch.tools.kubernetes import KubernetesExport, export_kubernetes
+
+    options = KubernetesExport(args.mar, args.image, args.wheel, args.runbook_base)
+    written = export_kubernetes(args.dir, options, force=args.force)
+    out = args.dir
+    print(f"wrote {len(written)} files into {out}/:")
+    print(f"  {out}/Dockerfile                  the image: docker build -t IMAGE {out}")
+    print(f"  {out}/model_store/, config.properties  your model, TorchServe's configuration")
+    print(f"  {out}/kubernetes/base/            kubectl apply -k {out}/kubernetes/base")
+    print(f"  {out}/kubernetes/overlays/        fleet (autoscaled 8 to 64), gpu")
+    return 0
+
+
 def _units(args: argparse.Namespace) -> int:
     from hookwatch.tools import units
 
@@ -1663,6 +1720,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.set_defaults(func=_report)
 
     export_monitoring_parser(sub)
+    export_kubernetes_parser(sub)
 
     bench = sub.add_parser(
         "bench",

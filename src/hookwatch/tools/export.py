@@ -37,6 +37,7 @@ __all__ = [
     "DEFAULT_EXPORTER_JOB",
     "DEFAULT_TORCHSERVE_JOB",
     "ExportOptions",
+    "check_directory",
     "default_runbook_base",
     "export",
     "render",
@@ -256,7 +257,8 @@ def render(options: ExportOptions) -> dict[str, str]:
     return files
 
 
-def _check_directory(directory: Path, force: bool) -> None:
+def check_directory(directory: Path, force: bool) -> None:
+    """A directory to write an export into: missing or empty, or any with ``force``."""
     if directory.exists() and not directory.is_dir():
         raise ConfigError(f"expected an empty or missing directory, got {directory}, a file")
     if directory.is_dir() and not force:
@@ -272,7 +274,7 @@ def export(directory: Path, options: ExportOptions, force: bool = False) -> list
     """Write :func:`render`'s files into ``directory``: missing or empty, or any with ``force``
     (files of the export are replaced, every other file is left as it is)."""
     files = render(options)
-    _check_directory(directory, force)
+    check_directory(directory, force)
     written = []
     try:
         for relative, text in files.items():
