@@ -297,7 +297,7 @@ def decode_payload(
     image = spec.encoding == "image"
     if limit is None:
         limit = body_limit(spec.numel, spec.max_body_bytes, image=image)
-    numbers = f"<{_count_text(spec)} numbers>"
+    numbers = _numbers_text(spec)
     expected_body = f'a JSON object {{"{spec.field}": {numbers}}}'
     if _npy_like(body, spec):
         check_body_size(body, limit, _LIMIT_SETTING)
@@ -817,6 +817,12 @@ def _count_text(spec: InputSpec) -> str:
     return "x".join(dims)
 
 
+def _numbers_text(spec: InputSpec) -> str:
+    """What a request sends for an input, in an answer's ``expected``: ``<3x4 numbers>``, or
+    ``<a number>`` for a scalar one (``shape: []``; it read ``< numbers>``)."""
+    return f"<{_count_text(spec)} numbers>" if spec.shape else "<a number>"
+
+
 def _flat(spec: InputSpec) -> str:
     """How else a fixed shape may be sent: its numbers flat (not a variable length's)."""
     return f" (or {spec.numel} numbers flat)" if spec.length_dim is None else ""
@@ -1187,6 +1193,20 @@ class InstanceArguments:
 MAX_INSTANCES = 64
 
 
+def _count_instances(count: int, expected: str) -> None:
+    """One to :data:`MAX_INSTANCES` objects of arguments in a request's list: none is a 400
+    (an empty batch reached the forward: a 503), more a 413."""
+    if not count:
+        raise BadInputError(expected, "an empty list", reason="wrong_shape")
+    if count > MAX_INSTANCES:
+        raise BadInputError(
+            f"at most {MAX_INSTANCES} instances a request",
+            f"{count} instances",
+            reason="too_large",
+            status=413,
+        )
+
+
 class ArgumentsPipeline:
     """A request of several tensors (``input.arguments``) → one item per keyword argument of
     the forward, and items → the forward's keyword arguments.
@@ -1201,7 +1221,7 @@ class ArgumentsPipeline:
         self.parts = {part.field: InputPipeline(part, model_dir) for part in spec.arguments}
         self._limit = body_limit(spec.numel, spec.max_body_bytes)
         fields_ = ", ".join(
-            f'"{part.field}": <{_count_text(part)} numbers>' for part in spec.arguments
+            f'"{part.field}": {_numbers_text(part)}' for part in spec.arguments
         )
         self._expected = f"a JSON object {{{fields_}}}"
         #: Set when :meth:`decode` gave :class:`InstanceArguments` since the service last
@@ -1221,6 +1241,7 @@ class ArgumentsPipeline:
         payload = self._fields(parsed)
         if type(payload) is list:
             # Sent as KServe's and TF Serving's clients send it: answered as they read it.
+            _count_instances(len(payload), self._expected)
             self.several_seen = True
             several = InstanceArguments(tuple(self._item(row) for row in payload))
             if self._variable is not None and not self.mixed_lengths:
@@ -1249,6 +1270,8 @@ class ArgumentsPipeline:
         if not isinstance(payload, dict) or all(name in payload for name in self.parts):
             return payload
         inner = _aliased(payload)
+        if isinstance(inner, list) and not inner:
+            _count_instances(0, self._expected)
         if isinstance(inner, list) and all(isinstance(row, dict) for row in inner) and inner:
             if "instances" not in payload:
                 if len(inner) > 1:
@@ -1258,13 +1281,7 @@ class ArgumentsPipeline:
                         reason="wrong_shape",
                     )
                 return inner[0]
-            if len(inner) > MAX_INSTANCES:
-                raise BadInputError(
-                    f"at most {MAX_INSTANCES} instances a request",
-                    f"{len(inner)} instances",
-                    reason="too_large",
-                    status=413,
-                )
+            _count_instances(len(inner), self._expected)
             return inner
         return inner if isinstance(inner, dict) else payload
 

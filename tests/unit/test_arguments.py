@@ -90,6 +90,10 @@ def test_each_argument_is_decoded_and_checked_as_declared() -> None:
         (_body([[0.5, 1, 2]] * 4, [3]), "wrong_shape", "signal: shape [5, 3]"),
         (_body([[0.5, 1, 2]] * 5, [9]), "out_of_range", "lengths: values in [1, 5]"),
         (_body([[0.5, 1, 2]] * 5, [2.5]), "wrong_type", "lengths: whole numbers"),
+        # No object at all: an empty batch reached the forward, a 503 (an outside run's `[]`,
+        # 2026-12-07); an empty `instances` said only "an object with keys [instances]".
+        ([], "wrong_shape", '"lengths": <1 numbers>'),
+        ({"instances": []}, "wrong_shape", '"lengths": <1 numbers>'),
     ]
     for body, reason, expected in cases:
         with pytest.raises(BadInputError) as raised:
@@ -97,6 +101,7 @@ def test_each_argument_is_decoded_and_checked_as_declared() -> None:
         assert raised.value.status == 400
         assert raised.value.reason == reason, raised.value
         assert expected in raised.value.expected, raised.value
+        assert reason != "wrong_shape" or body != [] or raised.value.got == "an empty list"
 
 
 @pytest.mark.parametrize(

@@ -48,6 +48,9 @@ def test_a_sample_of_one_number_is_sent_bare_or_in_a_list() -> None:
         decode_payload({"data": [7, 8]}, spec)
     with pytest.raises(BadInputError, match=r"values in \[0, 99\], got 100$"):
         decode_payload({"data": 100}, spec)
+    # Said as one number (it read "< numbers>").
+    with pytest.raises(BadInputError, match=r'\{"data": <a number>\}'):
+        decode_payload({"id": 7}, spec)
 
 
 def test_the_model_gets_a_batch_of_numbers_and_is_watched(
