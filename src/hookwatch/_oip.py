@@ -389,7 +389,9 @@ def _output(name: str, column: list[Any]) -> dict[str, Any]:
         elif all(type(v) is int for v in flat):
             datatype = "INT64"
         elif all(type(v) is int or type(v) is float for v in flat):
-            datatype = "FP32"
+            # A float64 model's answers keep their digits: FP64 where float32 would round one.
+            narrow = np.asarray(flat, dtype=np.float64)
+            datatype = "FP32" if bool((narrow.astype(np.float32) == narrow).all()) else "FP64"
         elif all(type(v) is str for v in flat) and len(shape) == 1:
             datatype = BYTES
         else:

@@ -1408,7 +1408,8 @@ def _items_answer(item: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     answer: dict[str, Any] = {}
     for key, value in item.items():
         if value.is_floating_point():
-            answer[str(key)] = _nulls(value.float().tolist())
+            wide = value.dtype == torch.float64  # kept: as float32 it lost digits
+            answer[str(key)] = _nulls((value if wide else value.float()).tolist())
         elif value.is_complex():
             answer[str(key)] = _nulls(value.abs().float().tolist())
         else:
@@ -1988,7 +1989,8 @@ class ModelService:
         # ids) is answered as integers: as floats an id read "1.0", and one past 2**24 lost
         # its last digits.
         row = row.reshape(1) if row.dim() == 0 else row  # a value a sample: still a list
-        exact = not (row.is_floating_point() or row.is_complex())
+        # A float64 model's answers as it computed them (as float32 they lost digits).
+        exact = not (row.is_floating_point() or row.is_complex()) or row.dtype == torch.float64
         values = row.tolist() if exact else row.float().tolist()
         if head == "values":
             return {"values": values}

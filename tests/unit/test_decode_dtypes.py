@@ -291,3 +291,29 @@ def test_a_bad_item_among_several_is_named_with_what_is_wrong(body: Any, got: st
     with pytest.raises(BadInputError) as raised:
         decode_payload(body, InputSpec(shape=(4, 3)), several=True)
     assert raised.value.reason == "wrong_shape" and raised.value.got.endswith(got), raised.value
+
+
+def test_a_float64_model_is_answered_with_its_digits() -> None:
+    # Answers went through float32: 121961039.97789869 came back 121961040.0 (an outside
+    # run's float64 regression model, 2026-12-07), and the protocol's output said FP32.
+    from hookwatch._service import ModelService
+
+    model = nn.Linear(2, 2).double()
+    with torch.no_grad():
+        model.weight.fill_(1e8 / 3)
+        model.bias.zero_()
+    handler = HandlerConfig.from_mapping(
+        {
+            "input": {"shape": [2], "dtype": "float64"},
+            "monitoring": {"layers": [], "output": {"head": "values"}},
+        }
+    )
+    service = ModelService(model, handler.input, None, output=handler.monitoring.output)
+    x = [0.1234567891, 1.5]
+    expected = model(torch.tensor([x], dtype=torch.float64))[0].tolist()
+    (answer,) = service.handle([{"data": x}])
+    assert answer["values"] == expected
+    tensor = {"name": "x", "shape": [1, 2], "datatype": "FP64", "data": x}
+    (v2,) = service.handle([{"inputs": [tensor]}])
+    (output,) = v2["outputs"]
+    assert output["datatype"] == "FP64" and output["data"] == expected
