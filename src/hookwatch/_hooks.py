@@ -445,6 +445,27 @@ def resolve_layer(model: nn.Module, path: str) -> nn.Module:
     )
 
 
+def _quantized_units_last() -> tuple[type[nn.Module], ...]:
+    """The quantized forms of those below, no subclasses of them (quantize_dynamic's LSTM and
+    Linear, a static model's Linear): read as their float forms, never a step as a unit.
+    None on a torch without them (imported with torch itself where they exist)."""
+    try:
+        quantized = torch.ao.nn.quantized
+        dynamic = quantized.dynamic
+        return (
+            dynamic.modules.rnn.RNNBase,
+            dynamic.LSTMCell,
+            dynamic.GRUCell,
+            dynamic.RNNCell,
+            dynamic.Linear,
+            quantized.Linear,
+            quantized.LayerNorm,
+            quantized.Embedding,
+        )
+    except AttributeError:
+        return ()
+
+
 #: Modules whose activations hold their features in the LAST dimension: a sequence's
 #: ``[B, T, H]`` (or a channels-last map) is read as its ``H`` units, each averaged over the
 #: other dimensions. Recurrent, attention and transformer blocks, and the modules that act on
@@ -464,6 +485,7 @@ UNITS_LAST_TYPES: tuple[type[nn.Module], ...] = (
     nn.Embedding,
     # nn.RMSNorm came with torch 2.4; the core supports torch 2.1 and later.
     *((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()),
+    *_quantized_units_last(),
 )
 
 #: Modules whose activations are channels-first, ``[B, C, ...]``: read as their ``C`` channels,

@@ -188,3 +188,27 @@ def test_a_compiled_factory_keeps_its_weights(tmp_path: Path) -> None:
         assert np.allclose(answer["probabilities"], expected.numpy(), atol=1e-5)
     finally:
         served.service.close()
+
+
+def test_a_dynamically_quantized_lstm_is_read_by_its_units_not_its_steps() -> None:
+    # quantize_dynamic's LSTM and Linear are no subclasses of nn.LSTM and nn.Linear: an
+    # outside run's [6, 4] series read as 6 "channels" (its steps) by 16 (2026-12-07).
+    from torch import nn
+
+    from hookwatch.tools.own_model import discover_layers
+
+    class Tagger(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lstm = nn.LSTM(4, 16, batch_first=True)
+            self.fc = nn.Linear(16, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.fc(self.lstm(x)[0][:, -1])
+            return out
+
+    quantized = torch.ao.quantization.quantize_dynamic(
+        Tagger().eval(), {nn.LSTM, nn.Linear}, dtype=torch.qint8
+    )
+    rows = {row.name: row for row in discover_layers(quantized, torch.zeros(2, 6, 4))}
+    assert rows["lstm"].features == 16 and rows["fc"].features == 3
