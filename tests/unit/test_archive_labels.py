@@ -40,10 +40,14 @@ def archive(tmp_path: Path) -> Archive:
     (tmp_path / "tiny.py").write_text(MODEL)
 
     def run(
-        reference: Path, labels: Path | None = None, head: str = "logits"
+        reference: Path,
+        labels: Path | None = None,
+        head: str = "logits",
+        **more: object,
     ) -> tuple[Path, list[str]]:
         config = tmp_path / f"model-config-{head}.yaml"
         monitoring = {"layers": ["act"], "output": {"head": head}, "drift": {"window": 50}}
+        monitoring.update(more)
         config.write_text(
             yaml.safe_dump({"handler": {"input": {"shape": [6]}, "monitoring": monitoring}})
         )
@@ -116,6 +120,20 @@ def test_without_labels_it_is_as_before_and_says_so(archive: Archive, tmp_path: 
     mar, said = archive(reference)
     assert _profile(mar, tmp_path / "a").accuracy is None
     assert sum("no reference labels" in line for line in said) == 1
+
+
+def test_harm_disabled_leaves_the_labels_unused(archive: Archive, tmp_path: Path) -> None:
+    # `monitoring.harm.enabled: false` ("no accuracy estimate even with a labelled
+    # reference") was ignored by archive: it said the model pages on harm, and a model with no
+    # hidden layer watched (a TorchScript file's) was refused for want of one (an outside
+    # run, 2026-12-07).
+    npz = tmp_path / "ref.npz"
+    np.savez(npz, x=_inputs(), y=_labels())
+    for layers in (["act"], []):
+        mar, said = archive(npz, harm={"enabled": False}, layers=layers)
+        assert _profile(mar, tmp_path / f"p{len(layers)}").accuracy is None
+        assert any("left unused: monitoring.harm.enabled is false" in line for line in said)
+        assert not any("pages on harm" in line for line in said), said
 
 
 @pytest.mark.parametrize(

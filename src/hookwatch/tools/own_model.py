@@ -2033,13 +2033,15 @@ def archive_model(
             f"({keys}.mask) and leave the padding out of what it computes, or serve one "
             "request a batch (batchSize: 1 in the model-config)"
         )
-    if labelled is not None and labels is None and config.output.head != "logits":
-        say(
-            f"  {labelled[1]} left unused: labels are for logits heads, this one is "
-            f"{config.output.head}"
-        )
-        labelled = None
-    if (
+    #: Why labels the reference carries were left unused, said once (None: used, or none).
+    unused: str | None = None
+    if labelled is not None and not config.harm.enabled:
+        # monitoring.harm.enabled: false: no accuracy estimate, even labelled (given with
+        # --reference-labels too: nothing of the model needs them then).
+        unused = "monitoring.harm.enabled is false (no accuracy estimate)"
+    elif labelled is not None and labels is None and config.output.head != "logits":
+        unused = f"labels are for logits heads, this one is {config.output.head}"
+    elif (
         labelled is not None
         and labels is None
         and not per_sample_items(output)
@@ -2047,10 +2049,12 @@ def archive_model(
     ):
         # Labels the reference carries (class folders, a `y` array) are a sample's class;
         # per-position logits (a tagger's, a segmentation's class map) have no such class.
-        say(
-            f"  {labelled[1]} left unused: the accuracy estimate takes a class a sample, "
-            f"this model's logits are per position (shape {list(selected.shape)})"
+        unused = (
+            "the accuracy estimate takes a class a sample, this model's logits are per "
+            f"position (shape {list(selected.shape)})"
         )
+    if labelled is not None and unused is not None:
+        say(f"  {labelled[1]} left unused: {unused}; it pages on drift (HookwatchDrift)")
         labelled = None
     if labelled is not None:
         from hookwatch._profile.accuracy import with_accuracy
@@ -2241,11 +2245,15 @@ def archive_model(
                 "the accuracy; more labelled samples or another monitoring.harm.layer bring "
                 "it nearer"
             )
+    elif unused is not None:
+        pass  # said where the labels were left unused
     elif config.output.head != "logits":
         say(
             f"  output head {config.output.head}: no accuracy estimate (logits heads only); "
             "it pages on drift (HookwatchDrift)"
         )
+    elif not config.harm.enabled:
+        say("  monitoring.harm.enabled is false: no accuracy estimate; it pages on drift")
     else:
         say(
             "  no reference labels: no accuracy estimate; it pages on drift (HookwatchDrift). "
