@@ -525,6 +525,18 @@ class OutputSpec:
         expected="a list of tuple indices (integers >= 0) or dict keys (strings), each once",
         type_doc="list of int or string",
     )
+    steps: bool | None = _option(
+        None,
+        "the watched and answered output has a step per step of the input (`[batch, steps, "
+        "...]` of a length each request chooses, or of a text's tokens): read over each "
+        "sample's own steps and answered cut at its length; false: a fixed number of steps (a "
+        "decoder's 8, a forecast's horizon), read and answered whole even where a batch's "
+        "longest is as long. null: as `archive` found it (a reference sample run alone and "
+        "beside a longer one), else from each batch's shapes",
+        check=lambda v: v is None or isinstance(v, bool),
+        expected="true, false or null",
+        type_doc="bool or null",
+    )
     probabilities: bool = _option(
         False,
         "the output is probabilities already (the model ends in a softmax or a sigmoid): "

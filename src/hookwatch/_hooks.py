@@ -636,14 +636,18 @@ class LayerHook:
         joins: bool = False,
         probabilities: str | None = None,
         items: str | None = None,
+        steps: bool | None = None,
     ) -> None:
         self.name = name
         #: Activations of 3 to ``_last_dims`` dimensions are read by their last one (units);
         #: decided once, from the module's type (see :func:`feature_reading`).
         self.reading = reading if reading is not None else FeatureReading(False, "default")
         self._last_dims = self.reading.max_dims
-        # A channels-first module by its own class is never a hidden state of tokens.
-        self._tokens = not (self.reading.by == "type" and not self.reading.units_last)
+        # A channels-first module by its own class is never a hidden state of tokens, nor an
+        # output of a fixed number of steps (``output.steps: false``).
+        self._tokens = steps is not False and not (
+            self.reading.by == "type" and not self.reading.units_last
+        )
         #: The output of a ``logits`` head: ``[batch, classes]`` is read as any layer,
         #: ``[batch, positions, classes]`` by :func:`position_summary`, a class map
         #: ``[batch, classes, *spatial]`` (segmentation) as the positions of its pixels.
@@ -912,7 +916,9 @@ class LayerHook:
                     shape = tensor.shape
                 # Per-position logits [B, T, C]: reduced here, never copied raw (the capture
                 # thread reads a raw copy's rows as a layer's features).
-                positions = mask if mask is not None and mask.shape == shape[:2] else None
+                positions = (
+                    mask if mask is not None and self._tokens and mask.shape == shape[:2] else None
+                )
                 self._keep(
                     gate,
                     hold(reduce_activation(tensor), True, self._host),
@@ -1379,6 +1385,7 @@ class HookSet:
         output_head: str | None = None,
         output_probabilities: bool = False,
         output_items: str | None = None,
+        output_steps: bool | None = None,
     ) -> HookSet:
         """Build the hooks and, unless ``on_demand``, register them; ``widths`` overrides
         ``max_features`` per layer (projected ones, the output), ``output_select`` picks the
@@ -1388,7 +1395,8 @@ class HookSet:
         :func:`position_summary`, and so is a class map ``[batch, classes, *spatial]``, per
         pixel), ``output_probabilities`` that the output is probabilities, read through
         :func:`as_logits`, ``output_items`` that it is a list of one tensor a sample
-        (:func:`as_items`).
+        (:func:`as_items`), ``output_steps`` False that its steps are a fixed number, never
+        read over a padded batch's mask (``output.steps``).
 
         Which dimension of each layer's activations holds its features is decided here,
         once per module (:func:`feature_reading`); the input keeps dimension 1."""
@@ -1432,6 +1440,7 @@ class HookSet:
                 probabilities=output_head
                 if name == OUTPUT_LAYER and output_probabilities and output_head
                 else None,
+                steps=output_steps if name == OUTPUT_LAYER else None,
             )
         self.on_demand = on_demand
         self.state = HookState.ATTACHED

@@ -1584,9 +1584,15 @@ class ModelService:
         #: Which answered parts have a step per input step (:attr:`ModelSpec.answer_steps`):
         #: the head's cut where None (not known) when its shape reads so; the
         #: ``output.also`` parts named here cut too.
-        self._head_steps = None if answer_steps is None else "head" in answer_steps
+        self._head_steps = (
+            self.output.steps
+            if self.output.steps is not None
+            else None
+            if answer_steps is None
+            else "head" in answer_steps
+        )
         self._also_steps = frozenset(answer_steps or ()) & {str(p) for p in self.output.also}
-        if answer_steps is not None and not self._head_steps and not self._also_steps:
+        if self._head_steps is False and not self._also_steps:
             self._stepped = False
         #: Requests may come as the Open Inference Protocol's tensors: not to a preprocess
         #: function (it reads its own payloads).
@@ -1614,6 +1620,10 @@ class ModelService:
         :attr:`ModelSpec.answer_steps`.
         """
         config = handler.monitoring
+        if answer_steps is not None and config.output.steps is None:
+            # As the archive found it: the hooks read the output's steps the way it is answered.
+            output = replace(config.output, steps="head" in answer_steps)
+            config = replace(config, output=output)
         monitor = None
         if monitored:
             plan = plan_watch(model, config, model_name)

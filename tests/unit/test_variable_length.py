@@ -623,6 +623,21 @@ def test_a_fixed_number_of_steps_is_never_cut_and_a_part_a_step_is(tmp_path: Pat
             assert len(beside["values"]) == 6 and len(beside["1"]) == 3, beside
             np.testing.assert_allclose(beside["values"], alone["values"], atol=1e-5)
             np.testing.assert_allclose(beside["1"], alone["1"], atol=1e-5)
+    # Every reference sample as long as the forecast: the profile read the output over the
+    # probe's own steps beside a longer one and refused the model as reading its padding
+    # (an outside run's 8-step decoder on a reference of 8-step samples, 2026-12-07).
+    lines = [json.dumps({"data": rng.standard_normal((6, 3)).round(4).tolist()}) for _ in range(60)]
+    (tmp_path / "six.jsonl").write_text("\n".join(lines) + "\n")
+    again = archive_model(
+        ModelRef.parse(f"{tmp_path / 'decoder.py'}:Decoder"),
+        "decoder",
+        config,
+        tmp_path / "six.jsonl",
+        tmp_path / "store6",
+        tmp_path / "build6",
+        say=lambda _line: None,
+    )
+    assert "output" in build_profile_of(again, tmp_path / "p6").references
 
 
 NESTED = '''

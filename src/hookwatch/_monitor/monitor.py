@@ -206,6 +206,7 @@ class Monitor:
                 output_head=config.output.head,
                 output_probabilities=config.output.probabilities,
                 output_items=config.output.items,
+                output_steps=config.output.steps,
             )
             if on_demand:
                 self._gate.arm_with(self._hooks.arm, self._hooks.disarm, self._hooks.hold)

@@ -296,6 +296,7 @@ def _captured(
         output_head=config.output.head,
         output_probabilities=config.output.probabilities,
         output_items=config.output.items,
+        output_steps=config.output.steps,
     ):
         for batch in batches:
             # The batch's rows, as serving's gate has them: the hooks learn from them which

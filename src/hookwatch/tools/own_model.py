@@ -2005,6 +2005,14 @@ def archive_model(
         _check_class_names(handler.labels, selected, config.output.head)
     from hookwatch._profile.builder import PADDING_READ, STEPS_WIDE, profile_for
 
+    # What a padded batch's answers are cut at, found where samples are at hand; the profile
+    # reads the output's steps as serving will (a fixed 8 steps never over a request's 4).
+    steps_found = answer_steps(pipeline, model, batches[0], config.output)
+    if steps_found is not None and config.output.steps is None:
+        output_found = dataclasses.replace(config.output, steps="head" in steps_found)
+        monitoring = dataclasses.replace(handler.monitoring, output=output_found)
+        plan = plan_watch(model, monitoring, name)
+        config = plan.config
     profile = profile_for(model, plan, forward_batches(batches, handler.input.argument))
     if (
         profile.left_out.get(OUTPUT_LAYER) == STEPS_WIDE
@@ -2156,10 +2164,7 @@ def archive_model(
                     f"  weights: none archived: the state_dict holds {kinds}, which a worker "
                     "does not load; a rebuild gave the same outputs, so workers build it"
                 )
-    # What a padded batch's answers are cut at: found here, where samples are at hand.
-    archived = dataclasses.replace(
-        archived, answer_steps=answer_steps(pipeline, model, batches[0], config.output)
-    )
+    archived = dataclasses.replace(archived, answer_steps=steps_found)
     (build / MODEL_SPEC_FILE).write_text(archived.to_json())
     if serialized != build / MODEL_SPEC_FILE:  # else the archiver's one serialized file
         files.append(build / MODEL_SPEC_FILE)
