@@ -1405,6 +1405,20 @@ class HandlerConfig:
         section = raw if raw is not None else {}
         if not isinstance(section, Mapping):
             raise ConfigError(f"handler: expected a mapping, got {section!r}")
+        unknown = sorted(str(key) for key in section if key not in _HANDLER_KEYS)
+        if unknown:
+            # A typo here dropped a whole section silently (`monitorng:`: nothing watched).
+            import difflib
+
+            close = {
+                key: difflib.get_close_matches(key, _HANDLER_KEYS, n=1, cutoff=0.6)
+                for key in unknown
+            }
+            hint = "; ".join(f"{key}: did you mean {m[0]}?" for key, m in close.items() if m)
+            raise ConfigError(
+                f"handler: expected only the keys {list(_HANDLER_KEYS)}, got {unknown}"
+                + (f" ({hint})" if hint else "")
+            )
         if "input" not in section:
             raise ConfigError("handler.input: expected a mapping with a 'shape', got nothing")
         labels = section.get("labels")
@@ -1441,6 +1455,10 @@ class ModelConfig:
     @property
     def monitoring(self) -> MonitoringConfig:
         return self.handler.monitoring
+
+
+#: What ``handler:`` holds; TorchServe's own keys sit beside it, at the top.
+_HANDLER_KEYS = ("input", "monitoring", "labels", "torch_threads")
 
 
 def read_model_config(source: str | Path | Mapping[str, Any]) -> ModelConfig:

@@ -167,3 +167,13 @@ def test_construction_keeps_numbers_and_lists_as_from_mapping_does() -> None:
     assert hash(config) == hash(
         MonitoringConfig.from_mapping({"layers": ["a"], "sample_rate": 1, "layer_types": ["ReLU"]})
     )
+
+
+def test_a_key_under_handler_it_does_not_know_is_named_with_the_nearest() -> None:
+    # `monitorng:` was accepted and every monitoring setting dropped (an outside run's
+    # archive watched nothing, silently, 2026-12-07): configuration.md says unknown keys fail.
+    from hookwatch._config import HandlerConfig
+
+    for typo, meant in (("monitorng", "monitoring"), ("torch_thread", "torch_threads")):
+        with pytest.raises(ConfigError, match=rf"got \['{typo}'\] \({typo}: did you mean {meant}"):
+            HandlerConfig.from_mapping({"input": {"shape": [2]}, typo: {}})
