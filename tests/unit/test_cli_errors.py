@@ -136,6 +136,8 @@ MISTAKES = [
     (("serve", "x.mar", "--traffic", "tweets"), "--traffic: expected none, CLEAN.jsonl", ""),
     (("serve", "x.mar", "--traffic", "a.jsonl:b.npy"), "CLEAN.jsonl:SHIFTED.jsonl", ""),
     (("run", "--seconds", "-5"), "--seconds: expected seconds, 0 or more, got '-5'", "--help"),
+    # The demo not built here: said before anything starts (TorchServe "exited with 1" before).
+    (("run", "--root", "{tmp}"), "expected the demo's archive at {tmp}/model_store", "build-demo"),
     (("stop", "--workers", "two"), "--workers: expected a positive integer, got 'two'", ""),
     (("profile", "--bins", "-1"), "--bins: expected an integer of 0 or more, got '-1'", ""),
     (("bench", "x.mar", "--rounds", "0"), "--rounds: expected a positive integer", "--help"),
@@ -481,3 +483,23 @@ def test_a_reader_that_stops_early_gets_no_error(tmp_path: Path) -> None:
     err = layers.stderr.read().decode()
     assert layers.wait(timeout=120) == 141
     assert err == ""
+
+
+def test_the_demo_without_scikit_learn_is_one_line(
+    run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `hookwatch[torchserve]` (the README's install) has no scikit-learn: build-demo and run
+    # ended in a traceback (an outside run, 2026-12-07).
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "sklearn" else find_spec(name, *a),
+    )
+    for command in ("build-demo", "run"):
+        code, _, err = run(command)
+        assert code == 2, err
+        line = _one_error_line(err, command)
+        assert "expected scikit-learn" in line and "hookwatch[tools]" in line, line

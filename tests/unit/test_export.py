@@ -63,6 +63,16 @@ def test_root_config_properties_is_the_package_copy() -> None:
     )
 
 
+def test_the_demos_model_config_is_the_package_copy() -> None:
+    # `hookwatch build-demo` archives with the package's (a wheel has no models/ folder: it
+    # failed in an empty folder, an outside run found, 2026-12-07).
+    demo = ROOT / "models" / "digits" / "model-config.yaml"
+    assert demo.read_text() == assets.DEMO_MODEL_CONFIG.read_text(), (
+        "models/digits/model-config.yaml differs from src/hookwatch/_assets/demo/"
+        "model-config.yaml: edit the package's and copy it"
+    )
+
+
 def test_export_writes_rules_scrape_config_dashboards_and_provisioning(tmp_path: Path) -> None:
     out = tmp_path / "new" / "monitoring"
     assert _main("export-monitoring", out) == 0

@@ -14,6 +14,7 @@ from pathlib import Path
 __all__ = [
     "ASSETS",
     "DASHBOARDS",
+    "DEMO_MODEL_CONFIG",
     "KUBERNETES",
     "PROMETHEUS",
     "PROMETHEUS_CONFIG",
@@ -39,5 +40,8 @@ RUNBOOK = ASSETS / "docs" / "runbook.md"
 #: as ``hookwatch export-kubernetes`` writes them for a user's model (the repository's
 #: ``deploy/kubernetes`` is a copy).
 KUBERNETES = ASSETS / "kubernetes"
+#: The demo's model-config (the repository's models/digits/model-config.yaml is a copy): what
+#: ``hookwatch build-demo`` archives the digits CNN with, wherever it runs.
+DEMO_MODEL_CONFIG = ASSETS / "demo" / "model-config.yaml"
 #: TorchServe's frontend configuration for the loopback stack ``hookwatch serve`` starts.
 TORCHSERVE_CONFIG = ASSETS / "torchserve" / "config.properties"

@@ -282,7 +282,20 @@ def _exporter(args: argparse.Namespace) -> int:
     return 0
 
 
+def _require_demo_data(command: str) -> None:
+    """The demo's digits come from scikit-learn, an extra (`hookwatch[tools]`): a one-line
+    error without it (a traceback before)."""
+    import importlib.util
+
+    if importlib.util.find_spec("sklearn") is None:
+        raise ConfigError(
+            f"{command}: expected scikit-learn (the demo's digits data), got none installed: "
+            "pip install 'hookwatch[tools]'"
+        )
+
+
 def _build_demo(args: argparse.Namespace) -> int:
+    _require_demo_data("build-demo")
     from hookwatch.tools.demo.build import build
 
     build(args.root, args.root / "build" / "digits", args.model_store or args.root / "model_store")
@@ -522,6 +535,15 @@ def _start_stack_and_watch(
 
 
 def _run(args: argparse.Namespace) -> int:
+    _require_demo_data("run")
+    root = getattr(args, "root", None) or Path.cwd()
+    demo = root / "model_store" / "digits.mar"
+    if not demo.is_file():
+        # Else TorchServe exits ("exited with 1 before it was ready") and says why in its log.
+        raise ConfigError(
+            f"run: expected the demo's archive at {demo}, got no such file: build it with "
+            "`hookwatch build-demo` first (in this folder)"
+        )
     stopping = _on_stop_signals()
     from hookwatch.tools.traffic import TrafficLoop
 

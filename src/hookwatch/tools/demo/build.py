@@ -13,6 +13,7 @@ import torch
 from numpy.typing import NDArray
 from torch import nn
 
+from hookwatch.tools.assets import DEMO_MODEL_CONFIG
 from hookwatch.tools.demo.data import DigitsSplit, load_split
 from hookwatch.tools.demo.digits_cnn import DigitsCNN
 
@@ -75,7 +76,7 @@ def archive(
     model_store.mkdir(parents=True, exist_ok=True)
     weights = build_dir / "digits_cnn.pt"
     torch.save(model.state_dict(), weights)
-    config = config or repo_root / "models" / MODEL_NAME / "model-config.yaml"
+    config = config or DEMO_MODEL_CONFIG
     archiver = shutil.which("torch-model-archiver", path=str(Path(sys.executable).parent))
     if archiver is None:
         raise FileNotFoundError("expected torch-model-archiver beside the Python interpreter")
@@ -90,7 +91,7 @@ def archive(
         "--serialized-file",
         str(weights),
         "--handler",
-        str(repo_root / "handlers" / "hookwatch_handler.py"),
+        str(_handler_file(build_dir)),
         "--config-file",
         str(config),
         "--export-path",
@@ -101,6 +102,16 @@ def archive(
         cmd += ["--extra-files", ",".join(str(p) for p in extra_files)]
     subprocess.run(cmd, check=True)
     return model_store / f"{model_name}.mar"
+
+
+def _handler_file(build_dir: Path) -> Path:
+    """The handler file archived with the demo, as `hookwatch archive` writes one (the
+    repository's handlers/hookwatch_handler.py is the same class; a wheel has no such file)."""
+    from hookwatch.tools.own_model import HANDLER_SOURCE
+
+    path = build_dir / "hookwatch_handler.py"
+    path.write_text(HANDLER_SOURCE)
+    return path
 
 
 def build(repo_root: Path, build_dir: Path, model_store: Path) -> Path:
@@ -115,7 +126,7 @@ def build(repo_root: Path, build_dir: Path, model_store: Path) -> Path:
     if accuracy <= 0.97:
         raise RuntimeError(f"expected held-out accuracy > 97%, got {accuracy:.2%}")
     profile = build_reference_profile(
-        model, repo_root / "models" / MODEL_NAME / "model-config.yaml", x_ref, build_dir, y_ref
+        model, DEMO_MODEL_CONFIG, x_ref, build_dir, y_ref
     )
     print(
         f"drift profile from {len(x_ref)} held-out reference images and their labels (the "
