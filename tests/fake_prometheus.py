@@ -70,7 +70,17 @@ class Run:
         per_detector = [{"level": lv, "detector": d} for lv, d in DETECTORS]
         flag = float(self.profile)
         estimate = [(model, self._live(0.95, 0.3))] if self.estimate else []
+        page = {"alertname": "HookwatchAccuracyDrop", "severity": "critical"}
         return [
+            # The harm page, firing 30 s after the onset where the model has an estimate.
+            (
+                "ALERTS",
+                lambda: (
+                    [(page, lambda t: 1.0 if t >= self.onset + 30 else None)]
+                    if self.estimate and self.drifts
+                    else []
+                ),
+            ),
             ("hookwatch_drift_profile_loaded", lambda: [(model, lambda t: flag)]),
             # Score over threshold: one query holding both names, matched before either.
             ("} / hookwatch_drift_threshold", lambda: self._drift_live(per_detector, 0.5, 15.0)),

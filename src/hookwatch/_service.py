@@ -1220,9 +1220,7 @@ class ArgumentsPipeline:
         self.spec = spec
         self.parts = {part.field: InputPipeline(part, model_dir) for part in spec.arguments}
         self._limit = body_limit(spec.numel, spec.max_body_bytes)
-        fields_ = ", ".join(
-            f'"{part.field}": {_numbers_text(part)}' for part in spec.arguments
-        )
+        fields_ = ", ".join(f'"{part.field}": {_numbers_text(part)}' for part in spec.arguments)
         self._expected = f"a JSON object {{{fields_}}}"
         #: Set when :meth:`decode` gave :class:`InstanceArguments` since the service last
         #: looked (as :attr:`InputPipeline.several_seen`).

@@ -38,6 +38,8 @@ class FakeStack:
     def __init__(self) -> None:
         self.scores = dict.fromkeys((d for _, d in DETECTORS), 0.95)
         self.pages: dict[str, float] = {}
+        #: (alertname, severity) firing in Prometheus.
+        self.alerts: list[tuple[str, str]] = []
         self.estimate: float | None = None
         self.sampled = 12.3
 
@@ -48,6 +50,11 @@ class FakeStack:
                 for (lv, d), v in values.items()
             ]
 
+        if "ALERTS" in promql:
+            return [
+                {"metric": {"alertname": a, "severity": s}, "value": [0, "1"]}
+                for a, s in self.alerts
+            ]
         if "hookwatch_drift_score" in promql:
             return rows({(lv, d): self.scores[d] for lv, d in DETECTORS if d in self.scores})
         if "hookwatch_drift_threshold" in promql:
@@ -138,6 +145,7 @@ def frames(colour: bool = False) -> tuple[list[str], str, Clock]:
     stack.scores["encoder.encoder.layer.0.output.LayerNorm"] = 12.2
     stack.pages = {"input": 22.0, "act1": 8.0}
     stack.estimate = 0.43
+    stack.alerts = [("HookwatchAccuracyDrop", "critical"), ("HookwatchDriftWarning", "warning")]
     tick(100, 0)
     summary = view.summary(traffic, Path("/tmp/run/build/report/index.html"))
     return shots, summary, clock
@@ -278,3 +286,19 @@ def test_file_traffic_sends_each_line_in_turn_and_checks_labelled_answers(
         read_bodies(tmp_path / "bad.jsonl")
     with pytest.raises(ConfigError, match=r"expected a readable \.jsonl file"):
         read_bodies(tmp_path / "none.jsonl")
+
+
+def test_the_alerts_firing_are_shown_and_summed_up() -> None:
+    # A critical alert fired in an outside run and neither the frames nor the summary said
+    # so; the table's column of the anytime-valid test's warnings was headed "pages"
+    # (2026-12-07).
+    shots, summary, clock = frames()
+    assert not any("alerts firing" in line for shot in shots[:-1] for line in shot.splitlines())
+    last = shots[-1].splitlines()
+    assert (
+        "  alerts firing: HookwatchAccuracyDrop (critical: a page), HookwatchDriftWarning "
+        "(warning)" in last
+    ), last
+    assert not any(line.rstrip().endswith(" pages") for line in last), last
+    fired = next(line for line in summary.splitlines() if "alerts that fired" in line)
+    assert f"HookwatchAccuracyDrop (critical) at {live._clock(clock.t)}" in fired, fired

@@ -313,6 +313,8 @@ def test_the_summary_says_what_happened_first(tmp_path: Path) -> None:
         "30 % at the end" in said
     )
     assert "(the reference's accuracy: 97 %)" in said
+    # The alerts that reached a person (a critical one in an outside run was in no summary).
+    assert re.search(r"Prometheus fired HookwatchAccuracyDrop \(critical: a page\) at \S+\.", said)
     page = written.index.read_text()
     # The paragraph comes straight after the title, before the details and every plot.
     assert re.search(r"<h1>hookwatch report: digits</h1>\n<p id=\"summary\">The traffic", page)

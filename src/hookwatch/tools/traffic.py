@@ -345,6 +345,8 @@ class LiveView:
         #: When the view first saw each detector alarm (its window past threshold or its
         #: anytime-valid test), in that order: the run's story for the headline and summary.
         self.first_alarms: dict[str, float] = {}
+        #: Each Prometheus alert seen firing (its severity, and when first seen).
+        self.first_firing: dict[str, tuple[str, float]] = {}
         #: Since when drift has been under way without a break, None while it is not.
         self.since: float | None = None
         self._last: tuple[float, int, int] | None = None
@@ -408,6 +410,18 @@ class LiveView:
                 (*key, float(r["value"][1]), limits.get(key, float("nan")), detected.get(key, 0))
             )
         return sorted(rows)
+
+    def firing(self) -> list[tuple[str, str]]:
+        """(alert, severity) of the alerting rules firing now for this model (or for no model
+        in particular: the exporter's, TorchServe's), as Prometheus evaluates them."""
+        rows = self._stack.query(
+            f'max by (alertname, severity) (ALERTS{{alertstate="firing", '
+            f"model={self._label}}}) or max by (alertname, severity) "
+            '(ALERTS{alertstate="firing", model=""})'
+        )
+        return sorted(
+            (r["metric"].get("alertname", "?"), r["metric"].get("severity", "")) for r in rows
+        )
 
     def pages(self, window: str = TABLE_WINDOW) -> list[tuple[str, float]]:
         """(detector, alarms) for the detectors whose anytime-valid test alarmed in ``window``
@@ -557,9 +571,10 @@ class LiveView:
         width = min(30, max([len(d) for _, d, *_ in rows] + [8]))
         lines = [
             f"  drift: score of {size} per worker vs its threshold (x thr: how far);",
-            f"  pages: the anytime-valid test's alarms in the last {TABLE_WINDOW} (a warning)",
+            f"  warns: the anytime-valid test's alarms in the last {TABLE_WINDOW} "
+            "(HookwatchDriftWarning)",
             f"    {'detector':<{width}} {'score':>10}   {'threshold':>9} {'x thr':>7}  "
-            f"{'state':<6} pages",
+            f"{'state':<6} warns",
         ]
         for _, detector, score, limit, hit in rows:
             past = bool(hit) or (math.isfinite(limit) and score > limit)
@@ -594,6 +609,16 @@ class LiveView:
         alarming.sort(key=lambda d: (self.first_alarms[d], d))
         # A blank line first: one frame every few seconds, each starting at its clock time.
         lines = ["", self._headline(now, alarming, traffic, bool(rows)), *self._traffic(traffic)]
+        firing = self.firing()
+        for name, severity in firing:
+            self.first_firing.setdefault(name, (severity, now))
+        if firing:
+            # What pages and warns a person on call (the rules' verdicts, not the table's).
+            text = "  alerts firing: " + ", ".join(
+                f"{name} ({severity}{': a page' if severity == 'critical' else ''})"
+                for name, severity in firing
+            )
+            lines.append(self._paint(clip(text, WIDTH), _BOLD, _RED))
         accuracy = self._accuracy(now, traffic)
         if accuracy is not None:
             lines.append(accuracy)
@@ -644,6 +669,16 @@ class LiveView:
             lines.append(head + _names(steps, WIDTH - len(head)))
         else:
             lines.append("  no detector alarmed")
+        if self.first_firing:
+            fired = sorted(self.first_firing.items(), key=lambda item: (item[1][1], item[0]))
+            head = "  alerts that fired: "
+            lines.append(
+                head
+                + _names(
+                    [f"{name} ({severity}) at {_clock(t)}" for name, (severity, t) in fired],
+                    WIDTH - len(head),
+                )
+            )
         if traffic is not None and traffic.checked:
             phases = [
                 f"{name} {100 * traffic.correct_in[phase] / traffic.checked_in[phase]:.0f} %"

@@ -125,9 +125,7 @@ def build(repo_root: Path, build_dir: Path, model_store: Path) -> Path:
     )
     if accuracy <= 0.97:
         raise RuntimeError(f"expected held-out accuracy > 97%, got {accuracy:.2%}")
-    profile = build_reference_profile(
-        model, DEMO_MODEL_CONFIG, x_ref, build_dir, y_ref
-    )
+    profile = build_reference_profile(model, DEMO_MODEL_CONFIG, x_ref, build_dir, y_ref)
     print(
         f"drift profile from {len(x_ref)} held-out reference images and their labels (the "
         f"accuracy estimate without labels): {profile}"

@@ -91,7 +91,11 @@ def write_report(
     values = panels.variable_values(boards, name, window.intervals())
     reader = Reader(prometheus, boards, values, window)
     profile = reader.profile_loaded()
-    told = reader.tell(client) if profile else story.Story(None, client=client)
+    told = (
+        reader.tell(client)
+        if profile
+        else story.Story(None, client=client, alerts=story.alerts_fired(reader.alerts()))
+    )
     marks = onset.Alarms(told.onset, reader.alarm_spans(), told.pages) if profile else None
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*.png"):
@@ -219,6 +223,20 @@ class Reader:
             w.step,
         )
 
+    def alerts(self) -> list[Series]:
+        """Prometheus' firing alerts of this model, or of no model (the exporter's, TorchServe's),
+        one series per (alert, severity)."""
+        model = json.dumps(self.values["model"])
+        w = self.window
+        firing = 'ALERTS{{alertstate="firing", model={}}}'
+        return self.client.query_range(
+            f"max by (alertname, severity) ({firing.format(model)}) or "
+            f"max by (alertname, severity) ({firing.format(chr(34) * 2)})",
+            w.start,
+            w.end,
+            w.step,
+        )
+
     def tell(self, client: story.Client | None) -> story.Story:
         first = self.series(panels.FIRST_ALARM)
         sequential = self.series(panels.SEQUENTIAL_ALARMS)
@@ -246,6 +264,7 @@ class Reader:
             estimate[0] if estimate else None,
             reference[-1] if reference else None,
             client,
+            story.alerts_fired(self.alerts()),
         )
 
 

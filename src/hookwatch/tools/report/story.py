@@ -44,6 +44,20 @@ class Story:
     estimate: Series | None = None
     reference_accuracy: float | None = None
     client: Client | None = None
+    #: (alert, severity, first time firing) of Prometheus' alerting rules in the range.
+    alerts: tuple[tuple[str, str, float], ...] = ()
+
+
+def alerts_fired(series: Sequence[Series]) -> tuple[tuple[str, str, float], ...]:
+    """From ``ALERTS{alertstate="firing"}`` over the range: each alert, its severity and the
+    first time it was firing, earliest first."""
+    first: dict[tuple[str, str], float] = {}
+    for s in series:
+        hits = s.times[np.isfinite(s.values)]
+        if hits.size:
+            key = (s.labels.get("alertname", "?"), s.labels.get("severity", ""))
+            first[key] = min(first.get(key, math.inf), float(hits[0]))
+    return tuple(sorted(((n, sev, t) for (n, sev), t in first.items()), key=lambda a: (a[2], a[0])))
 
 
 def first_over(series: Sequence[Series], limit: float) -> dict[str, float]:
@@ -226,4 +240,18 @@ def sentences(story: Story, start: float, end: float, profile: bool, tz: tzinfo)
     estimate = _estimate(story, boundary, tz)
     if estimate:
         said.append(estimate)
+    if story.alerts:
+        # What reached a person: the rules' alerts, pages (critical) and warnings.
+        said.append(
+            "Prometheus fired "
+            + _list(
+                [
+                    f"{name} ({severity}{': a page' if severity == 'critical' else ''}) at "
+                    f"{_when(t, tz)}"
+                    for name, severity, t in story.alerts
+                ],
+                most=5,
+            )
+            + "."
+        )
     return said
