@@ -108,6 +108,7 @@ class FakeTraffic(Traffic):
         self.correct_in = Counter[bool]()
         self.switched_at: float | None = None
         self.drifting = False
+        self.last_refusal: str | None = None
 
     def answer(self, n: int, right: int) -> None:
         self.checked += n
@@ -302,3 +303,22 @@ def test_the_alerts_firing_are_shown_and_summed_up() -> None:
     assert not any(line.rstrip().endswith(" pages") for line in last), last
     fired = next(line for line in summary.splitlines() if "alerts that fired" in line)
     assert f"HookwatchAccuracyDrop (critical) at {live._clock(clock.t)}" in fired, fired
+
+
+def test_why_requests_are_refused_is_shown_and_summed_up() -> None:
+    # An outside run sent bodies of the wrong shape: the view showed only a count of 400s and
+    # the summary "0 answered, no detector alarmed", as if nothing had been wrong (2026-12-07).
+    from hookwatch.tools.traffic import _refusal
+
+    stack, clock, traffic = FakeStack(), Clock(), FakeTraffic()
+    traffic.status = Counter[int]({400: 30})
+    reply = {"code": 400, "expected": "shape [64]", "got": "shape [32]"}
+    traffic.last_refusal = _refusal(400, reply)
+    view = LiveView(stack, colour=False, clock=clock)
+    frame = view.render(traffic).splitlines()
+    assert "  refused  400: expected shape [64], got shape [32]" in frame, frame
+    summary = view.summary(traffic).splitlines()
+    assert (
+        "  every request was refused: 400: expected shape [64], got shape [32] (nothing was "
+        "monitored)" in summary
+    ), summary

@@ -45,6 +45,8 @@ class Traffic:
         self.correct_in = Counter[bool]()
         #: Wall-clock time of the switch to shifted traffic; None before it (or never).
         self.switched_at: float | None = None
+        #: The last refusal (a 4xx) as the model said it: ``400: expected ..., got ...``.
+        self.last_refusal: str | None = None
 
     @property
     def state(self) -> str:
@@ -93,6 +95,8 @@ class Traffic:
             except OSError:
                 status, reply = 0, None
             self.status[status] += 1
+            if 400 <= status < 500:
+                self.last_refusal = _refusal(status, reply)
             if status == 200 and expected is not None:
                 right = self.right(reply, expected)
                 self.checked += 1
@@ -102,6 +106,13 @@ class Traffic:
             i += 1
             next_at += self._period
             self._stop.wait(max(0.0, next_at - time.monotonic()))
+
+
+def _refusal(status: int, reply: Any) -> str:
+    """A 4xx answer in a line: hookwatch's own says what was expected and what came."""
+    if isinstance(reply, dict) and "expected" in reply and "got" in reply:
+        return f"{status}: expected {reply['expected']}, got {reply['got']}"
+    return f"{status}: {str(reply)[:200]}"
 
 
 class TrafficLoop(Traffic):
@@ -502,6 +513,10 @@ class LiveView:
                     WIDTH,
                 )
             )
+            if traffic.last_refusal is not None:
+                # Why requests are refused, as the model answers: without it a run of 400s
+                # read as nothing more than a count.
+                lines.append(clip(f"  refused  {traffic.last_refusal}", WIDTH))
         return lines
 
     def _accuracy(self, now: float, traffic: Traffic | None) -> str | None:
@@ -652,6 +667,14 @@ class LiveView:
         else:
             head += self._requests()
         lines = [head]
+        if traffic is not None and traffic.last_refusal is not None:
+            refused = sum(n for code, n in traffic.status.items() if 400 <= code < 500)
+            every = refused == sum(traffic.status.values())
+            lines.append(
+                f"  {'every request was refused' if every else f'{refused} refused'}: "
+                f"{traffic.last_refusal}"
+                + (" (nothing was monitored)" if every else "")
+            )
         switched = traffic.switched_at if traffic is not None else None
         if switched is not None and traffic is not None:
             lines.append(f"  {traffic.shifted_name} from {_clock(switched)}")
