@@ -60,3 +60,16 @@ def test_a_model_without_unit_counts_is_named_beside_those_with() -> None:
     ):
         units.table([found], "nosuch")
     assert units.table([], "nosuch").startswith("no unit counts yet")
+
+
+def test_a_model_without_unit_counts_in_prometheus_names_those_with(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # --prometheus asks for the model in its queries: none came back, and it said "no unit
+    # counts yet" (exit 0) where another model had them (an outside run, 2026-12-07).
+    def answer(url: str, promql: str) -> list[tuple[dict[str, str], Any]]:
+        return [({"model": "mlp"}, [0.0, "32"])] if promql.startswith("count by (model)") else []
+
+    monkeypatch.setattr(units, "_answer", answer)
+    with pytest.raises(ConfigError, match=r"unit counts \['mlp'\], got 'nosuch'"):
+        units.from_prometheus("http://prometheus", "1h", "nosuch")

@@ -672,8 +672,7 @@ class LiveView:
             every = refused == sum(traffic.status.values())
             lines.append(
                 f"  {'every request was refused' if every else f'{refused} refused'}: "
-                f"{traffic.last_refusal}"
-                + (" (nothing was monitored)" if every else "")
+                f"{traffic.last_refusal}" + (" (nothing was monitored)" if every else "")
             )
         switched = traffic.switched_at if traffic is not None else None
         if switched is not None and traffic is not None:

@@ -200,7 +200,19 @@ def from_prometheus(url: str, window: str, model: str | None = None) -> list[Lay
     rows += [
         (name, labels, value) for name, q in queries.items() for labels, value in _query(url, q)
     ]
-    return _collect(rows)
+    found = _collect(rows)
+    if model and not found:
+        # Asked of a model that has none, beside others that have: said so (with the others),
+        # not "no unit counts yet".
+        others = {
+            labels.get("model", "") for labels, _ in _query(url, f"count by (model) ({ACTIVE})")
+        }
+        if others - {""}:
+            raise ConfigError(
+                f"--model: expected one of the models with unit counts {sorted(others - {''})}, "
+                f"got {model!r}"
+            )
+    return found
 
 
 def _share(units: list[int], total: int) -> str:
