@@ -422,6 +422,15 @@ def _npy_items(body: bytes, spec: InputSpec, several: bool) -> torch.Tensor | It
         if outer[1:] == shape:
             _count_items(outer[0], spec)
             return Items(decode_values(values, replace(spec, shape=outer)))
+    if spec.length_dim is None and outer not in (shape, (spec.numel,), (1, *shape)):
+        # Neither an item nor items of the input's shape: its shape, not "nested more than
+        # N levels" (a [2, 3] array to a [4] input read so).
+        items = f" or [N, {', '.join(map(str, shape))}] (N items)" if several else ""
+        raise BadInputError(
+            f"an .npy array of shape {list(shape)} (an item){items}",
+            f"an array of shape {list(outer)}",
+            reason="wrong_shape",
+        )
     return decode_values(values, spec, len(outer))
 
 

@@ -317,3 +317,24 @@ def test_a_float64_model_is_answered_with_its_digits() -> None:
     (v2,) = service.handle([{"inputs": [tensor]}])
     (output,) = v2["outputs"]
     assert output["datatype"] == "FP64" and output["data"] == expected
+
+
+def test_an_npy_array_of_another_shape_says_its_shape() -> None:
+    # A [2, 3] array to a [4] input read "nested more than 1 levels" (too_deep), unlike the
+    # same rows as JSON (an outside run, 2026-12-07).
+    import io
+
+    import numpy as np
+
+    def npy(array: Any) -> bytes:
+        out = io.BytesIO()
+        np.save(out, array)
+        return out.getvalue()
+
+    spec = InputSpec(shape=(4,))
+    for array in (np.ones((2, 3)), np.ones((0, 4)), np.ones((2, 2))):
+        with pytest.raises(BadInputError) as raised:
+            decode_payload(npy(array), spec, several=True)
+        assert raised.value.reason == "wrong_shape"
+        assert raised.value.got == f"an array of shape {list(array.shape)}", raised.value
+    assert decode_payload(npy(np.ones((1, 4))), spec, several=True).shape == (4,)
