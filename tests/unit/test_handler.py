@@ -212,7 +212,7 @@ def test_an_npy_body_is_an_item_or_several(handler: tuple[Any, FakeContext]) -> 
     assert context.statuses == {i: (400, "Bad Request") for i in (3, 4, 5)}
     assert "values in [0, 16]" in out[3]["expected"]
     assert out[4]["got"] == "an array of dtype object"
-    assert out[5]["got"] == "shape [3, 3]"
+    assert out[5]["got"] == "an array of shape [3, 3]"
 
 
 def test_a_batch_of_only_bad_items_runs_no_forward(handler: tuple[Any, FakeContext]) -> None:
