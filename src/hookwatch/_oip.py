@@ -278,9 +278,13 @@ def _tensor(value: Mapping[str, Any], where: str, values: _Values) -> Tensor:
             reason="too_deep",
         )
     count = math.prod(shape)
-    if len(flat) != count or count == 0:
+    if count == 0:
         raise BadInputError(
-            f"{where}.data: {count} values (shape {shape}), at least one",
+            f"{where}.shape: a row or more of values", f"shape {shape}", reason="wrong_shape"
+        )
+    if len(flat) != count:
+        raise BadInputError(
+            f"{where}.data: {count} values (shape {shape})",
             f"{len(flat)} values",
             reason="wrong_shape",
         )

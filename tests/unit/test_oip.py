@@ -81,6 +81,9 @@ def test_a_request_is_read_flat_or_nested_and_a_bad_one_says_where() -> None:
     assert not _oip.candidate({"data": [1]}) and not _oip.candidate(b"\x89PNG")
     e = error_of(infer(tensor("x", [1, 3], [1, 2])))
     assert "inputs[0] ('x').data: 3 values (shape [1, 3])" in e.expected and e.got == "2 values"
+    # No rows: said as such ("0 values (shape [0]), at least one, got 0 values" before).
+    e = error_of(infer(tensor("x", [0], [])))
+    assert e.expected == "inputs[0] ('x').shape: a row or more of values" and e.got == "shape [0]"
     e = error_of(infer(tensor("x", [1], [1], datatype="FLOAT")))
     assert "datatype: one of" in e.expected and e.got == "'FLOAT'"
     e = error_of(infer(tensor("x", [1, 2], [[[1, 2]]])))
@@ -214,7 +217,7 @@ def test_a_bad_protocol_request_is_a_400_its_client_can_read(
     assert "class" in out[0]
     # The whole message under "error", as the protocol's clients raise it.
     assert out[1]["error"] == (
-        "expected inputs[0] ('x').data: 64 values (shape [1, 1, 8, 8]), at least one, got 8 values"
+        "expected inputs[0] ('x').data: 64 values (shape [1, 1, 8, 8]), got 8 values"
     )
     assert out[2]["error"] == (
         "expected x: shape [N, 1, 8, 8] (N items of shape [1, 8, 8]), got shape [1, 3]"
