@@ -270,10 +270,27 @@ def _section(cls: type, raw: Mapping[str, Any] | None, where: str) -> Mapping[st
     if raw is None:
         raw = {}
     _expect(isinstance(raw, Mapping), where, "a mapping", raw)
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(raw) - known)
-    _expect(not unknown, where, f"only the keys {sorted(known)}", unknown)
+    _known_keys(raw, sorted(f.name for f in fields(cls)), where)
     return raw
+
+
+def _known_keys(raw: Mapping[Any, Any], known: Sequence[str], where: str) -> None:
+    """A :class:`ConfigError` for a key of ``raw`` not in ``known``, naming the nearest known
+    key where one is near (a typo: `windw`, `monitorng`)."""
+    import difflib
+
+    unknown = sorted(str(key) for key in raw if key not in known)
+    if not unknown:
+        return
+    near = [
+        f"{key}: did you mean {close[0]}?"
+        for key in unknown
+        if (close := difflib.get_close_matches(key, known, n=1, cutoff=0.6))
+    ]
+    raise ConfigError(
+        f"{where}: expected only the keys {list(known)}, got {unknown}"
+        + (f" ({'; '.join(near)})" if near else "")
+    )
 
 
 @dataclass(frozen=True)
@@ -1097,9 +1114,7 @@ class InputSpec:
             "max",
             "max_length",
         }
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise ConfigError(f"input: expected only the keys {sorted(known)}, got {unknown}")
+        _known_keys(raw, sorted(known), "input")
         if "text" in raw:
             others = sorted(set(raw) - {"text", "argument"})
             if others:
@@ -1405,20 +1420,8 @@ class HandlerConfig:
         section = raw if raw is not None else {}
         if not isinstance(section, Mapping):
             raise ConfigError(f"handler: expected a mapping, got {section!r}")
-        unknown = sorted(str(key) for key in section if key not in _HANDLER_KEYS)
-        if unknown:
-            # A typo here dropped a whole section silently (`monitorng:`: nothing watched).
-            import difflib
-
-            close = {
-                key: difflib.get_close_matches(key, _HANDLER_KEYS, n=1, cutoff=0.6)
-                for key in unknown
-            }
-            hint = "; ".join(f"{key}: did you mean {m[0]}?" for key, m in close.items() if m)
-            raise ConfigError(
-                f"handler: expected only the keys {list(_HANDLER_KEYS)}, got {unknown}"
-                + (f" ({hint})" if hint else "")
-            )
+        # A typo here dropped a whole section silently (`monitorng:`: nothing watched).
+        _known_keys(section, _HANDLER_KEYS, "handler")
         if "input" not in section:
             raise ConfigError("handler.input: expected a mapping with a 'shape', got nothing")
         labels = section.get("labels")
@@ -1477,6 +1480,15 @@ def read_model_config(source: str | Path | Mapping[str, Any]) -> ModelConfig:
             raise ConfigError(f"{path}: expected YAML, got {error}") from None
     if not isinstance(raw, Mapping):
         raise ConfigError(f"model-config: expected a mapping, got {type(raw).__name__}")
+    if "handler" not in raw:
+        import difflib
+
+        near = difflib.get_close_matches("handler", [str(k) for k in raw], n=1, cutoff=0.6)
+        if near:
+            raise ConfigError(
+                f"model-config: expected a handler: section, got {near[0]!r} (did you mean "
+                "handler?)"
+            )
     return ModelConfig(raw, HandlerConfig.from_mapping(raw.get("handler")))
 
 

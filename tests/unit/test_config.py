@@ -177,3 +177,19 @@ def test_a_key_under_handler_it_does_not_know_is_named_with_the_nearest() -> Non
     for typo, meant in (("monitorng", "monitoring"), ("torch_thread", "torch_threads")):
         with pytest.raises(ConfigError, match=rf"got \['{typo}'\] \({typo}: did you mean {meant}"):
             HandlerConfig.from_mapping({"input": {"shape": [2]}, typo: {}})
+    # Deeper too, and the section itself.
+    from hookwatch._config import read_model_config
+
+    for raw, said in (
+        ({"input": {"shape": [2], "dtyp": "int64"}}, "(dtyp: did you mean dtype?)"),
+        ({"input": {"shape": [2]}, "monitoring": {"drfit": {}}}, "(drfit: did you mean drift?)"),
+        (
+            {"input": {"shape": [2]}, "monitoring": {"drift": {"windw": 3}}},
+            "(windw: did you mean window?)",
+        ),
+    ):
+        with pytest.raises(ConfigError) as raised:
+            HandlerConfig.from_mapping(raw)
+        assert str(raised.value).endswith(said), raised.value
+    with pytest.raises(ConfigError, match=r"got 'handlr' \(did you mean handler\?\)"):
+        read_model_config({"handlr": {"input": {"shape": [2]}}})
