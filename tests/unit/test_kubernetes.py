@@ -146,7 +146,13 @@ def test_export_kubernetes_writes_the_image_and_manifests_for_a_users_model(
     dockerfile = (out / "Dockerfile").read_text()
     assert "COPY model_store/" in dockerfile and "[torchserve]" in dockerfile
     assert re.search(r"'torch==\d+\.\d+\.\d+'", dockerfile), dockerfile
-    assert "@" not in dockerfile.replace("@NAME@", "")  # every token replaced
+    assert "@" not in dockerfile  # every token replaced
+    # The build line names the image the manifests run (it named another, tag 1).
+    assert "docker build -t registry.example.com:5000/ml/vision:2 ." in dockerfile
+    assert "-t registry.example.com:5000/ml/vision:2-gpu ." in dockerfile
+    for overlay in ("base", "overlays/gpu"):
+        text = (out / "kubernetes" / overlay / "kustomization.yaml").read_text()
+        assert "hookwatch:dev" not in text and "-t registry.example.com:5000/ml/vision:2" in text
     properties = (out / "config.properties").read_text()
     assert (
         "load_models=vision.mar" in properties and "disable_token_authorization=true" in properties
@@ -176,6 +182,16 @@ def test_export_kubernetes_writes_the_image_and_manifests_for_a_users_model(
         archive.writestr("MAR-INF/MANIFEST.json", json.dumps({"model": {"handler": "x.py"}}))
     assert main(["export-kubernetes", str(tmp_path / "o2"), "--mar", str(not_ours)]) == 2
     assert "built by `hookwatch archive`" in capsys.readouterr().err
+    digest = [
+        "export-kubernetes",
+        str(tmp_path / "o4"),
+        "--mar",
+        str(mar),
+        "--image",
+        "r/m@sha256:ab",
+    ]
+    assert main(digest) == 2
+    assert "(no digest), got 'r/m@sha256:ab'" in capsys.readouterr().err
     bad_wheel = ["export-kubernetes", str(tmp_path / "o3"), "--mar", str(mar), "--wheel", str(mar)]
     assert main(bad_wheel) == 2
     err = capsys.readouterr().err.strip().splitlines()

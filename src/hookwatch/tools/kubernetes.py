@@ -131,8 +131,9 @@ def _image(options: KubernetesExport, model: str) -> tuple[str, str]:
     name, colon, tag = given.rpartition(":")
     if not colon or "/" in tag:  # no tag (a registry's port is no tag: host:5000/name)
         name, tag = given, "dev"
-    if not name or any(c.isspace() or c in "\"'" for c in given):
-        raise ConfigError(f"--image: expected NAME or NAME:TAG, got {given!r}")
+    if not name or any(c.isspace() or c in "\"'@" for c in given):
+        # A digest (NAME@sha256:...) names one build: the gpu overlay could not retag it.
+        raise ConfigError(f"--image: expected NAME or NAME:TAG (no digest), got {given!r}")
     return name, tag
 
 
@@ -180,13 +181,16 @@ def render_kubernetes(options: KubernetesExport) -> dict[str, str]:
                 f"  - name: {name}\n    newTag: {json.dumps(tag + '-gpu')}\n",
                 path,
             )
+        # The build commands in the comments name the image the manifests run.
+        text = text.replace("-t hookwatch:dev-gpu .", f"-t {name}:{tag}-gpu .")
+        text = text.replace("-t hookwatch:dev .", f"-t {name}:{tag} .")
         files[f"kubernetes/{relative}"] = text
     by = "`hookwatch export-kubernetes`"
     for relative, text in generated_manifests(options.runbook_base, by).items():
         files[f"kubernetes/base/{relative}"] = text
     dockerfile = (assets.KUBERNETES / "Dockerfile").read_text()
     replacements: Mapping[str, str] = {
-        "@NAME@": model,
+        "@IMAGE@": f"{name}:{tag}",
         "@TORCH@": _torch_requirement(),
         "@VERSION@": hookwatch.__version__,
     }
