@@ -108,6 +108,13 @@ class Traffic:
             self._stop.wait(max(0.0, next_at - time.monotonic()))
 
 
+def _wrapped(line: str) -> list[str]:
+    """A summary line that must be read whole, over several lines of at most ``WIDTH``."""
+    import textwrap
+
+    return textwrap.wrap(line, WIDTH, subsequent_indent="    ", break_on_hyphens=False)
+
+
 def _refusal(status: int, reply: Any) -> str:
     """A 4xx answer in a line: hookwatch's own says what was expected and what came."""
     if isinstance(reply, dict) and "expected" in reply and "got" in reply:
@@ -670,7 +677,7 @@ class LiveView:
         if traffic is not None and traffic.last_refusal is not None:
             refused = sum(n for code, n in traffic.status.items() if 400 <= code < 500)
             every = refused == sum(traffic.status.values())
-            lines.append(
+            lines += _wrapped(
                 f"  {'every request was refused' if every else f'{refused} refused'}: "
                 f"{traffic.last_refusal}" + (" (nothing was monitored)" if every else "")
             )
@@ -693,13 +700,9 @@ class LiveView:
             lines.append("  no detector alarmed")
         if self.first_firing:
             fired = sorted(self.first_firing.items(), key=lambda item: (item[1][1], item[0]))
-            head = "  alerts that fired: "
-            lines.append(
-                head
-                + _names(
-                    [f"{name} ({severity}) at {_clock(t)}" for name, (severity, t) in fired],
-                    WIDTH - len(head),
-                )
+            lines += _wrapped(
+                "  alerts that fired: "
+                + ", ".join(f"{name} ({severity}) at {_clock(t)}" for name, (severity, t) in fired)
             )
         if traffic is not None and traffic.checked:
             phases = [
