@@ -422,6 +422,13 @@ def _npy_items(body: bytes, spec: InputSpec, several: bool) -> torch.Tensor | It
         if outer[1:] == shape:
             _count_items(outer[0], spec)
             return Items(decode_values(values, replace(spec, shape=outer)))
+    if spec.length_dim is not None and len(outer) not in (len(shape), len(shape) + 1):
+        items = " or one dimension more (items)" if several else ""
+        raise BadInputError(
+            f"an .npy array of shape {spec.shape_text} (an item){items}",
+            f"an array of shape {list(outer)}",
+            reason="wrong_shape",
+        )
     if spec.length_dim is None and outer not in (shape, (spec.numel,), (1, *shape)):
         # Neither an item nor items of the input's shape: its shape, not "nested more than
         # N levels" (a [2, 3] array to a [4] input read so).

@@ -338,3 +338,8 @@ def test_an_npy_array_of_another_shape_says_its_shape() -> None:
         assert raised.value.reason == "wrong_shape"
         assert raised.value.got == f"an array of shape {list(array.shape)}", raised.value
     assert decode_payload(npy(np.ones((1, 4))), spec, several=True).shape == (4,)
+    # An input of a length each request chooses: its shape too.
+    ids = InputSpec.from_mapping({"shape": [None], "max_length": 30, "dtype": "int64"})
+    with pytest.raises(BadInputError) as raised:
+        decode_payload(npy(np.zeros((2, 3, 4), np.int64)), ids, several=True)
+    assert raised.value.got == "an array of shape [2, 3, 4]", raised.value
