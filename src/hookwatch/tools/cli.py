@@ -1265,6 +1265,20 @@ def _profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_options(cmd: Any) -> None:
+    """The options every export takes: where the alerts' runbook is, writing over files."""
+    cmd.add_argument(
+        "--runbook-base",
+        default=None,
+        metavar="URL",
+        help="where each alert's runbook_url points, before #alert-name: your copy of the "
+        "runbook (default: the runbook installed with hookwatch, a file:// URL)",
+    )
+    cmd.add_argument(
+        "--force", action="store_true", help="write into a non-empty directory (replaces files)"
+    )
+
+
 def export_monitoring_parser(sub: Any) -> None:
     from hookwatch.tools.export import DEFAULT_EXPORTER_JOB, DEFAULT_TORCHSERVE_JOB
 
@@ -1313,16 +1327,7 @@ def export_monitoring_parser(sub: Any) -> None:
         default="15s",
         help="prometheus.yml's scrape and evaluation interval and Grafana's timeInterval",
     )
-    cmd.add_argument(
-        "--runbook-base",
-        default=None,
-        metavar="URL",
-        help="where each alert's runbook_url points, before #alert-name: your copy of the "
-        "runbook (default: the runbook installed with hookwatch, a file:// URL)",
-    )
-    cmd.add_argument(
-        "--force", action="store_true", help="write into a non-empty directory (replaces files)"
-    )
+    _export_options(cmd)
     cmd.set_defaults(func=_export_monitoring)
 
 
@@ -1375,16 +1380,7 @@ def export_kubernetes_parser(sub: Any) -> None:
         help="a hookwatch wheel for the image to install (default: hookwatch from the "
         "package index, this version)",
     )
-    cmd.add_argument(
-        "--runbook-base",
-        default=None,
-        metavar="URL",
-        help="where each alert's runbook_url points, before #alert-name: your copy of the "
-        "runbook (default: the runbook installed with hookwatch, a file:// URL)",
-    )
-    cmd.add_argument(
-        "--force", action="store_true", help="write into a non-empty directory (replaces files)"
-    )
+    _export_options(cmd)
     cmd.set_defaults(func=_export_kubernetes)
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,7 @@ __all__ = [
     "export",
     "render",
     "set_runbook_base",
+    "write_files",
 ]
 
 DEFAULT_EXPORTER_JOB = "hookwatch"
@@ -273,7 +275,17 @@ def check_directory(directory: Path, force: bool) -> None:
 def export(directory: Path, options: ExportOptions, force: bool = False) -> list[Path]:
     """Write :func:`render`'s files into ``directory``: missing or empty, or any with ``force``
     (files of the export are replaced, every other file is left as it is)."""
-    files = render(options)
+    return write_files(directory, render(options), force)
+
+
+def write_files(
+    directory: Path,
+    files: Mapping[str, str],
+    force: bool,
+    copies: Sequence[tuple[Path, str]] = (),
+) -> list[Path]:
+    """An export's text ``files`` and its ``copies`` (a file, its path in the export) written
+    into ``directory`` (:func:`check_directory`), or a one-line :class:`ConfigError`."""
     check_directory(directory, force)
     written = []
     try:
@@ -282,6 +294,11 @@ def export(directory: Path, options: ExportOptions, force: bool = False) -> list
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
             written.append(path)
+        for source, relative in copies:
+            target = directory / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
+            written.append(target)
     except OSError as error:
         raise ConfigError(
             f"expected a writable directory, got {directory} ({error.strerror}: {error.filename})"

@@ -20,7 +20,6 @@ Standard library, PyYAML and torch's version only.
 from __future__ import annotations
 
 import json
-import shutil
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from pathlib import Path
 import hookwatch
 from hookwatch._errors import ConfigError
 from hookwatch.tools import assets
-from hookwatch.tools.export import ExportOptions, check_directory, render
+from hookwatch.tools.export import ExportOptions, render, write_files
 
 __all__ = ["KubernetesExport", "export_kubernetes", "generated_manifests", "render_kubernetes"]
 
@@ -242,23 +241,7 @@ def export_kubernetes(
         raise ConfigError(
             f"--wheel: expected a hookwatch wheel file (hookwatch-*.whl), got {options.wheel}"
         )
-    check_directory(directory, force)
-    written = []
-    try:
-        for relative, text in files.items():
-            path = directory / relative
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-            written.append(path)
-        copies = [(options.mar, directory / "model_store" / options.mar.name)]
-        if options.wheel is not None:
-            copies.append((options.wheel, directory / "wheels" / options.wheel.name))
-        for source, target in copies:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, target)
-            written.append(target)
-    except OSError as error:
-        raise ConfigError(
-            f"expected a writable directory, got {directory} ({error.strerror}: {error.filename})"
-        ) from None
-    return written
+    copies = [(options.mar, f"model_store/{options.mar.name}")]
+    if options.wheel is not None:
+        copies.append((options.wheel, f"wheels/{options.wheel.name}"))
+    return write_files(directory, files, force, copies)
