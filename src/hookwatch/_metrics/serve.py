@@ -7,6 +7,7 @@ that runs its model in one process) or the exporter's merge of a multiprocess di
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from types import TracebackType
@@ -99,7 +100,19 @@ def serve_metrics(
         registry = process_registry(own_files)
     else:
         registry = (metrics if metrics is not None else default_metrics()).registry
-    server, thread = start_http_server(port, addr=addr, registry=registry)
+    try:
+        server, thread = start_http_server(port, addr=addr, registry=registry)
+    except OSError as error:
+        if error.errno != errno.EADDRINUSE:
+            raise
+        # Each worker of a multi-process server calling this at import: all but one died
+        # on a bare "Address already in use", and were respawned to die again.
+        raise OSError(
+            error.errno,
+            f"serve_metrics: port {port} on {addr} is in use (another worker of this server? "
+            "with several processes set PROMETHEUS_MULTIPROC_DIR and run one `hookwatch "
+            "exporter` beside them)",
+        ) from None
     return MetricsServer(server, thread, addr)
 
 

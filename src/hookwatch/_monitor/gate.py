@@ -312,6 +312,18 @@ class RequestGate:
             return dict(self._hook_faults)
 
     def _begin_record(self, rows: torch.Tensor | None = None, batch: int = 0) -> None:
+        if self.hook_flag.open:
+            # Another sampled scope is open on this thread: scopes interleaved (an `await`
+            # inside `with monitor.request()` on an event loop). The later takes the record
+            # over; the earlier's capture is lost, or gets another request's activations.
+            self._log.warning(
+                "overlap",
+                "hookwatch: model %r: a sampled request's scope opened while another was open "
+                "on the same thread (an await inside `with monitor.request()`?); captures of "
+                "one are lost or mixed: run the forward and its scope with no await between "
+                "(docs/api.md, 'Async servers')",
+                self.model_name,
+            )
         if self._arm is not None and not self._arm():
             # Never raises; a failed registration only loses this capture: the flag stays
             # closed, so hooks the caller runs itself (HookSet.take_root) take nothing either.
@@ -327,6 +339,17 @@ class RequestGate:
             flag.set(False)
             if captured and keep:
                 self._hand_off(tuple(captured.values()))
+            elif captured is not None and keep:
+                # The scope opened (hooks armed) and no hook took anything: the forward ran
+                # elsewhere (another thread: asyncio.to_thread, an executor) or outside it.
+                self._log.warning(
+                    "empty",
+                    "hookwatch: model %r: a sampled request's forward captured nothing in its "
+                    "scope (was the forward run in another thread, or outside `with "
+                    "monitor.request()`?); the hooks see the thread that opened the scope "
+                    "(docs/api.md, 'Async servers')",
+                    self.model_name,
+                )
         finally:
             # The hooks come off whatever happened in the forward or the hand-off.
             if self._disarm is not None:

@@ -9,6 +9,7 @@ the :class:`~hookwatch._monitor.publisher.Publisher`.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -114,6 +115,8 @@ class Monitor:
             log.info("hookwatch: model %r is %s", model_name, note)
         self.config = config
         self.model_name = model_name
+        #: The process the monitor (and its capture thread) was made in: a fork has neither.
+        self._pid = os.getpid()
         self._metrics = metrics if metrics is not None else default_metrics()
         drift = drift if config.enabled else None
         if drift is not None:
@@ -271,9 +274,24 @@ class Monitor:
             with monitor.request(len(batch)):
                 logits = model(batch)
         """
+        if os.getpid() != self._pid:
+            self._forked()
         scope = self._gate.request(batch_size, sizes)
         self._tally.served(scope.requests, scope.picked)
         return scope
+
+    def _forked(self) -> None:
+        """A monitor made before a fork (``gunicorn --preload``): the child has no capture
+        thread, so its sampled captures fill the buffer and drop. Said, not silent."""
+        self._log.warning(
+            "forked",
+            "hookwatch: model %r: this monitor was made in process %d and serves in %d, a "
+            "fork, where its capture thread does not run: captures are dropped. Make the "
+            "monitor in each worker (after the fork: no --preload, or in the app's startup)",
+            self.model_name,
+            self._pid,
+            os.getpid(),
+        )
 
     def reject(self, count: int = 1, reason: str = "other") -> None:
         """Count requests answered with a 4xx before any forward pass, and why (one of
