@@ -11,6 +11,7 @@ numbers costs microseconds, not an encoding.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -25,6 +26,7 @@ __all__ = [
     "NoPayload",
     "body_limit",
     "check_body_size",
+    "loads_json",
     "over_limit",
 ]
 
@@ -49,6 +51,24 @@ _NUMBERS = frozenset({float, bool, type(None)})
 _SCALARS = frozenset({int, float, bool, type(None)})
 _MOST_CHARS = 24
 _FEWEST_CHARS = 3
+
+
+def loads_json(text: str | bytes | bytearray, expected: str) -> Any:
+    """``text`` parsed as JSON, or a :class:`BadInputError` saying ``expected`` and why not:
+    ``too_deep`` past the parser's nesting, ``not_json`` for anything else it refuses."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        # Python's parser gives up around a thousand levels; no input needs a tenth.
+        raise BadInputError(
+            expected, "JSON nested too deeply to parse", reason="too_deep"
+        ) from None
+    except (UnicodeDecodeError, ValueError) as error:
+        # ValueError covers malformed JSON and integers too long to convert.
+        detail = str(error).splitlines()[0][:120] if str(error) else type(error).__name__
+        raise BadInputError(
+            expected, f"a body that is not JSON ({detail})", reason="not_json"
+        ) from None
 
 
 class JsonBody(bytes):

@@ -8,7 +8,6 @@ request in a batch gets its own 4xx and the rest of the batch is still served.
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 import math
 import re
@@ -25,7 +24,14 @@ from torch import nn
 
 from hookwatch import _oip
 from hookwatch._audio import decode_wav, wav_like
-from hookwatch._body import MAX_BODY_BYTES, JsonBody, NoPayload, body_limit, check_body_size
+from hookwatch._body import (
+    MAX_BODY_BYTES,
+    JsonBody,
+    NoPayload,
+    body_limit,
+    check_body_size,
+    loads_json,
+)
 from hookwatch._capture import RateLimitedLog
 from hookwatch._config import HandlerConfig, InputSpec, OutputSpec
 from hookwatch._errors import BadInputError, ConfigError, error_line
@@ -204,19 +210,7 @@ def _parse_json(body: Any, expected: str, limit: int = MAX_BODY_BYTES) -> Any:
     if isinstance(body, bytes | bytearray | str):
         if type(body) is str and body.startswith("\ufeff"):
             body = body[1:]  # a byte-order mark (json.loads skips it in bytes, not in text)
-        try:
-            return json.loads(body)
-        except RecursionError:
-            # Python's parser gives up around a thousand levels; no input needs a tenth.
-            raise BadInputError(
-                expected, "JSON nested too deeply to parse", reason="too_deep"
-            ) from None
-        except (UnicodeDecodeError, ValueError) as error:
-            # ValueError covers malformed JSON and integers too long to convert.
-            detail = str(error).splitlines()[0][:120] if str(error) else type(error).__name__
-            raise BadInputError(
-                expected, f"a body that is not JSON ({detail})", reason="not_json"
-            ) from None
+        return loads_json(body, expected)
     return body
 
 
@@ -387,8 +381,7 @@ def decode_payload(
             # Items, one of them not of the input's shape (ragged, a string): each decoded
             # alone names the one and what is wrong with it ("nested more than 2 levels"
             # said nothing of either).
-            _count_items(len(values), spec)
-            each = _each_of_length(values, spec, wrapped)  # raises, naming the item
+            each = _each_of_length(values, spec, wrapped)  # counts, and raises naming the item
             # Or each is one (some flat, some nested): the items, as one array.
             return Items(torch.stack(list(each.each())), wrapped)
     tensor = decode_values(values, spec, depth)

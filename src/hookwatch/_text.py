@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import torch
 
-from hookwatch._body import JsonBody, NoPayload, check_body_size
+from hookwatch._body import JsonBody, NoPayload, check_body_size, loads_json
 from hookwatch._config import TextSpec
 from hookwatch._errors import BadInputError, ConfigError
 
@@ -155,18 +155,7 @@ class TextPipeline:
         if type(body) is JsonBody:
             # Declared JSON: a JSON body, or a 400 (read as one text, `{"text": "abc` was
             # answered as a text).
-            try:
-                return json.loads(body)
-            except RecursionError:
-                raise BadInputError(
-                    self._expected, "JSON nested too deeply to parse", reason="too_deep"
-                ) from None
-            except (UnicodeDecodeError, ValueError) as error:
-                raise BadInputError(
-                    self._expected,
-                    f"a body that is not JSON ({str(error).splitlines()[0][:120]})",
-                    reason="not_json",
-                ) from None
+            return loads_json(body, self._expected)
         if isinstance(body, str) and body.startswith("\ufeff"):
             return body[1:]  # a byte-order mark is no part of the text (nor its tokens)
         if isinstance(body, bytes | bytearray):
