@@ -544,17 +544,26 @@ def test_a_probe_the_model_refuses_leaves_the_profile_to_the_reference(
     assert "could not try a sample alone and padded (RuntimeError" in caplog.text
 
 
-def _archive_series(tmp_path: Path, model: str, config: Path, rng: np.random.Generator) -> Path:
-    """``model`` archived with a reference of 60 request bodies of series (:func:`_series`)."""
-    lines = [json.dumps({"data": series}) for series in _series(rng, 60)]
-    (tmp_path / "ref.jsonl").write_text("\n".join(lines) + "\n")
+def _archive_series(
+    tmp_path: Path,
+    model: str,
+    config: Path,
+    rng: np.random.Generator,
+    series: list[list[list[float]]] | None = None,
+    into: str = "",
+) -> Path:
+    """``model`` archived with a reference of request bodies of ``series`` (default: 60 of
+    :func:`_series`), its files in ``tmp_path`` under names ending in ``into``."""
+    series = _series(rng, 60) if series is None else series
+    lines = [json.dumps({"data": one}) for one in series]
+    (tmp_path / f"ref{into}.jsonl").write_text("\n".join(lines) + "\n")
     return archive_model(
         ModelRef.parse(model),
         model.rsplit(":", 1)[1].lower(),
         config,
-        tmp_path / "ref.jsonl",
-        tmp_path / "store",
-        tmp_path / "build",
+        tmp_path / f"ref{into}.jsonl",
+        tmp_path / f"store{into}",
+        tmp_path / f"build{into}",
         say=lambda _line: None,
     )
 
@@ -626,17 +635,8 @@ def test_a_fixed_number_of_steps_is_never_cut_and_a_part_a_step_is(tmp_path: Pat
     # Every reference sample as long as the forecast: the profile read the output over the
     # probe's own steps beside a longer one and refused the model as reading its padding
     # (an outside run's 8-step decoder on a reference of 8-step samples, 2026-12-07).
-    lines = [json.dumps({"data": rng.standard_normal((6, 3)).round(4).tolist()}) for _ in range(60)]
-    (tmp_path / "six.jsonl").write_text("\n".join(lines) + "\n")
-    again = archive_model(
-        ModelRef.parse(f"{tmp_path / 'decoder.py'}:Decoder"),
-        "decoder",
-        config,
-        tmp_path / "six.jsonl",
-        tmp_path / "store6",
-        tmp_path / "build6",
-        say=lambda _line: None,
-    )
+    six = [rng.standard_normal((6, 3)).round(4).tolist() for _ in range(60)]
+    again = _archive_series(tmp_path, f"{tmp_path / 'decoder.py'}:Decoder", config, rng, six, "6")
     assert "output" in build_profile_of(again, tmp_path / "p6").references
 
 
