@@ -207,12 +207,17 @@ def from_prometheus(url: str, window: str, model: str | None = None) -> list[Lay
         others = {
             labels.get("model", "") for labels, _ in _query(url, f"count by (model) ({ACTIVE})")
         }
-        if others - {""}:
-            raise ConfigError(
-                f"--model: expected one of the models with unit counts {sorted(others - {''})}, "
-                f"got {model!r}"
-            )
+        _check_model(model, others - {""})
     return found
+
+
+def _check_model(model: str, models: set[str]) -> None:
+    """A one-line :class:`ConfigError` for ``--model`` naming none of ``models`` (those with
+    unit counts) where there are any."""
+    if models and model not in models:
+        raise ConfigError(
+            f"--model: expected one of the models with unit counts {sorted(models)}, got {model!r}"
+        )
 
 
 def _share(units: list[int], total: int) -> str:
@@ -227,12 +232,9 @@ def _listed(units: list[int], limit: int = 24) -> str:
 def table(layers: list[LayerUnits], model: str | None = None) -> str:
     """The units of ``layers`` (``model``'s only, when given), or a one-line
     :class:`ConfigError` for a model none of them is from while others are."""
+    if model is not None:
+        _check_model(model, {u.model for u in layers})
     chosen = [u for u in layers if model is None or u.model == model]
-    if not chosen and layers:
-        models = sorted({u.model for u in layers})
-        raise ConfigError(
-            f"--model: expected one of the models with unit counts {models}, got {model!r}"
-        )
     if not chosen:
         return (
             "no unit counts yet: no hidden layer has been captured (or monitoring.max_units is 0)"
