@@ -1352,6 +1352,14 @@ def batch_inputs(pipeline: Pipeline, items: Sequence[Any]) -> ModelInputs:
     return pipeline.batch(items)
 
 
+def _with_steps(output: OutputSpec, answer_steps: Sequence[str] | None) -> OutputSpec:
+    """``output`` with ``steps`` as the archive found the head (:attr:`ModelSpec.answer_steps`)
+    where the config leaves it unset; else as it is."""
+    if answer_steps is None or output.steps is not None:
+        return output
+    return replace(output, steps="head" in answer_steps)
+
+
 def _step_mask(inputs: ModelInputs | None) -> torch.Tensor | None:
     """Which steps of a padded batch are each sample's own, ``[rows, steps]``: a batch padded
     to its longest (a variable first dimension), or texts padded to the longest (their
@@ -1591,13 +1599,7 @@ class ModelService:
         #: Which answered parts have a step per input step (:attr:`ModelSpec.answer_steps`):
         #: the head's cut where None (not known) when its shape reads so; the
         #: ``output.also`` parts named here cut too.
-        self._head_steps = (
-            self.output.steps
-            if self.output.steps is not None
-            else None
-            if answer_steps is None
-            else "head" in answer_steps
-        )
+        self._head_steps = _with_steps(self.output, answer_steps).steps
         self._also_steps = frozenset(answer_steps or ()) & {str(p) for p in self.output.also}
         if self._head_steps is False and not self._also_steps:
             self._stepped = False
@@ -1627,9 +1629,9 @@ class ModelService:
         :attr:`ModelSpec.answer_steps`.
         """
         config = handler.monitoring
-        if answer_steps is not None and config.output.steps is None:
-            # As the archive found it: the hooks read the output's steps the way it is answered.
-            output = replace(config.output, steps="head" in answer_steps)
+        # As the archive found it: the hooks read the output's steps the way it is answered.
+        output = _with_steps(config.output, answer_steps)
+        if output is not config.output:
             config = replace(config, output=output)
         monitor = None
         if monitored:
